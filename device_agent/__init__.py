@@ -1,0 +1,1 @@
+"""The mobizo device agent: lease jobs, train locally, upload only LoRA-B."""

@@ -1,0 +1,3 @@
+from mobizo.cli import main
+
+raise SystemExit(main())

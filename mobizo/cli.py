@@ -1,0 +1,66 @@
+"""The ``mobizo`` command line.
+
+Each subcommand lives in the package that owns it (``shared.commands``, ``server.commands``,
+``device_agent.commands``) as a module with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
+Command modules only touch ``argparse`` at import time, so building the whole parser is cheap.
+
+Exit codes: 0 success, 2 bad arguments (message names the argument), 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from shared.errors import MobizoError, UsageError
+
+COMMANDS: dict[str, str] = {
+    "make-tiny-model": "shared.commands.make_tiny_model",
+    "models": "shared.commands.models",
+    "train": "shared.commands.train",
+    "eval": "shared.commands.eval",
+    "export": "shared.commands.export",
+    "run-program": "shared.commands.run_program",
+    "replay": "shared.commands.replay",
+    "server": "server.commands.serve",
+    "users": "server.commands.users",
+    "enroll-code": "server.commands.enroll_code",
+    "jobs": "server.commands.jobs",
+    "adapters": "server.commands.adapters",
+    "agent": "device_agent.commands",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Parser with every subcommand whose module is importable."""
+    parser = argparse.ArgumentParser(prog="mobizo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # that part is not built yet
+            raise
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run, _parser=cmd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        args._parser.print_usage(sys.stderr)
+        print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except MobizoError as exc:
+        print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{args._parser.prog}: interrupted", file=sys.stderr)
+        return 130
