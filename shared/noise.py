@@ -1,0 +1,101 @@
+"""The one noise generator of mobizo: ``noise(seed, index) -> float32``, counter-based and stateless.
+
+Why this construction: the device program regenerates the perturbation z in-graph, the server replays training
+from a log, and both must get the *same bits* as eager PyTorch. Transcendental kernels (log, cos, sqrt) differ by
+an ulp between ATen and ExecuTorch, so a Box-Muller normal would not replay. Here every step is an integer op or a
+single float multiply, each of which is exactly rounded on every implementation:
+
+1. keys ``k1, k2`` come from the seed through a 32-bit integer mixer (``mix32``);
+2. ``a = mix32(index ^ k1)`` and ``b = mix32(a ^ k2)`` give 64 well-mixed bits per index;
+3. their four 16-bit halves are summed (Irwin-Hall with n = 4: already close to a normal, bounded by ±3.46);
+4. the centred integer sum becomes float32 exactly (|sum| < 2**18) and one float32 multiply gives variance 1.
+
+All integers live in int64 but stay below 2**63: values are kept under 2**32 and multiplied only by constants
+under 2**31, so there is no signed overflow (undefined behaviour in the C++ kernels). Right shifts are written as
+floor division (ExecuTorch has no ``>>`` kernel). Indices must be in [0, 2**32) and seeds in [0, 2**31).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+MASK32 = 0xFFFFFFFF
+_MUL1 = 0x7FEB352D  # odd multipliers below 2**31 (the first is lowbias32's)
+_MUL2 = 0x5BD1E995
+_SEED_SALT = 0x2545F491
+_HALF = 1 << 16
+# Sum of four uniform integers in [0, 2**16): mean 4 * (2**16 - 1) / 2, variance 4 * (2**32 - 1) / 12.
+_CENTRE = 2 * (_HALF - 1)
+SCALE = float(np.float32(1.0 / np.sqrt(4.0 * (float(_HALF) ** 2 - 1.0) / 12.0)))
+MAX_INDEX = 1 << 32
+MAX_SEED = 1 << 31
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.div(x, 1 << k, rounding_mode="floor")
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit mixer on int64 tensors holding values in [0, 2**32)."""
+    x = torch.bitwise_xor(x, _shr(x, 16))
+    x = torch.bitwise_and(x * _MUL1, MASK32)
+    x = torch.bitwise_xor(x, _shr(x, 15))
+    x = torch.bitwise_and(x * _MUL2, MASK32)
+    return torch.bitwise_xor(x, _shr(x, 16))
+
+
+def _keys(seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    base = mix32(torch.bitwise_xor(seed * 2, _SEED_SALT))
+    return mix32(base), mix32(torch.bitwise_xor(base, 1))
+
+
+def noise(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """z[i] for each entry of ``index`` (int64) under ``seed`` (int64 tensor, broadcastable); float32, mean 0, var 1."""
+    k1, k2 = _keys(seed)
+    a = mix32(torch.bitwise_xor(index, k1))
+    b = mix32(torch.bitwise_xor(a, k2))
+    total = (
+        torch.bitwise_and(a, _HALF - 1)
+        + _shr(a, 16)
+        + torch.bitwise_and(b, _HALF - 1)
+        + _shr(b, 16)
+    )
+    return (total - _CENTRE).to(torch.float32) * SCALE
+
+
+def noise_range(seed: torch.Tensor, count: int) -> torch.Tensor:
+    """z[0..count) under ``seed``: one flat index range for all of a step's noise (keeps exported graphs small)."""
+    if count > MAX_INDEX:
+        raise ValueError(f"noise range {count} exceeds 2**32 indices")
+    return noise(seed, torch.arange(count, dtype=torch.int64, device=seed.device))
+
+
+# --- NumPy twin (server-side replay and tests): the same operations in the same order ---------------------------
+
+def _mix32_np(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> 16)
+    x = (x * _MUL1) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MUL2) & MASK32
+    return x ^ (x >> 16)
+
+
+def noise_np(seed: int, index: np.ndarray) -> np.ndarray:
+    """NumPy twin of :func:`noise`; bit-identical float32 output."""
+    seed_arr = np.int64(seed)
+    base = _mix32_np(np.bitwise_xor(seed_arr * 2, np.int64(_SEED_SALT)))
+    k1, k2 = _mix32_np(base), _mix32_np(base ^ np.int64(1))
+    idx = np.asarray(index, dtype=np.int64)
+    a = _mix32_np(idx ^ k1)
+    b = _mix32_np(a ^ k2)
+    total = (a & (_HALF - 1)) + (a >> 16) + (b & (_HALF - 1)) + (b >> 16)
+    return (total - _CENTRE).astype(np.float32) * np.float32(SCALE)
+
+
+def step_seed(run_seed: int, step: int) -> int:
+    """The seed of training step ``step`` of a run: a pure function, so replay and resume need only the run seed."""
+    if not 0 <= run_seed < MAX_SEED or step < 0:
+        raise ValueError(f"run seed must be in [0, 2**31) and step >= 0 (got {run_seed}, {step})")
+    mixed = _mix32_np(np.int64(run_seed) ^ _mix32_np((np.int64(step) ^ _SEED_SALT) & MASK32))
+    return int(mixed) % MAX_SEED

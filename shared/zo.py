@@ -1,0 +1,153 @@
+"""The zeroth-order math: RGE with q queries on the flat LoRA-B vector, and its four schedules.
+
+One step (MobiZO, paper §3-4), with z_i = noise(seed, i*D .. (i+1)*D) for query i < q:
+
+    losses  = [L(B + eps z_0), L(B - eps z_0), L(B + eps z_1), ...]      2q paths, query i on its own E rows
+    g_i     = (losses[2i] - losses[2i+1]) / (2 eps)                      projected gradients
+    B_new   = B - (lr / q) * (g_0 z_0 + g_1 z_1 + ...)                   summed left to right
+
+``parallel`` only changes how the 2q paths are grouped into forward passes (``both``: one pass of 2q paths;
+``outer``: + pass and - pass of q paths; ``inner``: q passes of 2 paths; ``none``: 2q passes of 1 path); the
+mathematics and therefore the losses and B are the same. lr, eps and seed are tensors (float32 / int64) so that
+eager training, the exported program and the replay perform identical float32 operations.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from shared.data import Batch
+from shared.lora import MPLoRA
+from shared.noise import noise_range
+
+Parallel = Literal["both", "outer", "inner", "none"]
+PARALLEL_MODES: tuple[str, ...] = ("both", "outer", "inner", "none")
+
+
+def example_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-example loss: cross-entropy over the full vocabulary, mean over the example's answer tokens."""
+    vocab = logits.shape[-1]
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # half-precision models: loss in float32
+    nll = nn.functional.cross_entropy(
+        logits.reshape(-1, vocab).to(dtype), targets.reshape(-1), ignore_index=-100, reduction="none"
+    ).reshape(targets.shape)
+    counts = (targets != -100).sum(dim=-1).clamp(min=1)
+    return nll.sum(dim=-1) / counts
+
+
+def forward_losses(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Per-example losses of ``batch`` under whatever paths the LoRA layers hold (answers at the right edge)."""
+    answer_len = batch.targets.shape[1]
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=answer_len + 1,
+        use_cache=False,
+    ).logits[:, :-1]
+    return example_losses(logits, batch.targets)
+
+
+def _repeat_rows(batch: Batch, groups: int, copies: int) -> Batch:
+    """Rows [g0, g1, ...] (groups of equal size) → [g0 × copies, g1 × copies, ...], path-major."""
+
+    def rep(x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(groups, 1, shape[0] // groups, *shape[1:])
+        return x.expand(groups, copies, *x.shape[2:]).reshape(groups * copies * (shape[0] // groups), *shape[1:])
+
+    return Batch(rep(batch.input_ids), rep(batch.attention_mask), rep(batch.position_ids), rep(batch.targets))
+
+
+def path_losses(model: nn.Module, lora: MPLoRA, batch: Batch, paths: torch.Tensor, copies: int) -> torch.Tensor:
+    """Loss of each of the n = len(paths) paths in one pass; ``batch`` holds n / copies row groups.
+
+    Each row group is run ``copies`` times side by side (copies=2: the ± pair of one query).
+    """
+    n = paths.shape[0]
+    lora.apply(paths)
+    try:
+        losses = forward_losses(model, _repeat_rows(batch, n // copies, copies))
+    finally:
+        lora.apply(None)
+    return losses.reshape(n, -1).mean(dim=1)
+
+
+def perturbations(b: torch.Tensor, z: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """[2q, D]: B + eps z_0, B - eps z_0, B + eps z_1, ..."""
+    ez = z * eps
+    return torch.stack([b + ez, b - ez], dim=1).reshape(-1, b.shape[0])
+
+
+def projected_gradients(losses: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    pairs = losses.reshape(-1, 2)
+    return (pairs[:, 0] - pairs[:, 1]) / (eps * 2)
+
+
+def updated_b(b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    """B - (lr/q) Σ g_i z_i, summed left to right so every implementation rounds the same way."""
+    q = z.shape[0]
+    acc = z[0] * g[0]
+    for i in range(1, q):
+        acc = acc + z[i] * g[i]
+    return b - acc * (lr / q)
+
+
+def step_noise(seed: torch.Tensor, q: int, size: int) -> torch.Tensor:
+    """z [q, D] of one step: one flat index range, split per query."""
+    return noise_range(seed, q * size).reshape(q, size)
+
+
+def _query(batch: Batch, start: int, stop: int) -> Batch:
+    """Rows [start, stop) without their all-padding left columns (eager only: a query run alone pads less)."""
+    mask = batch.attention_mask[start:stop]
+    first = int(mask.any(dim=0).nonzero()[0])
+    return Batch(
+        batch.input_ids[start:stop, first:], mask[:, first:], batch.position_ids[start:stop, first:],
+        batch.targets[start:stop],
+    )
+
+
+def rge_losses(
+    model: nn.Module, lora: MPLoRA, batch: Batch, paths: torch.Tensor, q: int, parallel: Parallel
+) -> torch.Tensor:
+    """The 2q path losses of one step, grouped into forward passes as ``parallel`` says.
+
+    ``batch`` has q*E rows, query-major; ``paths`` is ``perturbations(...)`` [2q, D].
+    """
+    if parallel == "both":
+        return path_losses(model, lora, batch, paths, copies=2)
+    if parallel == "outer":
+        plus = path_losses(model, lora, batch, paths[0::2], copies=1)
+        minus = path_losses(model, lora, batch, paths[1::2], copies=1)
+        return torch.stack([plus, minus], dim=1).reshape(-1)
+    rows = batch.input_ids.shape[0] // q
+    parts = []
+    for i in range(q):
+        query = _query(batch, i * rows, (i + 1) * rows)
+        if parallel == "inner":
+            parts.append(path_losses(model, lora, query, paths[2 * i : 2 * i + 2], copies=2))
+        else:
+            parts += [path_losses(model, lora, query, paths[j : j + 1], copies=1) for j in (2 * i, 2 * i + 1)]
+    return torch.cat(parts)
+
+
+def zo_step(
+    model: nn.Module,
+    lora: MPLoRA,
+    batch: Batch,
+    b: torch.Tensor,
+    seed: torch.Tensor,
+    lr: torch.Tensor,
+    eps: torch.Tensor,
+    q: int,
+    parallel: Parallel = "both",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One MobiZO step → (losses [2q], g [q], new B). Used by eager training and, with ``both``, by the program."""
+    z = step_noise(seed, q, b.shape[0])
+    losses = rge_losses(model, lora, batch, perturbations(b, z, eps), q, parallel)
+    g = projected_gradients(losses, eps)
+    return losses, g, updated_b(b, z, g, lr)

@@ -1,0 +1,92 @@
+"""The ZO step: four schedules of the same mathematics, MeZO-LoRA = MobiZO q=1, first-order gradient vs FD."""
+
+import pytest
+import torch
+
+from shared.baselines import fo_lora_loss_and_grad, mezo_lora_step, mezo_step
+from shared.lora import inject_lora
+from shared.zo import PARALLEL_MODES, path_losses, zo_step
+from tests.utils.tiny import random_batch, tiny_llama
+
+
+def _setup(seed=0):
+    model = tiny_llama(seed=seed)
+    lora = inject_lora(model, rank=4, alpha=8, a_seed=seed)
+    return model, lora
+
+
+def _run(parallel: str, q: int, steps: int = 3):
+    model, lora = _setup()
+    b = lora.zeros()
+    history = []
+    for step in range(steps):
+        batch = random_batch(q * 2, seed=100 + step, max_len=10, answer_len=2)
+        losses, g, b = zo_step(model, lora, batch, b, torch.tensor([step + 7]), torch.tensor([0.05]),
+                               torch.tensor([1e-2]), q, parallel)
+        history.append((losses, g))
+    return history, b
+
+
+@pytest.mark.parametrize("q", [1, 3])
+@pytest.mark.parametrize("parallel", [m for m in PARALLEL_MODES if m != "both"])
+def test_schedules_agree_with_both(parallel, q):
+    ref_hist, ref_b = _run("both", q)
+    hist, b = _run(parallel, q)
+    for (ref_losses, ref_g), (losses, g) in zip(ref_hist, hist):
+        torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, ref_g, rtol=2e-3, atol=2e-4)  # a difference of losses / 2 eps
+    torch.testing.assert_close(b, ref_b, rtol=2e-3, atol=1e-6)
+    assert b.abs().max() > 0
+
+
+def test_step_shapes_and_update_rule():
+    model, lora = _setup()
+    batch = random_batch(4, seed=3)
+    b0 = torch.randn(lora.size, generator=torch.Generator().manual_seed(1)) * 0.01
+    losses, g, b1 = zo_step(model, lora, batch, b0, torch.tensor([9]), torch.tensor([0.1]), torch.tensor([1e-2]), 2)
+    assert losses.shape == (4,) and g.shape == (2,)
+    torch.testing.assert_close(g, (losses[0::2] - losses[1::2]) / 2e-2)
+    from shared.zo import step_noise
+
+    z = step_noise(torch.tensor([9]), 2, lora.size)
+    torch.testing.assert_close(b1, b0 - 0.1 / 2 * (g[0] * z[0] + g[1] * z[1]))
+
+
+def test_mezo_lora_equals_mobizo_with_one_query():
+    model, lora = _setup()
+    b_mezo, b_mobizo = lora.zeros(), lora.zeros()
+    lr, eps = torch.tensor([0.05]), torch.tensor([1e-2])
+    for step in range(4):
+        batch = random_batch(4, seed=step)
+        seed = torch.tensor([step])
+        losses_m, g_m = mezo_lora_step(model, lora, batch, b_mezo, seed, lr, eps)
+        losses, g, b_mobizo = zo_step(model, lora, batch, b_mobizo, seed, lr, eps, 1)
+        torch.testing.assert_close(losses_m, losses, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g_m, g, rtol=1e-3, atol=1e-4)
+    # MeZO's in-place walk (+eps, -2 eps, +eps) does not restore B bit for bit; the drift is rounding-sized.
+    torch.testing.assert_close(b_mezo, b_mobizo, rtol=0, atol=1e-4 * float(b_mobizo.abs().max()))
+
+
+def test_fo_lora_gradient_matches_finite_differences():
+    model, lora = _setup(seed=4)
+    batch = random_batch(3, seed=4, answer_len=2)
+    b = torch.randn(lora.size, generator=torch.Generator().manual_seed(4)) * 0.05
+    _, grad = fo_lora_loss_and_grad(model, lora, batch, b)
+    h = 1e-2  # central differences in float32: O(h^2) truncation, rounding ~1e-7 / h
+    for direction in torch.randn(3, lora.size, generator=torch.Generator().manual_seed(5)):
+        direction /= direction.norm()
+        up = path_losses(model, lora, batch, (b + h * direction)[None], copies=1)
+        down = path_losses(model, lora, batch, (b - h * direction)[None], copies=1)
+        fd = float((up - down) / (2 * h))
+        assert fd == pytest.approx(float(grad @ direction), rel=1e-2, abs=1e-4)
+
+
+def test_mezo_full_perturbs_and_restores_all_parameters():
+    model = tiny_llama(seed=5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    losses, g = mezo_step(model, random_batch(2, seed=5), seed=3, lr=0.0, eps=1e-3)
+    assert losses[0] != losses[1]
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=1e-6)
+    mezo_step(model, random_batch(2, seed=5), seed=3, lr=1e-2, eps=1e-3)
+    assert any(not torch.allclose(v, before[k]) for k, v in model.state_dict().items())
