@@ -5,7 +5,7 @@ to end (rows ``j*E .. (j+1)*E-1`` are path j). W and A are shared by all paths a
 per-path B_j differ, so running the 2q perturbed copies of a ZO step costs one pass over the weights.
 
 A is frozen and regenerated from a seed (PEFT's kaiming-uniform init); B is not owned by the layers: the trainer
-keeps the master B as one flat float32 vector (``MPLoRA.size`` elements, modules in model order, each
+keeps the master B as one flat float32 vector (``MPLoRA.size`` elements, modules in natural name order (``layout_order``), each
 ``[out, r]`` row-major, PEFT's ``lora_B.weight`` layout) and hands each forward the paths it should run with
 ``MPLoRA.apply``. ``apply(None)`` makes every layer its plain base layer again (B = 0, exactly).
 """
@@ -22,6 +22,14 @@ from torch import nn
 from shared.errors import UsageError
 
 DEFAULT_TARGETS = ("q_proj", "v_proj")
+
+
+def layout_order(names) -> list[str]:
+    """The canonical module order of the flat B vector: natural sort of the names (layers.2 before layers.10).
+
+    Derivable from the names alone, so an adapter file or a manifest fixes the layout without the model.
+    """
+    return sorted(names, key=lambda n: [int(p) if p.isdigit() else p for p in n.split(".")])
 
 
 def lora_a_init(a_seed: int, name: str, rank: int, in_features: int) -> torch.Tensor:
@@ -103,6 +111,10 @@ class MPLoRA:
         """{module name: B [out, r]} → flat B; names and shapes must match exactly."""
         if set(b_by_name) != {m.name for m in self.modules}:
             raise ValueError("LoRA-B names do not match the model's LoRA modules")
+        for m in self.modules:
+            if tuple(b_by_name[m.name].shape) != (m.out_features, self.rank):
+                raise ValueError(f"LoRA-B {m.name} has shape {tuple(b_by_name[m.name].shape)}, "
+                                 f"expected {(m.out_features, self.rank)}")
         return torch.cat([b_by_name[m.name].reshape(-1).to(torch.float32) for m in self.modules])
 
     def lora_a(self) -> dict[str, torch.Tensor]:
@@ -135,7 +147,8 @@ def inject_lora(
     if missing:
         raise UsageError("--targets", f"no linear module named {', '.join(missing)} in this model")
     layers: dict[str, MPLoRALinear] = {}
-    for name, base in found.items():
+    for name in layout_order(found):
+        base = found[name]
         lora_a = lora_a_init(a_seed, name, rank, base.in_features).to(base.weight.device)
         layer = MPLoRALinear(base, lora_a, alpha)
         parent_name, _, child = name.rpartition(".")

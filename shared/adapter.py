@@ -1,0 +1,105 @@
+"""Adapter files in PEFT's LoRA layout (``adapter_config.json`` + ``adapter_model.safetensors``, A included).
+
+Apps load them with ``peft.PeftModel.from_pretrained(base, dir)``; mobizo loads them with :func:`load_adapter`.
+PEFT's scaling is ``lora_alpha / r``, the same as ours, so the two give the same logits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from shared.errors import MobizoError
+from shared.lora import MPLoRA, inject_lora
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+_PREFIX = "base_model.model."
+
+
+def _key(name: str, matrix: str) -> str:
+    return f"{_PREFIX}{name}.{matrix}.weight"
+
+
+def adapter_config(rank: int, alpha: float, targets: tuple[str, ...], base_model: str) -> dict:
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": sorted(targets),
+        "base_model_name_or_path": base_model,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "use_rslora": False,
+    }
+
+
+def save_adapter(
+    out_dir: Path, lora_a: dict[str, torch.Tensor], lora_b: dict[str, torch.Tensor],
+    rank: int, alpha: float, targets: tuple[str, ...], base_model: str,
+) -> Path:
+    """Write a PEFT adapter directory atomically (temp dir, fsync, rename)."""
+    out_dir = Path(out_dir)
+    tensors = {_key(n, "lora_A"): a.detach().float().contiguous().cpu() for n, a in lora_a.items()}
+    tensors |= {_key(n, "lora_B"): b.detach().float().contiguous().cpu() for n, b in lora_b.items()}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    save_file(tensors, str(tmp / WEIGHTS_FILE))
+    (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(rank, alpha, targets, base_model), indent=2))
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def save_lora(out_dir: Path, lora: MPLoRA, b_flat: torch.Tensor, base_model: str) -> Path:
+    """Write the adapter of an injected model whose master B is ``b_flat``."""
+    return save_adapter(out_dir, lora.lora_a(), lora.split(b_flat), lora.rank, lora.alpha, lora.targets, base_model)
+
+
+def read_adapter(adapter_dir: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(config, {module: A}, {module: B}) of a PEFT adapter directory."""
+    adapter_dir = Path(adapter_dir)
+    try:
+        config = json.loads((adapter_dir / CONFIG_FILE).read_text())
+        tensors = load_file(str(adapter_dir / WEIGHTS_FILE))
+    except (OSError, ValueError) as exc:
+        raise MobizoError(f"cannot read adapter {adapter_dir}: {exc}") from exc
+    if config.get("peft_type") != "LORA":
+        raise MobizoError(f"{adapter_dir}: not a LoRA adapter (peft_type {config.get('peft_type')!r})")
+    split: dict[str, dict[str, torch.Tensor]] = {"lora_A": {}, "lora_B": {}}
+    for key, value in tensors.items():
+        name, matrix = key.removeprefix(_PREFIX).removesuffix(".weight").rsplit(".", 1)
+        split[matrix][name] = value
+    return config, split["lora_A"], split["lora_B"]
+
+
+def load_adapter(model: nn.Module, adapter_dir: Path) -> tuple[MPLoRA, torch.Tensor]:
+    """Inject LoRA into ``model`` with the adapter's A and B; the model then runs base + adapter.
+
+    Returns the LoRA handle and the flat B (the model keeps running it until ``lora.apply`` is called again).
+    """
+    config, lora_a, lora_b = read_adapter(adapter_dir)
+    lora = inject_lora(model, tuple(config["target_modules"]), int(config["r"]), float(config["lora_alpha"]))
+    if set(lora_a) != set(lora.layers) or set(lora_b) != set(lora.layers):
+        raise MobizoError(f"{adapter_dir}: adapter modules do not match the model's {config['target_modules']}")
+    for name, layer in lora.layers.items():
+        if lora_a[name].shape != layer.lora_A.shape:
+            raise MobizoError(f"{adapter_dir}: {name} lora_A has shape {tuple(lora_a[name].shape)}")
+        layer.lora_A.copy_(lora_a[name])
+    b_flat = lora.join(lora_b).to(lora.device)
+    lora.apply(b_flat[None])
+    return lora, b_flat

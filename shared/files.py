@@ -1,0 +1,52 @@
+"""Writing files so that nothing is ever half-written, and naming them by content."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def store_by_content(src: Path, store: Path, prefix: str, suffix: str) -> tuple[Path, str]:
+    """Rename ``src`` (on the same file system) to ``store/{prefix}{sha256}{suffix}``, or drop it if that exists."""
+    digest = sha256_file(src)
+    dst = Path(store) / f"{prefix}{digest}{suffix}"
+    if dst.exists():
+        Path(src).unlink()
+    else:
+        with open(src, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(src, dst)
+    return dst, digest

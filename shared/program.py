@@ -1,0 +1,265 @@
+"""The device program: the Mobile MP-LoRA training step and its export to an ExecuTorch ``.pte``.
+
+An inference engine only runs ``forward()``, so the whole ZO-SGD step lives inside one: regenerate z from the
+seed (``shared.noise``), run the 2q perturbed paths in one pass (``shared.lora``), per-path losses, projected
+gradients, update of the master B — all by ``shared.zo.zo_step``, the same function eager training uses. The
+master B is one flat float32 mutable buffer that persists across ``execute()`` calls; extra methods read it, set
+it (continued personalization, resume) and evaluate with it. The methods are listed in docs/contracts.md.
+
+Export pipeline: ``torch.export`` per method → ``to_edge_transform_and_lower`` (XNNPACK takes the frozen matmuls;
+the integer noise and B stay in portable kernels) → ``to_executorch`` with the frozen weights tagged into a
+separate ``.ptd``. That data file depends only on the base model and A, so it is byte-identical across q, E and
+users: it is stored once, content-addressed, and every program of the model shares it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from shared.data import Batch
+from shared.lora import DEFAULT_TARGETS, MPLoRA
+from shared.zo import forward_losses, zo_step
+
+PROGRAM_METHODS = ("forward", "get_lora_b", "set_lora_b", "evaluate")
+WEIGHTS_TAG = "weights"  # name of the external data file the frozen weights go to
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ProgramConfig:
+    """Everything that fixes a program's graph (shapes and LoRA layout); not the user's data or B."""
+
+    q: int
+    batch_size: int
+    seq_len: int
+    answer_len: int
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    a_seed: int = 0
+    backend: str = "xnnpack"
+
+    @property
+    def examples_per_query(self) -> int:
+        return self.batch_size // self.q
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) | {"targets": list(self.targets)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ProgramConfig":
+        return cls(**(data | {"targets": tuple(data["targets"])}))
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions of left-padded rows: 0 at each row's first real token."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+class MobileMPLoRA(nn.Module):
+    """The exportable step module: ``forward`` is one whole ZO-SGD step; B is a mutable buffer."""
+
+    def __init__(self, model: nn.Module, lora: MPLoRA, q: int, init_b: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.lora = lora
+        self.q = q
+        self.register_buffer("lora_b", lora.zeros() if init_b is None else init_b.clone().to(torch.float32))
+
+    def forward(self, input_ids, attention_mask, targets, seed, lr, eps):
+        batch = Batch(input_ids, attention_mask, position_ids(attention_mask), targets)
+        losses, g, b_new = zo_step(self.model, self.lora, batch, self.lora_b, seed, lr, eps, self.q, "both")
+        self.lora_b.copy_(b_new)
+        return losses, g
+
+    def get_lora_b(self) -> torch.Tensor:
+        return self.lora_b.clone()
+
+    def set_lora_b(self, b_flat: torch.Tensor) -> torch.Tensor:
+        self.lora_b.copy_(b_flat)
+        return self.lora_b.clone()
+
+    def evaluate(self, input_ids, attention_mask, targets) -> torch.Tensor:
+        """Per-example losses with the master B, no perturbation."""
+        self.lora.apply(self.lora_b[None])
+        try:
+            return forward_losses(self.model, Batch(input_ids, attention_mask, position_ids(attention_mask), targets))
+        finally:
+            self.lora.apply(None)
+
+    def example_inputs(self, cfg: ProgramConfig) -> dict[str, tuple]:
+        """Inputs that fix each method's shapes (one program = one shape)."""
+        rows = cfg.examples_per_query * cfg.q
+        ids = torch.zeros(rows, cfg.seq_len, dtype=torch.long)
+        mask = torch.ones(rows, cfg.seq_len, dtype=torch.long)
+        targets = torch.zeros(rows, cfg.answer_len, dtype=torch.long)
+        return {
+            "forward": (ids, mask, targets, torch.tensor([1]), torch.tensor([1e-4]), torch.tensor([1e-2])),
+            "get_lora_b": (),
+            "set_lora_b": (torch.zeros(self.lora.size),),
+            "evaluate": (ids, mask, targets),
+        }
+
+
+class _Method(nn.Module):
+    """Exposes one method of the step module as ``forward`` so that torch.export can trace it.
+
+    Every method is traced through the same attribute name (``program``), so the B buffer has the same name in
+    all of them and ``share_mutable_buffers`` gives them one allocation.
+    """
+
+    def __init__(self, program: MobileMPLoRA, method: str) -> None:
+        super().__init__()
+        self.program = program
+        self.method = method
+
+    def forward(self, *args):
+        return getattr(self.program, self.method)(*args)
+
+
+def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor | None = None) -> MobileMPLoRA:
+    """Inject MP-LoRA into ``model`` (in place) and wrap it as the step module."""
+    from shared.lora import inject_lora
+
+    if cfg.batch_size % cfg.q:
+        raise ValueError(f"q={cfg.q} does not divide batch_size={cfg.batch_size}")
+    model.config.use_cache = False
+    lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
+    return MobileMPLoRA(model, lora, cfg.q, init_b)
+
+
+def _is_frozen_weight(node: torch.fx.Node) -> bool:
+    """Base-model weights go to the shared .ptd; A (depends on rank and seed) and B stay in the .pte."""
+    name = str(node.target if node.op == "get_attr" else node.name)
+    return "lora_" not in name
+
+
+def _weights_tag(node: torch.fx.Node) -> str | None:
+    return WEIGHTS_TAG if _is_frozen_weight(node) else None
+
+
+def lower(step: MobileMPLoRA, cfg: ProgramConfig):
+    """torch.export each method → edge (XNNPACK for the frozen matmuls) → ExecuTorch program manager."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    inputs = step.example_inputs(cfg)
+    programs = {}
+    with torch.no_grad():
+        for method in PROGRAM_METHODS:
+            exported = torch.export.export(_Method(step, method), inputs[method], strict=False)
+            if cfg.backend == "xnnpack":
+                # Weights that XNNPACK takes are tagged before lowering, so they too land in the .ptd.
+                unlifted = exported.module()
+                delegate_external_constants_pass_unlifted(unlifted, _weights_tag)
+                exported = torch.export.export(unlifted, inputs[method], strict=False)
+            programs[method] = exported
+    partitioner = []
+    if cfg.backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner = [XnnpackPartitioner()]
+    edge = to_edge_transform_and_lower(programs, partitioner=partitioner)
+    return edge.to_executorch(
+        ExecutorchBackendConfig(
+            passes=[InitializedMutableBufferPass(["lora_b"])],  # B starts from its exported value, not garbage
+            emit_mutable_buffer_names=True,
+            memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+            external_constants=_weights_tag,
+        )
+    )
+
+
+def _tokenizer_file(tokenizer, store: Path) -> tuple[Path, str]:
+    from shared.files import atomic_write_bytes, sha256_file, store_by_content
+    from shared.models import tokenizer_bytes
+
+    tmp = atomic_write_bytes(store / f".tokenizer.{os.getpid()}.tmp", tokenizer_bytes(tokenizer))
+    return store_by_content(tmp, store, "tokenizer-", ".json")
+
+
+def _initial_b(step_lora: MPLoRA, cfg: ProgramConfig, init_adapter: Path | None) -> torch.Tensor | None:
+    """The B a program starts from: zero, or a previous adapter of the same layout (continued personalization)."""
+    if init_adapter is None:
+        return None
+    from shared.adapter import read_adapter
+    from shared.errors import UsageError
+
+    config, _, lora_b = read_adapter(init_adapter)
+    if int(config["r"]) != cfg.rank or set(config["target_modules"]) != set(cfg.targets):
+        raise UsageError("--adapter", f"rank/targets {config['r']}/{config['target_modules']} do not match the program")
+    return step_lora.join(lora_b)
+
+
+def export_program(
+    model_dir: Path, cfg: ProgramConfig, out_pte: Path, store: Path | None = None,
+    init_adapter: Path | None = None, progress=print,
+) -> dict:
+    """Compile a Mobile MP-LoRA training program for the model in ``model_dir``.
+
+    Writes ``out_pte`` and its manifest ``out_pte.with_suffix('.json')``; the base weights and the tokenizer go to
+    ``store`` (default: beside the program) as ``weights-<sha256>.ptd`` and ``tokenizer-<sha256>.json``, reused
+    when present. Returns the manifest.
+    """
+    from shared.files import atomic_write, atomic_write_bytes, sha256_file, store_by_content
+    from shared.models import load_model
+
+    out_pte = Path(out_pte)
+    store = Path(store) if store is not None else out_pte.parent
+    store.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    model, tokenizer = load_model(model_dir, "float32")
+    step = build_step_module(model, cfg)
+    init_b = _initial_b(step.lora, cfg, init_adapter)
+    if init_b is not None:
+        step.lora_b.copy_(init_b)
+    progress(f"exporting {cfg.q}x{cfg.examples_per_query} paths x2, seq {cfg.seq_len}, backend {cfg.backend} ...")
+    manager = lower(step, cfg)
+    atomic_write(out_pte, manager.write_to_file)
+    with tempfile.TemporaryDirectory(dir=store, prefix=".ptd.") as tmp:
+        manager.write_tensor_data_to_file(tmp)
+        ptd_path, ptd_sha = store_by_content(Path(tmp) / f"{WEIGHTS_TAG}.ptd", store, "weights-", ".ptd")
+    tok_path, tok_sha = _tokenizer_file(tokenizer, store)
+    manifest = {
+        "format": FORMAT_VERSION,
+        "model": str(Path(model_dir).resolve()),
+        "config": cfg.to_json(),
+        "methods": list(PROGRAM_METHODS),
+        "lora": [dataclasses.asdict(m) for m in step.lora.modules],
+        "lora_size": step.lora.size,
+        "inputs": _input_spec(cfg),
+        "pte": {"file": out_pte.name, "sha256": sha256_file(out_pte), "size": out_pte.stat().st_size},
+        "ptd": {"file": ptd_path.name, "sha256": ptd_sha, "size": ptd_path.stat().st_size},
+        "tokenizer": {"file": tok_path.name, "sha256": tok_sha, "size": tok_path.stat().st_size},
+        "init_b": init_adapter is not None,
+        "export_seconds": round(time.perf_counter() - started, 2),
+    }
+    atomic_write_bytes(manifest_path(out_pte), json.dumps(manifest, indent=2).encode())
+    progress(f"wrote {out_pte} ({manifest['pte']['size']} B), {ptd_path.name} ({manifest['ptd']['size']} B) "
+             f"in {manifest['export_seconds']} s")
+    return manifest
+
+
+def manifest_path(pte: Path) -> Path:
+    return Path(pte).with_suffix(".json")
+
+
+def _input_spec(cfg: ProgramConfig) -> dict:
+    rows = cfg.q * cfg.examples_per_query
+    return {
+        "forward": {"input_ids": [rows, cfg.seq_len], "attention_mask": [rows, cfg.seq_len],
+                    "targets": [rows, cfg.answer_len], "seed": [1], "lr": [1], "eps": [1]},
+        "padding": "left; answers end at the last column; targets hold the last answer_len tokens or -100",
+    }
