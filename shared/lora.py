@@ -32,6 +32,20 @@ def layout_order(names) -> list[str]:
     return sorted(names, key=lambda n: [int(p) if p.isdigit() else p for p in n.split(".")])
 
 
+def flatten_b(b_by_name: dict[str, torch.Tensor]) -> torch.Tensor:
+    """{module: B [out, r]} → the flat float32 B vector (modules in ``layout_order``)."""
+    return torch.cat([b_by_name[n].reshape(-1).to(torch.float32) for n in layout_order(b_by_name)])
+
+
+def unflatten_b(b_flat: torch.Tensor, shapes: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`flatten_b` for modules of the given shapes."""
+    names = layout_order(shapes)
+    sizes = [shapes[n][0] * shapes[n][1] for n in names]
+    if sum(sizes) != b_flat.numel():
+        raise ValueError(f"flat B has {b_flat.numel()} values, the layout needs {sum(sizes)}")
+    return {n: piece.reshape(shapes[n]) for n, piece in zip(names, torch.split(b_flat, sizes))}
+
+
 def lora_a_init(a_seed: int, name: str, rank: int, in_features: int) -> torch.Tensor:
     """A [rank, in_features] for module ``name``: PEFT's kaiming_uniform(a=sqrt(5)), i.e. U(±1/sqrt(in)), seeded.
 
@@ -100,22 +114,21 @@ class MPLoRA:
             piece = paths[:, module.offset : module.offset + module.numel(self.rank)]
             layer.paths = piece.reshape(paths.shape[0], module.out_features, self.rank)
 
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        return {m.name: (m.out_features, self.rank) for m in self.modules}
+
     def split(self, b_flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Flat B → {module name: B [out, r]} (views)."""
-        return {
-            m.name: b_flat[m.offset : m.offset + m.numel(self.rank)].reshape(m.out_features, self.rank)
-            for m in self.modules
-        }
+        return unflatten_b(b_flat, self.shapes())
 
     def join(self, b_by_name: dict[str, torch.Tensor]) -> torch.Tensor:
         """{module name: B [out, r]} → flat B; names and shapes must match exactly."""
-        if set(b_by_name) != {m.name for m in self.modules}:
-            raise ValueError("LoRA-B names do not match the model's LoRA modules")
-        for m in self.modules:
-            if tuple(b_by_name[m.name].shape) != (m.out_features, self.rank):
-                raise ValueError(f"LoRA-B {m.name} has shape {tuple(b_by_name[m.name].shape)}, "
-                                 f"expected {(m.out_features, self.rank)}")
-        return torch.cat([b_by_name[m.name].reshape(-1).to(torch.float32) for m in self.modules])
+        expected = self.shapes()
+        got = {n: tuple(t.shape) for n, t in b_by_name.items()}
+        if got != expected:
+            wrong = sorted(set(got.items()) ^ set(expected.items()))[:3]
+            raise ValueError(f"LoRA-B tensors do not match the model's LoRA modules (first differences: {wrong})")
+        return flatten_b(b_by_name)
 
     def lora_a(self) -> dict[str, torch.Tensor]:
         return {name: layer.lora_A for name, layer in self.layers.items()}

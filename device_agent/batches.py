@@ -1,0 +1,136 @@
+"""The pre-tokenized batches file: every training step's data, written once on the host, read by every backend.
+
+The device never tokenizes: the agent renders and tokenizes the local data, fixes each step's batch and seed, and
+writes them here. The native runner (``device_agent/runner``) and the Python backends read the same bytes, so a
+run is the same run on every backend, and resuming at step k is one seek.
+
+Format (this is its one specification; ``runner/runner_io.cpp`` mirrors it). All integers little-endian.
+
+    header, 32 bytes:
+        magic       8 bytes   b"MZBATCH1"
+        rows        uint32    q*E, the rows of every step (the program's batch dimension)
+        seq_len     uint32    T, columns of input_ids / attention_mask
+        answer_len  uint32    L, columns of targets (L < T)
+        steps       uint32    N, number of step records
+        reserved    8 bytes   zero
+    then N records of identical size, record k for step k:
+        seed            int64               the step's noise seed (shared.noise.step_seed)
+        input_ids       int32[rows*T]       row-major
+        attention_mask  uint8[rows*T]       0 or 1
+        targets         int32[rows*L]       token ids, -100 where a column is not an answer token
+
+Ids are stored narrower than the program's int64 inputs (readers widen them) to keep long runs small on a
+phone: a record is 8 + 5*rows*T + 4*rows*L bytes. lr and eps are per-run arguments, not stored here.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from shared.errors import DataError
+from shared.files import atomic_write
+
+MAGIC = b"MZBATCH1"
+HEADER = struct.Struct("<8s4I8x")
+_INT32 = np.iinfo(np.int32)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One step's inputs as the program takes them (int64 arrays)."""
+
+    seed: int
+    input_ids: np.ndarray  # [rows, T]
+    attention_mask: np.ndarray  # [rows, T]
+    targets: np.ndarray  # [rows, L]
+
+
+@dataclass(frozen=True)
+class Shape:
+    rows: int
+    seq_len: int
+    answer_len: int
+
+    def record_size(self) -> int:
+        cells = self.rows * self.seq_len
+        return 8 + 5 * cells + 4 * self.rows * self.answer_len
+
+
+def _narrow(name: str, values: object, shape: tuple[int, int], dtype: str, low: int, high: int) -> bytes:
+    array = np.asarray(values)
+    if array.shape != shape:
+        raise DataError(f"batches: {name} has shape {list(array.shape)}, expected {list(shape)}")
+    if array.size and (array.min() < low or array.max() > high):
+        raise DataError(f"batches: {name} has values outside [{low}, {high}]")
+    return array.astype(dtype).tobytes()
+
+
+def encode_step(shape: Shape, step: StepBatch) -> bytes:
+    """The bytes of one record; ``DataError`` when a tensor has the wrong shape or an out-of-range value."""
+    grid, answers = (shape.rows, shape.seq_len), (shape.rows, shape.answer_len)
+    return b"".join(
+        [
+            struct.pack("<q", int(step.seed)),
+            _narrow("input_ids", step.input_ids, grid, "<i4", 0, _INT32.max),
+            _narrow("attention_mask", step.attention_mask, grid, "u1", 0, 1),
+            _narrow("targets", step.targets, answers, "<i4", -100, _INT32.max),
+        ]
+    )
+
+
+def write_batches(path: Path, shape: Shape, steps: Iterable[StepBatch]) -> int:
+    """Write every step to ``path`` atomically; returns the number of steps."""
+    if shape.rows < 1 or shape.answer_len < 1 or shape.answer_len >= shape.seq_len:
+        raise DataError(f"batches: bad shape {shape}")
+    count = 0
+
+    def write(handle: BinaryIO) -> None:
+        nonlocal count
+        handle.write(b"\0" * HEADER.size)  # rewritten once the step count is known
+        for step in steps:
+            handle.write(encode_step(shape, step))
+            count += 1
+        handle.seek(0)
+        handle.write(HEADER.pack(MAGIC, shape.rows, shape.seq_len, shape.answer_len, count))
+
+    atomic_write(Path(path), write)
+    return count
+
+
+class BatchesFile:
+    """Random access to the records of a batches file (memory-mapped, so opening a long run costs nothing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r") if self.path.stat().st_size else np.zeros(0, np.uint8)
+        if raw.size < HEADER.size:
+            raise DataError(f"{self.path}: too short for a batches file")
+        magic, rows, seq_len, answer_len, steps = HEADER.unpack(raw[: HEADER.size].tobytes())
+        if magic != MAGIC:
+            raise DataError(f"{self.path}: not a mobizo batches file (bad magic)")
+        self.shape = Shape(rows, seq_len, answer_len)
+        self.steps = steps
+        if raw.size != HEADER.size + steps * self.shape.record_size():
+            raise DataError(f"{self.path}: size does not match its header ({steps} steps of {self.shape})")
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int) -> StepBatch:
+        if not 0 <= step < self.steps:
+            raise IndexError(f"{self.path}: no step {step} (it has {self.steps})")
+        size, (rows, t, ans) = self.shape.record_size(), (self.shape.rows, self.shape.seq_len, self.shape.answer_len)
+        record = self._raw[HEADER.size + step * size : HEADER.size + (step + 1) * size]
+        cells = rows * t
+        seed = int(record[:8].view("<i8")[0])
+        ids = record[8 : 8 + 4 * cells].view("<i4").reshape(rows, t)
+        mask = record[8 + 4 * cells : 8 + 5 * cells].reshape(rows, t)
+        targets = record[8 + 5 * cells :].view("<i4").reshape(rows, ans)
+        return StepBatch(seed, ids.astype(np.int64), mask.astype(np.int64), targets.astype(np.int64))

@@ -1,0 +1,58 @@
+"""A mobizo training program loaded in the ExecuTorch Python runtime, as a Linux device runs it.
+
+The same ``.pte`` + ``.ptd`` the native runner loads; the same kernels too (the pybindings and the runner link
+the same ``libexecutorch*.so``), so both produce bit-identical losses and B.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from device_agent.batches import StepBatch
+
+METHODS = ("forward", "get_lora_b", "set_lora_b")
+
+
+class ProgramSession:
+    """The program's methods, loaded once, around one B buffer shared by all of them."""
+
+    def __init__(self, pte: Path, ptd: Path | None) -> None:
+        from executorch.runtime import Runtime
+
+        program = Runtime.get().load_program(Path(pte), data_path=ptd)
+        missing = set(METHODS) - program.method_names
+        if missing:
+            raise ValueError(f"{pte}: not a mobizo training program (missing {sorted(missing)})")
+        # Every method (``evaluate`` too) is loaded before any runs: loading a method re-initialises the shared B
+        # buffer, so a method loaded after training began would silently reset B.
+        self._methods = {name: program.load_method(name) for name in sorted(program.method_names)}
+        self._program = program
+
+    def get_b(self) -> np.ndarray:
+        return self._methods["get_lora_b"].execute([])[0].numpy().copy()
+
+    def set_b(self, b: np.ndarray) -> None:
+        import torch
+
+        self._methods["set_lora_b"].execute([torch.from_numpy(np.asarray(b, dtype=np.float32).copy())])
+
+    def step(self, batch: StepBatch, lr: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        """Run one ZO-SGD step (updates B inside the program); returns (losses [2q], g [q]) as float32.
+
+        ``lr`` and ``eps`` enter the program as float32; pass float32 values (``float(np.float32(x))``) so this and
+        the native runner, which parses its arguments with ``strtof``, use the very same numbers.
+        """
+        import torch
+
+        inputs = [
+            torch.from_numpy(batch.input_ids),
+            torch.from_numpy(batch.attention_mask),
+            torch.from_numpy(batch.targets),
+            torch.tensor([batch.seed], dtype=torch.int64),
+            torch.tensor([lr], dtype=torch.float32),
+            torch.tensor([eps], dtype=torch.float32),
+        ]
+        losses, g = self._methods["forward"].execute(inputs)
+        return losses.numpy().copy(), g.numpy().copy()

@@ -1,0 +1,252 @@
+// mobizo_runner: runs a mobizo training program (.pte + .ptd) for steps [start, N) on a device.
+//
+// Usage (see README.md):
+//   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --lr LR --eps EPS --out-b B.f32
+//                 [--init-b B0.f32] [--checkpoint C.ckpt --checkpoint-every K] [--job-id ID]
+//                 [--steps N] [--stop-file PATH]
+// stdout: one JSON line per step {"step":k,"seed":s,"losses":[...],"g":[...]}, flushed per line.
+// Exit codes: 0 done, 1 failure (message on stderr), 2 bad arguments, 75 stopped (SIGTERM, SIGINT,
+// or the stop file appeared) after finishing the current step and writing the checkpoint.
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor.h>
+
+#include "runner_io.h"
+
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::extension::from_blob;
+using executorch::extension::Module;
+using executorch::extension::TensorPtr;
+using executorch::runtime::EValue;
+using executorch::runtime::Error;
+using mobizo::RunnerError;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitStopped = 75;
+
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_stop_signal(int) { g_stop = 1; }
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string program, data, batches, out_b, init_b, checkpoint, job_id, stop_file;
+  float lr = 0, eps = 0;
+  uint64_t checkpoint_every = 0, steps = UINT64_MAX;
+};
+
+float parse_float(const std::string& name, const std::string& text) {
+  char* end = nullptr;
+  const float v = std::strtof(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v)) throw UsageError(name + ": not a finite number: " + text);
+  return v;
+}
+
+uint64_t parse_count(const std::string& name, const std::string& text) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text[0] == '-' || *end != '\0') throw UsageError(name + ": not a count: " + text);
+  return v;
+}
+
+Options parse_args(int argc, char** argv) {
+  std::map<std::string, std::string> kv;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string key = argv[i];
+    if (key.rfind("--", 0) != 0 || i + 1 >= argc) throw UsageError("expected --name value pairs near " + key);
+    kv[key] = argv[i + 1];
+  }
+  auto take = [&](const char* key, bool required) {
+    auto it = kv.find(key);
+    if (it == kv.end()) {
+      if (required) throw UsageError(std::string(key) + " is required");
+      return std::string();
+    }
+    std::string v = it->second;
+    kv.erase(it);
+    return v;
+  };
+  Options o;
+  o.program = take("--program", true);
+  o.data = take("--data", true);
+  o.batches = take("--batches", true);
+  o.out_b = take("--out-b", true);
+  o.lr = parse_float("--lr", take("--lr", true));
+  o.eps = parse_float("--eps", take("--eps", true));
+  o.init_b = take("--init-b", false);
+  o.checkpoint = take("--checkpoint", false);
+  o.job_id = take("--job-id", false);
+  o.stop_file = take("--stop-file", false);
+  const std::string every = take("--checkpoint-every", false);
+  if (!every.empty()) o.checkpoint_every = parse_count("--checkpoint-every", every);
+  const std::string steps = take("--steps", false);
+  if (!steps.empty()) o.steps = parse_count("--steps", steps);
+  if (!kv.empty()) throw UsageError("unknown argument " + kv.begin()->first);
+  if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw UsageError("--checkpoint-every needs --checkpoint");
+  return o;
+}
+
+void check(Error err, const std::string& what) {
+  if (err != Error::Ok) throw RunnerError(what + ": " + executorch::runtime::to_string(err));
+}
+
+// The program's B as a host vector. Copied at once: with shared arenas the next method call may
+// reuse the memory the output lives in.
+std::vector<float> get_b(Module& module) {
+  auto out = module.execute("get_lora_b");
+  check(out.error(), "get_lora_b");
+  const auto& t = out.get().at(0).toTensor();
+  const float* p = t.const_data_ptr<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+void set_b(Module& module, std::vector<float> b) {
+  const auto size = static_cast<executorch::aten::SizesType>(b.size());
+  const TensorPtr tensor = from_blob(b.data(), {size}, ScalarType::Float);
+  check(module.execute("set_lora_b", std::vector<EValue>{EValue(tensor)}).error(), "set_lora_b");
+}
+
+// Loads every method before any runs: loading a method re-initialises the shared B buffer, so a
+// method loaded lazily after training began would silently reset B.
+void load_methods(Module& module) {
+  check(module.load(), "loading the program");
+  for (const char* name : {"forward", "get_lora_b", "set_lora_b"})
+    check(module.load_method(name), std::string("loading method ") + name);
+}
+
+void check_shapes(Module& module, const mobizo::BatchesReader& batches) {
+  auto meta = module.method_meta("forward");
+  check(meta.error(), "forward metadata");
+  auto ids = meta->input_tensor_meta(0);
+  auto targets = meta->input_tensor_meta(2);
+  check(ids.error(), "forward input 0");
+  check(targets.error(), "forward input 2");
+  const auto s = ids->sizes();
+  const auto t = targets->sizes();
+  if (s.size() != 2 || t.size() != 2 || uint32_t(s[0]) != batches.rows() || uint32_t(s[1]) != batches.seq_len() ||
+      uint32_t(t[0]) != batches.rows() || uint32_t(t[1]) != batches.answer_len())
+    throw RunnerError("batches shape [" + std::to_string(batches.rows()) + "," + std::to_string(batches.seq_len()) +
+                      "] answer " + std::to_string(batches.answer_len()) +
+                      " does not match the program's forward inputs");
+}
+
+// The initial B and the first step: from the checkpoint when one exists (resume), else --init-b.
+uint64_t restore(Module& module, const Options& o, size_t d) {
+  if (!o.checkpoint.empty() && mobizo::file_exists(o.checkpoint)) {
+    mobizo::Checkpoint ckpt = mobizo::read_checkpoint(o.checkpoint);
+    if (ckpt.job_id != o.job_id)
+      throw RunnerError(o.checkpoint + " belongs to job '" + ckpt.job_id + "', not '" + o.job_id + "'");
+    if (ckpt.b.size() != d)
+      throw RunnerError(o.checkpoint + ": B has " + std::to_string(ckpt.b.size()) + " values, the program's B has " +
+                        std::to_string(d));
+    set_b(module, std::move(ckpt.b));
+    return ckpt.next_step;
+  }
+  if (!o.init_b.empty()) {
+    std::vector<float> b = mobizo::read_b(o.init_b);
+    if (b.size() != d)
+      throw RunnerError(o.init_b + ": " + std::to_string(b.size()) + " values, the program's B has " +
+                        std::to_string(d));
+    set_b(module, std::move(b));
+  }
+  return 0;
+}
+
+// %.9g round-trips a float32 exactly; non-finite values use the spellings Python's json reads.
+void print_floats(const float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (i) std::fputc(',', stdout);
+    if (std::isnan(v[i])) std::fputs("NaN", stdout);
+    else if (std::isinf(v[i])) std::fputs(v[i] > 0 ? "Infinity" : "-Infinity", stdout);
+    else std::printf("%.9g", static_cast<double>(v[i]));
+  }
+}
+
+void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, uint32_t step) {
+  mobizo::StepBatch batch = batches.read(step);
+  const auto rows = static_cast<executorch::aten::SizesType>(batches.rows());
+  const auto seq = static_cast<executorch::aten::SizesType>(batches.seq_len());
+  const auto ans = static_cast<executorch::aten::SizesType>(batches.answer_len());
+  float lr = o.lr, eps = o.eps;
+  // The TensorPtrs own the tensors' metadata, so they must outlive the EValues that view them.
+  const std::vector<TensorPtr> tensors{
+      from_blob(batch.input_ids.data(), {rows, seq}, ScalarType::Long),
+      from_blob(batch.attention_mask.data(), {rows, seq}, ScalarType::Long),
+      from_blob(batch.targets.data(), {rows, ans}, ScalarType::Long),
+      from_blob(&batch.seed, {1}, ScalarType::Long),
+      from_blob(&lr, {1}, ScalarType::Float),
+      from_blob(&eps, {1}, ScalarType::Float)};
+  auto out = module.execute("forward", std::vector<EValue>(tensors.begin(), tensors.end()));
+  check(out.error(), "forward at step " + std::to_string(step));
+  const auto& losses = out.get().at(0).toTensor();
+  const auto& g = out.get().at(1).toTensor();
+  std::printf("{\"step\":%u,\"seed\":%lld,\"losses\":[", step, static_cast<long long>(batch.seed));
+  print_floats(losses.const_data_ptr<float>(), losses.numel());
+  std::fputs("],\"g\":[", stdout);
+  print_floats(g.const_data_ptr<float>(), g.numel());
+  std::fputs("]}\n", stdout);
+  std::fflush(stdout);
+}
+
+void save_checkpoint(Module& module, const Options& o, uint64_t next_step) {
+  if (!o.checkpoint.empty()) mobizo::write_checkpoint(o.checkpoint, {next_step, o.job_id, get_b(module)});
+}
+
+// A stop is asked by signal, or, where no signal can be delivered (a phone behind adb), by creating
+// the stop file; it is checked once per step, a stat() next to a whole forward pass.
+bool stop_requested(const Options& o) {
+  return g_stop || (!o.stop_file.empty() && mobizo::file_exists(o.stop_file));
+}
+
+int train(const Options& o) {
+  for (const std::string& path : {o.program, o.data})
+    if (!mobizo::file_exists(path)) throw RunnerError("cannot open " + path + ": no such file");
+  mobizo::BatchesReader batches(o.batches);
+  Module module(o.program, o.data, Module::LoadMode::Mmap, nullptr, nullptr, nullptr, /*share_memory_arenas=*/true);
+  load_methods(module);
+  check_shapes(module, batches);
+  const uint64_t end = std::min<uint64_t>(o.steps, batches.steps());
+  uint64_t step = restore(module, o, get_b(module).size());
+  for (; step < end; ++step) {
+    run_step(module, batches, o, static_cast<uint32_t>(step));
+    const bool due = o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0;
+    const bool stop = stop_requested(o);
+    if (due || stop) save_checkpoint(module, o, step + 1);
+    if (stop && step + 1 < end) {
+      std::fprintf(stderr, "mobizo_runner: stopped after step %llu\n", static_cast<unsigned long long>(step));
+      return kExitStopped;
+    }
+  }
+  save_checkpoint(module, o, std::max(step, end));
+  mobizo::write_b(o.out_b, get_b(module));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  try {
+    return train(parse_args(argc, argv));
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "mobizo_runner: usage error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mobizo_runner: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,71 @@
+"""Helpers for the agent's tests: programs and batches, running the native runner, the Python reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from device_agent.batches import BatchesFile, Shape, StepBatch
+from device_agent.et_program import ProgramSession
+
+LR, EPS = "0.05", "0.01"
+
+
+@dataclass(frozen=True)
+class Program:
+    """An exported training program and the shape of the batches it takes."""
+
+    pte: Path
+    ptd: Path
+    shape: Shape
+    vocab: int
+    d: int  # length of b_flat
+
+    @property
+    def files(self) -> tuple[Path, Path]:
+        return self.pte, self.ptd
+
+
+def random_steps(shape: Shape, vocab: int, count: int, seed: int = 0) -> list[StepBatch]:
+    """Left-padded random rows whose last ``answer_len`` tokens are the answer (as shared.data builds them)."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for _ in range(count):
+        ids = rng.integers(1, vocab, (shape.rows, shape.seq_len))
+        mask = np.ones_like(ids)
+        for row, width in enumerate(rng.integers(0, shape.seq_len - shape.answer_len - 1, shape.rows)):
+            ids[row, :width], mask[row, :width] = 0, 0
+        targets = ids[:, shape.seq_len - shape.answer_len :].copy()
+        steps.append(StepBatch(int(rng.integers(0, 2**31)), ids, mask, targets))
+    return steps
+
+
+def runner_args(binary: Path | str, program: tuple[Path | str, Path | str], batches: Path | str, out_b: Path | str,
+                *extra: str) -> list[str]:  # fmt: skip
+    pte, ptd = program
+    return [str(binary), "--program", str(pte), "--data", str(ptd), "--batches", str(batches),
+            "--lr", LR, "--eps", EPS, "--out-b", str(out_b), *extra]  # fmt: skip
+
+
+def run_runner(args: list[str]) -> tuple[int, list[dict], str]:
+    """(exit status, parsed stdout lines, stderr)."""
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()], done.stderr
+
+
+def python_reference(program: tuple[Path, Path], batches: Path, init_b: np.ndarray | None = None):  # noqa: ANN201
+    """Per-step (losses, g) and the final B from the ExecuTorch Python runtime."""
+    session = ProgramSession(*program)
+    if init_b is not None:
+        session.set_b(init_b)
+    steps = [session.step(batch, np.float32(LR).item(), np.float32(EPS).item()) for batch in BatchesFile(batches)]
+    return steps, session.get_b()
+
+
+def as_f32(values: list[float]) -> np.ndarray:
+    """Parsed %.9g text back to the float32 values the runner computed."""
+    return np.asarray(values, dtype=np.float64).astype(np.float32)

@@ -1,0 +1,134 @@
+"""The adb stand-in: a folder plays the phone, and the host-built runner runs 'on' it through adb shell."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.device_agent.conftest import ADB_STANDIN_DIR
+from tests.device_agent.helpers import Program, as_f32, python_reference, run_runner, runner_args
+
+PHONE_DIR = "/data/local/tmp/mobizo"
+
+
+@pytest.fixture
+def phone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "phone"
+    monkeypatch.setenv("MOBIZO_FAKE_DEVICE_ROOT", str(root))
+    monkeypatch.setenv("PATH", f"{ADB_STANDIN_DIR}{os.pathsep}{os.environ['PATH']}")
+    return root
+
+
+def adb(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["adb", *args], capture_output=True, text=True, timeout=60, check=False)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_devices_lists_one_phone(phone: Path) -> None:
+    assert adb("devices").stdout.splitlines()[1] == "mobizo-fake-device\tdevice"
+    wrong = adb("-s", "other", "devices", check=False)
+    assert wrong.returncode == 1 and "not found" in wrong.stderr
+
+
+def test_push_pull_round_trip_keeps_bytes_and_mode(phone: Path, tmp_path: Path) -> None:
+    tool = tmp_path / "tool"
+    tool.write_bytes(b"#!/bin/sh\necho ok\n")
+    tool.chmod(0o755)
+    adb("push", str(tool), f"{PHONE_DIR}/bin/")
+    assert (phone / "data/local/tmp/mobizo/bin/tool").read_bytes() == tool.read_bytes()
+    assert adb("shell", f"{PHONE_DIR}/bin/tool").stdout == "ok\n"
+    adb("pull", f"{PHONE_DIR}/bin/tool", str(tmp_path / "back"))
+    assert (tmp_path / "back").read_bytes() == tool.read_bytes() and os.access(tmp_path / "back", os.X_OK)
+    missing = adb("pull", f"{PHONE_DIR}/nothing", str(tmp_path / "x"), check=False)
+    assert missing.returncode == 1 and "No such file" in missing.stderr
+
+
+def test_shell_rewrites_device_paths_and_returns_the_status(phone: Path) -> None:
+    adb("shell", "mkdir", "-p", PHONE_DIR, "&&", "echo", "hi", ">", f"{PHONE_DIR}/f")
+    assert (phone / "data/local/tmp/mobizo/f").read_text() == "hi\n"
+    assert adb("shell", f"cat {PHONE_DIR}/f; exit 3", check=False).returncode == 3
+
+
+def test_shell_streams_lines_as_they_are_printed(phone: Path) -> None:
+    proc = subprocess.Popen(["adb", "shell", "echo first; sleep 5; echo second"], stdout=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    assert proc.stdout.readline() == "first\n"
+    assert time.monotonic() - started < 4  # it arrived before the command ended
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_killing_adb_hangs_up_the_phone_command(phone: Path, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    proc = subprocess.Popen(["adb", "shell", f"echo $$ > {pid_file}; exec sleep 60"])
+    pid = wait_for_pid(pid_file)
+    proc.terminate()
+    proc.wait(timeout=10)
+    assert wait_until(lambda: not process_alive(pid))
+
+
+def test_a_killed_agent_takes_the_phone_command_with_it(phone: Path, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    agent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, time; subprocess.Popen(['adb', 'shell', 'echo $$ > {pid_file}; "
+         "exec sleep 60']); time.sleep(60)"]
+    )  # fmt: skip
+    pid = wait_for_pid(pid_file)
+    agent.kill()  # SIGKILL: no chance to clean up, as in a crash
+    agent.wait(timeout=10)
+    assert wait_until(lambda: not process_alive(pid))
+
+
+def wait_for_pid(pid_file: Path) -> int:
+    assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    return int(pid_file.read_text())
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is dead
+
+
+def test_missing_device_root_is_an_adb_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MOBIZO_FAKE_DEVICE_ROOT", raising=False)
+    monkeypatch.setenv("PATH", f"{ADB_STANDIN_DIR}{os.pathsep}{os.environ['PATH']}")
+    done = adb("devices", check=False)
+    assert done.returncode == 1 and "no devices" in done.stderr
+
+
+@pytest.mark.slow  # uses the session's program export
+def test_runner_trains_on_the_fake_phone(
+    phone: Path, runner_binary: Path, tiny_program: Program, make_batches: Callable[..., Path], tmp_path: Path
+) -> None:
+    batches = make_batches(4)
+    for local in (runner_binary, *tiny_program.files, batches):
+        adb("push", str(local), f"{PHONE_DIR}/")
+    program = (f"{PHONE_DIR}/{tiny_program.pte.name}", f"{PHONE_DIR}/{tiny_program.ptd.name}")
+    binary, out_b = f"{PHONE_DIR}/{runner_binary.name}", f"{PHONE_DIR}/out.f32"
+    args = runner_args(binary, program, f"{PHONE_DIR}/{batches.name}", out_b)
+    status, lines, stderr = run_runner(["adb", "shell", *args])
+    assert status == 0, stderr
+    adb("pull", f"{PHONE_DIR}/out.f32", str(tmp_path / "out.f32"))
+    reference, final_b = python_reference(tiny_program.files, batches)
+    assert [as_f32(line["losses"]).tobytes() for line in lines] == [losses.tobytes() for losses, _ in reference]
+    assert (tmp_path / "out.f32").read_bytes() == final_b.tobytes()

@@ -1,0 +1,41 @@
+"""ProgramSession: the program's methods around one shared B, as the executorch backend uses them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_agent.batches import BatchesFile
+from device_agent.et_program import ProgramSession
+from tests.device_agent.helpers import Program
+
+
+@pytest.mark.slow  # uses the session's program export
+def test_set_then_get_b_and_training_moves_it(tiny_program: Program, make_batches: Callable[..., Path]) -> None:
+    session = ProgramSession(*tiny_program.files)
+    b0 = session.get_b()
+    assert b0.dtype == np.float32 and b0.size == tiny_program.d and not b0.any()  # B starts at zero
+    wanted = np.linspace(-1, 1, b0.size, dtype=np.float32)
+    session.set_b(wanted)
+    assert session.get_b().tobytes() == wanted.tobytes()
+    losses, g = session.step(BatchesFile(make_batches(1))[0], 0.05, 0.01)
+    assert (losses.shape, g.shape) == ((4,), (2,))  # 2q losses, q projected gradients (q = 2)
+    np.testing.assert_allclose(g, (losses[0::2] - losses[1::2]) / (2 * np.float32(0.01)), rtol=1e-5)
+    assert not np.array_equal(session.get_b(), wanted)
+
+
+def test_a_program_without_the_training_methods_is_refused(tmp_path: Path) -> None:
+    import torch
+    from executorch.exir import to_edge
+
+    class Plain(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    program = to_edge(torch.export.export(Plain(), (torch.ones(2),))).to_executorch()
+    (tmp_path / "plain.pte").write_bytes(program.buffer)
+    with pytest.raises(ValueError, match="get_lora_b"):
+        ProgramSession(tmp_path / "plain.pte", None)
