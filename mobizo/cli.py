@@ -21,7 +21,7 @@ COMMANDS: dict[str, str] = {
     "train": "shared.commands.train",
     "eval": "shared.commands.eval",
     "export": "shared.commands.export",
-    "run-program": "shared.commands.run_program",
+    "run-program": "device_agent.run_program",
     "replay": "shared.commands.replay",
     "server": "server.commands.serve",
     "users": "server.commands.users",

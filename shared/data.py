@@ -1,0 +1,214 @@
+"""Examples from JSON Lines files to token ids to left-padded batches, and the deterministic batch order.
+
+Batches put every answer at the right edge (LEFT padding), so one slice of the logits, the last L+1 columns,
+scores every row whatever its length; see docs/contracts.md. A batch is padded only to its own longest row unless
+the caller fixes ``seq_len`` (the exported device program needs a fixed shape), so short queries pad less.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from shared.errors import DataError
+from shared.tasks import Rendered, Task
+
+IGNORE_INDEX = -100  # target value of columns that are not answer tokens (torch's cross_entropy default)
+
+
+def _records(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; ``DataError`` at the first line that is not an object."""
+    try:
+        handle = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{number}: not valid UTF-8") from None
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: invalid JSON ({exc.msg}, column {exc.colno})") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            yield number, record
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every object in a JSON Lines file (blank lines skipped); a file without any is an error."""
+    records = [record for _, record in _records(path)]
+    if not records:
+        raise DataError(f"{path}: no examples (the file is empty)")
+    return records
+
+
+def load_examples(task: Task, path: str | os.PathLike[str], limit: int | None = None) -> list[Rendered]:
+    """The first ``limit`` (default all) examples of a file, rendered by ``task``.
+
+    The whole file is checked even with a limit, so a run never starts on a file it cannot fully read.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    rendered: list[Rendered] = []
+    for number, record in _records(path):
+        try:
+            rendered.append(task.render(record))
+        except DataError as exc:
+            raise DataError(f"{path}:{number}: {exc}") from None
+    if not rendered:
+        raise DataError(f"{path}: no examples (the file is empty)")
+    return rendered if limit is None else rendered[:limit]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One example as token ids: the prompt (with BOS where the tokenizer adds one) and each candidate."""
+
+    prompt_ids: list[int]
+    candidate_ids: list[list[int]]
+    label: int
+
+
+def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return list(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else []
+
+
+def _bos(tokenizer: Any) -> list[int]:
+    """[BOS] if the tokenizer defines a BOS token and puts it in front of text, else []."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return []
+    return [bos] if tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [bos] else []
+
+
+def _answer_ids(tokenizer: Any, prompt_ids: list[int], joined_ids: list[int], candidate: str) -> list[int]:
+    """Candidate tokens as they follow the prompt: taken from the tokenized prompt+candidate when it extends the
+    tokenized prompt (SentencePiece tokenizers would otherwise add a spurious word-start to a leading space),
+    else the candidate tokenized on its own."""
+    if len(joined_ids) > len(prompt_ids) and joined_ids[: len(prompt_ids)] == prompt_ids:
+        return joined_ids[len(prompt_ids) :]
+    ids = _token_ids(tokenizer, [candidate])[0]
+    if not ids:
+        raise DataError(f"candidate {candidate!r} encodes to no tokens")
+    return ids
+
+
+def _fit(index: int, bos: list[int], text_ids: list[int], answers: list[list[int]], max_len: int | None) -> list[int]:
+    """The prompt ids, cut from the left (after BOS) so that prompt + longest answer <= max_len."""
+    if max_len is not None:
+        longest = max(map(len, answers))
+        room = max_len - len(bos) - longest
+        if room < (0 if bos else 1):
+            raise DataError(f"example {index}: an answer of {longest} tokens leaves no room for a prompt in {max_len}")
+        text_ids = text_ids[max(0, len(text_ids) - room) :]
+    prompt = bos + text_ids
+    if not prompt:
+        raise DataError(f"example {index}: empty prompt and no BOS token: nothing predicts the first answer token")
+    return prompt
+
+
+def encode(rendered: list[Rendered], tokenizer: Any, max_len: int | None = None) -> list[Encoded]:
+    """Token ids for rendered examples. Candidates carry no special tokens.
+
+    Truncation: when ``max_len`` is given, the prompt loses tokens from its LEFT end (BOS stays first), because
+    the end of a prompt holds the question and the answer cue; it is cut until prompt + longest candidate fits in
+    ``max_len``. A candidate too long to fit even after an empty prompt is a ``DataError``.
+    """
+    bos = _bos(tokenizer)
+    prompts = _token_ids(tokenizer, [r.prompt for r in rendered])
+    joined = iter(_token_ids(tokenizer, [r.prompt + c for r in rendered for c in r.candidates]))
+    encoded = []
+    for i, (example, text_ids) in enumerate(zip(rendered, prompts, strict=True)):
+        answers = [_answer_ids(tokenizer, text_ids, next(joined), c) for c in example.candidates]
+        encoded.append(Encoded(_fit(i, bos, text_ids, answers, max_len), answers, example.label))
+    return encoded
+
+
+@dataclass
+class Batch:
+    """Left-padded rows of prompt + correct answer; ``targets[:, j]`` is the token at column ``T - L + j``."""
+
+    input_ids: torch.Tensor  # [N, T] long
+    attention_mask: torch.Tensor  # [N, T] long, 1 on real tokens
+    position_ids: torch.Tensor  # [N, T] long, cumsum(mask) - 1 clamped at 0
+    targets: torch.Tensor  # [N, L] long, IGNORE_INDEX where the column is not part of the answer
+
+
+def answer_len(examples: list[Encoded]) -> int:
+    """Length of the longest correct answer (the L of a batch of these examples)."""
+    return max(len(e.candidate_ids[e.label]) for e in examples)
+
+
+def _check_row(i: int, example: Encoded, seq_len: int, answer_cols: int) -> None:
+    answer = example.candidate_ids[example.label]
+    if not example.prompt_ids or not answer:
+        raise DataError(f"example {i}: a row needs at least one prompt token and one answer token")
+    if len(answer) > answer_cols:
+        raise DataError(f"example {i}: answer of {len(answer)} tokens is longer than answer_len {answer_cols}")
+    if len(example.prompt_ids) + len(answer) > seq_len:
+        raise DataError(f"example {i}: {len(example.prompt_ids) + len(answer)} tokens do not fit in seq_len {seq_len}")
+
+
+def training_batch(
+    examples: list[Encoded], pad_id: int, seq_len: int | None = None, answer_len: int | None = None
+) -> Batch:
+    """Rows of prompt + correct answer, left-padded to ``seq_len`` (default: the longest row), with the answer
+    tokens as targets in the last ``answer_len`` columns (default: the longest answer). Rows that do not fit are
+    a ``DataError``, never silently cut."""
+    if not examples:
+        raise ValueError("training_batch needs at least one example")
+    answers = [e.candidate_ids[e.label] for e in examples]
+    cols = answer_len if answer_len is not None else max(map(len, answers))
+    longest_row = max(len(e.prompt_ids) + len(a) for e, a in zip(examples, answers))
+    width = seq_len if seq_len is not None else max(longest_row, cols + 1)
+    if width < cols + 1:
+        raise DataError(f"seq_len {width} leaves no column before an answer of {cols} tokens")
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    targets = torch.full((len(examples), cols), IGNORE_INDEX, dtype=torch.long)
+    for i, (example, answer) in enumerate(zip(examples, answers)):
+        _check_row(i, example, width, cols)
+        row = example.prompt_ids + answer
+        input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+        targets[i, cols - len(answer) :] = torch.tensor(answer, dtype=torch.long)
+    return Batch(input_ids, mask, (mask.cumsum(dim=1) - 1).clamp(min=0), targets)
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id to pad with: the pad token, else EOS, else 0 (padded columns are masked, so any id works)."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+@lru_cache(maxsize=4)
+def _epoch_order(n_examples: int, epoch_seed: int) -> np.ndarray:
+    order = np.random.Generator(np.random.PCG64(epoch_seed)).permutation(n_examples)
+    order.flags.writeable = False
+    return order
+
+
+def batch_indices(n_examples: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """Example indices for ``step`` (counted from 0): positions ``step*batch_size ...`` of the endless walk through
+    epoch permutations, epoch e shuffled by ``PCG64(seed + e)``. A pure function of its arguments, so a resumed or
+    replayed run sees the same batches whatever ran before."""
+    if n_examples < 1 or batch_size < 1 or step < 0:
+        raise ValueError(f"need n_examples >= 1, batch_size >= 1, step >= 0 (got {n_examples}, {batch_size}, {step})")
+    start = step * batch_size
+    return [
+        int(_epoch_order(n_examples, seed + pos // n_examples)[pos % n_examples])
+        for pos in range(start, start + batch_size)
+    ]

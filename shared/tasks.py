@@ -1,0 +1,293 @@
+"""Task templates and verbalizers: how one data record becomes a prompt and the candidate answers to score.
+
+Classification is next-token prediction with a verbalizer (the MobiZO/MeZO setup): the model reads the prompt and
+we compare the likelihood of each candidate answer. The built-in templates follow MeZO's (PromptSource-derived)
+ones so that our accuracies compare with the paper's. A candidate starts with a space exactly when the template
+leaves the space to the answer (``"... It was"`` → ``" great"``), and never when the prompt ends with a newline.
+
+Label values are matched as strings: JSON integers by their digits, JSON booleans as ``"true"``/``"false"``.
+The built-in tasks accept both the label spellings of ../shared/data and the integer ids of the Hugging Face
+copies of the same benchmarks. A record that does not fit its task raises ``DataError`` naming the field;
+``shared.data.load_examples`` adds the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shared.errors import DataError, UsageError
+
+Kind = Literal["classification", "multiple_choice", "lm"]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A record as text: the prompt, the candidate answers, and which candidate is right."""
+
+    prompt: str
+    candidates: list[str]  # classification: verbalizer in label order; multiple_choice: the choices; lm: [completion]
+    label: int  # index into candidates (0 for lm)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A named way of rendering records; ``fields`` are the record fields it needs (dotted paths reach inside),
+    ``labels`` the label values it accepts, as strings (empty for ``lm``)."""
+
+    name: str
+    kind: Kind
+    fields: tuple[str, ...]
+    render_record: Callable[[Mapping[str, Any]], Rendered] = field(repr=False, compare=False)
+    labels: tuple[str, ...] = ()
+
+    def render(self, record: Mapping[str, Any]) -> Rendered:
+        """The record as prompt + candidates; ``DataError`` naming the first missing or unusable field."""
+        for path in self.fields:
+            _field(record, path)
+        return self.render_record(record)
+
+
+def _field(record: Mapping[str, Any], path: str) -> Any:
+    """Value at a dotted path such as ``target.span1_text``."""
+    value: Any = record
+    for key in path.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            raise DataError(f"missing field {path!r}")
+        value = value[key]
+    return value
+
+
+def _text(record: Mapping[str, Any], path: str) -> str:
+    """A text field; numbers are accepted as their decimal text (useful in custom templates)."""
+    value = _field(record, path)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise DataError(f"field {path!r} must be a string, got {type(value).__name__}")
+
+
+def _label_key(value: Any) -> str | None:
+    """The string a label value is matched by (None for values that are never labels, such as floats)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | str):
+        return str(value)
+    return None
+
+
+def _label_index(record: Mapping[str, Any], index: Mapping[str, int]) -> int:
+    value = _field(record, "label")
+    key = _label_key(value)
+    if key is None or key not in index:
+        raise DataError(f"field 'label': {value!r} is not one of {', '.join(index)}")
+    return index[key]
+
+
+def _classification(
+    name: str,
+    fields: tuple[str, ...],
+    prompt: Callable[[Mapping[str, Any]], str],
+    verbalizer: Sequence[str],
+    label_values: Sequence[Sequence[str]],
+) -> Task:
+    """A verbalizer task; ``label_values[i]`` are the label spellings that mean candidate i."""
+    candidates = list(verbalizer)
+    index = {key: i for i, keys in enumerate(label_values) for key in keys}
+
+    def render(record: Mapping[str, Any]) -> Rendered:
+        return Rendered(prompt(record), list(candidates), _label_index(record, index))
+
+    return Task(name, "classification", (*fields, "label"), render, tuple(index))
+
+
+def _nli_prompt(premise: str, hypothesis: str) -> Callable[[Mapping[str, Any]], str]:
+    """RTE's template (also WNLI's: same sentence-pair entailment question)."""
+
+    def prompt(r: Mapping[str, Any]) -> str:
+        return f'{_text(r, premise)}\nDoes this mean that "{_text(r, hypothesis)}" is true? Yes or No?\n'
+
+    return prompt
+
+
+def _sst2_prompt(r: Mapping[str, Any]) -> str:
+    return f"{_text(r, 'sentence').strip()} It was"
+
+
+def _boolq_prompt(r: Mapping[str, Any]) -> str:
+    question = _text(r, "question").strip()
+    question = question[:1].upper() + question[1:]
+    return f"{_text(r, 'passage')} {question if question.endswith('?') else question + '?'}"
+
+
+def _wic_prompt(r: Mapping[str, Any]) -> str:
+    return (
+        f'Does the word "{_text(r, "word")}" have the same meaning in these two sentences? Yes, No?\n'
+        f"{_text(r, 'sentence1')}\n{_text(r, 'sentence2')}\n"
+    )
+
+
+def _wsc_prompt(r: Mapping[str, Any]) -> str:
+    pronoun, noun = _text(r, "target.span2_text").lower(), _text(r, "target.span1_text")
+    return f'{_text(r, "text")}\nIn the previous sentence, does the pronoun "{pronoun}" refer to {noun}? Yes or No?\n'
+
+
+def _cb_prompt(r: Mapping[str, Any]) -> str:
+    return f'Suppose {_text(r, "premise")} Can we infer that "{_text(r, "hypothesis")}"? Yes, No, or Maybe?\n'
+
+
+def _lower_first(sentence: str) -> str:
+    """COPA choices continue the premise mid-sentence, so their first word loses its capital (but not "I")."""
+    first = sentence.split(" ", 1)[0]
+    if first == "I" or first.startswith("I'"):
+        return sentence
+    return sentence[:1].lower() + sentence[1:]
+
+
+def _copa_render(r: Mapping[str, Any]) -> Rendered:
+    """Premise (final period dropped) + " so"/" because"; each candidate is a choice continuing that sentence."""
+    conjunction = {"effect": " so", "cause": " because"}.get(_text(r, "question"))
+    if conjunction is None:
+        raise DataError(f"field 'question': {r['question']!r} is not one of cause, effect")
+    premise = _text(r, "premise").rstrip()
+    premise = premise[:-1] if premise.endswith(".") else premise
+    choices = [" " + _lower_first(_text(r, key).strip()) for key in ("choice1", "choice2")]
+    return Rendered(premise + conjunction, choices, _label_index(r, {"0": 0, "1": 1}))
+
+
+def _lm_render(r: Mapping[str, Any]) -> Rendered:
+    """Plain personalization data: the loss covers the completion tokens only."""
+    completion = _text(r, "completion")
+    if not completion:
+        raise DataError("field 'completion' is empty: there is nothing to learn or score")
+    return Rendered(_text(r, "prompt"), [completion], 0)
+
+
+_BOOL = (("false", "0"), ("true", "1"))  # SuperGLUE JSON booleans; 0/1 in the Hugging Face copies
+_NLI3 = (("entailment", "0"), ("contradiction", "1"), ("neutral", "2"))  # CB, in SuperGLUE's label order
+
+_BUILTINS: dict[str, Task] = {
+    "sst2": _classification("sst2", ("sentence",), _sst2_prompt, [" terrible", " great"], [("0",), ("1",)]),
+    # GLUE RTE: 0 = entailment → "Yes", 1 = not_entailment → "No".
+    "rte": _classification(
+        "rte", ("premise", "hypothesis"), _nli_prompt("premise", "hypothesis"), ["Yes", "No"],
+        [("0", "entailment"), ("1", "not_entailment")],
+    ),
+    # GLUE WNLI is the other way round: 1 = entailment.
+    "wnli": _classification(
+        "wnli", ("sentence1", "sentence2"), _nli_prompt("sentence1", "sentence2"), ["No", "Yes"],
+        [("0", "not_entailment"), ("1", "entailment")],
+    ),
+    "boolq": _classification("boolq", ("passage", "question"), _boolq_prompt, [" No", " Yes"], _BOOL),
+    "wic": _classification("wic", ("word", "sentence1", "sentence2"), _wic_prompt, ["No", "Yes"], _BOOL),
+    "wsc": _classification(
+        "wsc", ("text", "target.span1_text", "target.span2_text"), _wsc_prompt, ["No", "Yes"], _BOOL
+    ),
+    "cb": _classification("cb", ("premise", "hypothesis"), _cb_prompt, ["Yes", "No", "Maybe"], _NLI3),
+    "copa": Task(
+        "copa", "multiple_choice", ("premise", "choice1", "choice2", "question", "label"), _copa_render, ("0", "1")
+    ),
+    "lm": Task("lm", "lm", ("prompt", "completion"), _lm_render),
+}
+
+TASK_NAMES: tuple[str, ...] = (*_BUILTINS, "custom")
+
+
+def _placeholders(template: str) -> tuple[str, ...]:
+    """The ``{field}`` names of a custom template, in order of first use; ``UsageError`` for anything else."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise UsageError("--template", f"bad braces ({exc}); write {{{{ and }}}} for literal braces") from None
+    names: list[str] = []
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise UsageError("--template", f"placeholder {{{name}}} must be a plain field name such as {{text}}")
+        if name == "label":
+            raise UsageError("--template", "the template must not show the label it is asked to predict")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise UsageError("--template", "has no {field} placeholder, so every example would read the same")
+    return tuple(names)
+
+
+def _verbalizer_index(verbalizer: Any) -> dict[str, int]:
+    """Label value → candidate index for a custom verbalizer (its order is the candidates' order)."""
+    if not isinstance(verbalizer, Mapping) or len(verbalizer) < 2:
+        raise UsageError("--verbalizer", 'needs an object with at least two labels, e.g. {"0": " no", "1": " yes"}')
+    for key, text in verbalizer.items():
+        if not isinstance(key, str) or not isinstance(text, str) or not text:
+            raise UsageError("--verbalizer", f"label {key!r} must map to a non-empty string, got {text!r}")
+    if len(set(verbalizer.values())) < len(verbalizer):
+        raise UsageError("--verbalizer", "two labels share the same answer text, so they cannot be told apart")
+    return {key: i for i, key in enumerate(verbalizer)}
+
+
+def _custom(template: str, verbalizer: Mapping[str, str]) -> Task:
+    names = _placeholders(template)
+    index = _verbalizer_index(verbalizer)
+    candidates = list(verbalizer.values())
+
+    def render(record: Mapping[str, Any]) -> Rendered:
+        prompt = template.format_map({name: _text(record, name) for name in names})
+        return Rendered(prompt, list(candidates), _label_index(record, index))
+
+    return Task("custom", "classification", (*names, "label"), render, tuple(index))
+
+
+def get_task(name: str, template: str | None = None, verbalizer: Mapping[str, str] | None = None) -> Task:
+    """The task called ``name``; ``custom`` is built from a template with ``{field}`` placeholders and a
+    verbalizer mapping label values (as strings) to answer texts. ``UsageError`` names the bad argument."""
+    if name == "custom":
+        if template is None:
+            raise UsageError("--template", "is required with --task custom")
+        if verbalizer is None:
+            raise UsageError("--verbalizer", "is required with --task custom")
+        return _custom(template, verbalizer)
+    if name not in _BUILTINS:
+        raise UsageError("--task", f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
+    if template is not None:
+        raise UsageError("--template", f"only applies to --task custom, not {name}")
+    if verbalizer is not None:
+        raise UsageError("--verbalizer", f"only applies to --task custom, not {name}")
+    return _BUILTINS[name]
+
+
+def parse_verbalizer(text: str | None) -> dict[str, str] | None:
+    """The ``--verbalizer`` JSON text as an object (None stays None); ``get_task`` checks its shape."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError("--verbalizer", f"not valid JSON ({exc.msg})") from None
+
+
+def _placeholder_record(task: Task) -> dict[str, Any]:
+    """A record that renders: every text field "x" (dotted paths nested) and the first accepted label."""
+    record: dict[str, Any] = {"label": task.labels[0]}
+    for path in task.fields:
+        *parents, leaf = path.split(".")
+        node = record
+        for key in parents:
+            node = node.setdefault(key, {})
+        node.setdefault(leaf, "x")
+    return record
+
+
+def answer_len_for(task: Task, tokenizer: Any) -> int:
+    """Tokens of a classification task's longest answer as it follows the task's prompt: the answer length a
+    fixed-shape program needs. Other kinds take their answers from the data, so the caller must say."""
+    from shared.data import encode  # data builds on tasks, not the other way round
+
+    if task.kind != "classification":
+        raise UsageError("--answer-len", f"is required for task {task.name} (its answers come from the data)")
+    (encoded,) = encode([task.render(_placeholder_record(task))], tokenizer)
+    return max(map(len, encoded.candidate_ids))

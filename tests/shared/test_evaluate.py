@@ -1,0 +1,186 @@
+"""Candidate scoring on a tiny random Llama against an unpadded hand computation, and the ``mobizo eval`` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from mobizo.cli import main
+from shared.data import encode, load_examples
+from shared.evaluate import evaluate
+from shared.models import shared_data_dir
+from shared.tasks import Rendered, get_task
+from tests.shared.test_data import bpe_tokenizer
+
+DATA = shared_data_dir()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return bpe_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def hand_nll(model: LlamaForCausalLM, prompt_ids: list[int], answer_ids: list[int]) -> tuple[float, int]:
+    """Summed NLL of the answer after the prompt: one unpadded row, no mask, default positions."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt_ids + answer_ids])).logits[0]
+    logp = logits.log_softmax(dim=-1)[len(prompt_ids) - 1 : -1]
+    return -logp.gather(1, torch.tensor(answer_ids)[:, None]).sum().item(), len(answer_ids)
+
+
+def hand_metrics(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, rendered: list[Rendered]) -> dict:
+    hits, nll, tokens = 0, 0.0, 0
+    for example in encode(rendered, tokenizer):
+        scores = [hand_nll(model, example.prompt_ids, answer) for answer in example.candidate_ids]
+        means = [-s / n for s, n in scores]
+        hits += max(range(len(means)), key=means.__getitem__) == example.label
+        nll, tokens = nll + scores[example.label][0], tokens + scores[example.label][1]
+    return {"accuracy": hits / len(rendered), "loss": nll / tokens, "n": len(rendered)}
+
+
+@pytest.mark.parametrize(
+    ("task", "path"), [("copa", "superglue/copa/train32.jsonl"), ("sst2", "sst2/validation.jsonl")]
+)
+@pytest.mark.parametrize("batch_size", [1, 5, 64])
+def test_evaluate_matches_unpadded_hand_scores(model, tokenizer, task: str, path: str, batch_size: int) -> None:
+    """Left padding and masks leave every candidate's score as if its row were alone; mean, not summed,
+    log-likelihood picks the answer (COPA's choices differ in length). Llama's RoPE only sees relative positions,
+    so this cannot check position_ids; test_data checks those."""
+    rendered = load_examples(get_task(task), DATA / path, limit=24)
+    expected = hand_metrics(model, tokenizer, rendered)
+    assert 0.0 < expected["accuracy"] < 1.0  # the random model is not trivially right or wrong
+    got = evaluate(model, tokenizer, get_task(task), rendered, batch_size=batch_size)
+    assert got["n"] == expected["n"] and got["accuracy"] == expected["accuracy"]
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+
+
+def test_lm_loss_of_an_example_alone_equals_its_share_in_a_padded_batch(model, tokenizer) -> None:
+    task = get_task("lm")
+    rendered = [
+        Rendered("Dear Ann,", [" thanks for the tea."], 0),
+        Rendered("it 's a charming and often affecting journey . It was", [" great"], 0),
+        Rendered("", [" unflinchingly bleak and desperate"], 0),
+    ]
+    alone = [evaluate(model, tokenizer, task, [example]) for example in rendered]
+    together = evaluate(model, tokenizer, task, rendered, batch_size=3)
+    tokens = [len(e.candidate_ids[0]) for e in encode(rendered, tokenizer)]
+    assert together["accuracy"] is None and together["n"] == 3
+    expected = sum(m["loss"] * n for m, n in zip(alone, tokens, strict=True)) / sum(tokens)
+    assert together["loss"] == pytest.approx(expected, rel=1e-5)
+    assert together["loss"] == pytest.approx(hand_metrics(model, tokenizer, rendered)["loss"], rel=1e-5)
+
+
+def test_evaluate_truncates_like_encode_and_restores_training_mode(model, tokenizer) -> None:
+    rendered = load_examples(get_task("rte"), DATA / "rte/validation.jsonl", limit=6)
+    model.train()
+    try:
+        cut = evaluate(model, tokenizer, get_task("rte"), rendered, max_len=24)
+        assert model.training
+    finally:
+        model.eval()
+    assert cut != evaluate(model, tokenizer, get_task("rte"), rendered)
+    assert cut["n"] == 6
+
+
+# --- mobizo eval -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_dir(model, tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-eval")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def sst2_file(tmp_path: Path, lines: list[str] | None = None) -> Path:
+    path = tmp_path / "sst2.jsonl"
+    path.write_text("\n".join(lines or ['{"sentence": "a fine film", "label": 1}', '{"sentence": "dull", "label": 0}']))
+    return path
+
+
+def test_eval_command_prints_the_metrics(model, tokenizer, model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    data = DATA / "sst2/validation.jsonl"
+    args = ["eval", "--model", str(model_dir), "--task", "sst2", "--data", str(data), "--limit", "12"]
+    assert main([*args, "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    expected = evaluate(model, tokenizer, get_task("sst2"), load_examples(get_task("sst2"), data, limit=12))
+    assert metrics["n"] == 12 and metrics["accuracy"] == expected["accuracy"]
+    assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith(f"sst2: accuracy {expected['accuracy']:.4f}")
+
+
+def test_eval_command_custom_task(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["eval", "--model", str(model_dir), "--task", "custom", "--data", str(sst2_file(tmp_path))]
+    verbalizer = json.dumps({"0": " terrible", "1": " great"})
+    assert main([*args, "--template", "{sentence} It was", "--verbalizer", verbalizer, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 2
+
+
+def test_eval_command_applies_the_adapter(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from shared.adapter import load_adapter, save_lora
+    from shared.lora import inject_lora
+    from shared.models import load_model
+
+    base, tokenizer = load_model(model_dir)
+    lora = inject_lora(base, ("q_proj", "v_proj"), rank=4, alpha=8.0)
+    torch.manual_seed(1)
+    save_lora(tmp_path / "adapter", lora, torch.randn(lora.size), str(model_dir))
+    data = DATA / "sst2/validation.jsonl"
+    args = ["eval", "--model", str(model_dir), "--task", "sst2", "--data", str(data), "--limit", "12", "--json"]
+    assert main([*args, "--adapter", str(tmp_path / "adapter")]) == 0
+    got = json.loads(capsys.readouterr().out)
+    rendered = load_examples(get_task("sst2"), data, limit=12)
+    adapted, _ = load_model(model_dir)
+    load_adapter(adapted, tmp_path / "adapter")
+    assert got["loss"] == pytest.approx(evaluate(adapted, tokenizer, get_task("sst2"), rendered)["loss"], rel=1e-5)
+    plain, _ = load_model(model_dir)
+    assert got["loss"] != pytest.approx(evaluate(plain, tokenizer, get_task("sst2"), rendered)["loss"], rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("change", "argument"),
+    [
+        ({"--model": "missing-dir"}, "--model"),
+        ({"--data": "missing.jsonl"}, "--data"),
+        ({"--adapter": "missing-adapter"}, "--adapter"),
+        ({"--task": "mnli"}, "--task"),
+        ({"--limit": "0"}, "--limit"),
+        ({"--batch-size": "0"}, "--batch-size"),
+        ({"--task": "custom", "--template": "{sentence}", "--verbalizer": "{bad json"}, "--verbalizer"),
+        ({"--template": "{sentence}"}, "--template"),
+    ],
+)
+def test_eval_command_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture, change: dict, argument: str) -> None:
+    """Bad arguments exit 2 naming the argument, before any model is loaded (the model dir here is empty)."""
+    options = {"--model": str(tmp_path), "--task": "sst2", "--data": str(sst2_file(tmp_path)), **change}
+    assert main(["eval", *[part for item in options.items() for part in item]]) == 2
+    assert f"argument {argument}:" in capsys.readouterr().err
+
+
+def test_eval_command_bad_data_line_exits_1(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = sst2_file(tmp_path, ['{"sentence": "fine", "label": 1}', '{"sentence": "dull", "label": "bad"}'])
+    assert main(["eval", "--model", str(model_dir), "--task", "sst2", "--data", str(data)]) == 1
+    assert f"{data}:2: field 'label'" in capsys.readouterr().err
