@@ -49,7 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_libraries() -> None:
+    """Keep library chatter (torchao's optional kernels, transformers' load bars) out of our output."""
+    import logging
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", module=r"executorch\..*")
+    warnings.filterwarnings("ignore", module=r"torch\..*")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
