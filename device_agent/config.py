@@ -54,9 +54,8 @@ def save_config(cfg: AgentConfig, path: Path) -> Path:
     path = Path(path)
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    # atomic_write_bytes writes through mkstemp, which creates the file 0600 whatever the umask: the token is
-    # never readable by others, not even for a moment.
-    atomic_write_bytes(path, (json.dumps(asdict(cfg), indent=2) + "\n").encode())
+    # mode 0600 is set before the token is written: it is never readable by others, not even for a moment.
+    atomic_write_bytes(path, (json.dumps(asdict(cfg), indent=2) + "\n").encode(), mode=0o600)
     return path
 
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from shared.errors import MobizoError
+from shared.files import default_mode
 from shared.lora import MPLoRA, inject_lora
 
 CONFIG_FILE = "adapter_config.json"
@@ -54,6 +55,7 @@ def save_adapter(
     tensors |= {_key(n, "lora_B"): b.detach().float().contiguous().cpu() for n, b in lora_b.items()}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp.chmod(default_mode(directory=True))
     save_file(tensors, str(tmp / WEIGHTS_FILE))
     (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(rank, alpha, targets, base_model), indent=2))
     for f in tmp.iterdir():

@@ -18,12 +18,24 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``."""
+def default_mode(directory: bool = False) -> int:
+    """The mode ``open``/``mkdir`` would give under the current umask (mkstemp/mkdtemp give 0600/0700)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None], mode: int | None = None) -> Path:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    The file gets ``mode`` (default: what the umask gives) before any byte is written, so a secret written
+    with mode 0600 is never readable by others, not even for a moment.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, default_mode() if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -35,8 +47,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     return path
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    return atomic_write(path, lambda f: f.write(data))
+def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> Path:
+    return atomic_write(path, lambda f: f.write(data), mode)
 
 
 def store_by_content(src: Path, store: Path, prefix: str, suffix: str) -> tuple[Path, str]:

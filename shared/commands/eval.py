@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from shared.errors import UsageError
-from shared.tasks import parse_verbalizer as _verbalizer  # light (stdlib only); `mobizo train` imports this name
+from shared.tasks import parse_verbalizer  # light: stdlib only
 
 HELP = "accuracy (or loss) of a base model or base + adapter on a task's data"
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from shared.models import load_model
     from shared.tasks import get_task
 
-    task = get_task(args.task, args.template, _verbalizer(args.verbalizer))
+    task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))
     rendered = load_examples(task, args.data, args.limit)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model, tokenizer = load_model(Path(args.model), args.dtype, device)

@@ -1,0 +1,81 @@
+"""``mobizo train``: fine-tune in PyTorch on this machine (CPU or CUDA) and write OUT/adapter/ and OUT/metrics.json.
+
+Flags that are not given keep ``shared.train.TrainConfig``'s defaults (the help repeats them), so the defaults live
+in one place; every check of the values happens in ``shared.train.validate`` and names the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from shared.tasks import parse_verbalizer
+
+HELP = "fine-tune a model on a task with MobiZO or a baseline; writes OUT/adapter/ and OUT/metrics.json"
+
+_KEEP = argparse.SUPPRESS  # an absent flag leaves TrainConfig's default
+
+
+def _targets(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--model", required=True, type=Path, metavar="DIR", help="Hugging Face model folder")
+    add("--task", required=True, help="sst2, rte, wnli, boolq, wic, wsc, cb, copa, lm, or custom")
+    add("--train", required=True, type=Path, metavar="FILE", help="training examples (JSON Lines)")
+    add("--eval", default=_KEEP, type=Path, metavar="FILE", help="held-out examples: accuracy and loss before, "
+        "during (--eval-every) and after training")
+    add("--out", required=True, type=Path, metavar="DIR", help="output folder: adapter/, metrics.json, train_log.jsonl")
+    add("--method", default=_KEEP, help="mobizo (default), mezo-lora, mezo (full parameters, no adapter), or "
+        "fo-lora (backprop); all but mobizo need --q 1")
+    add("--q", default=_KEEP, type=int, help="queries per step (default 1); must divide --batch-size")
+    add("--batch-size", default=_KEEP, type=int, help="examples per step, E = batch-size / q per query (default 16)")
+    add("--steps", default=_KEEP, type=int, help="training steps (default 100)")
+    add("--lr", default=_KEEP, type=float, help="learning rate (default 1e-4)")
+    add("--eps", default=_KEEP, type=float, help="perturbation scale of the ZO methods (default 1e-2)")
+    add("--rank", default=_KEEP, type=int, help="LoRA rank (default 16)")
+    add("--alpha", default=_KEEP, type=float, help="LoRA alpha; scaling alpha/rank (default 32)")
+    add("--targets", default=_KEEP, type=_targets, help="comma-separated linear modules (default q_proj,v_proj)")
+    add("--seed", default=_KEEP, type=int, help="run seed: batch order and step seeds (default 0)")
+    add("--parallel", default=_KEEP, help="mobizo schedule: both (default), outer, inner, or none")
+    add("--dtype", default=_KEEP, help="float32 (default), bfloat16 or float16")
+    add("--eval-every", default=_KEEP, type=int, metavar="K", help="also evaluate every K steps")
+    add("--device", default=_KEEP, help="cpu or cuda (default: cuda when available)")
+    add("--limit-train", default=_KEEP, type=int, metavar="N", help="use only the first N training examples")
+    add("--limit-eval", default=_KEEP, type=int, metavar="N", help="use only the first N held-out examples")
+    add("--seq-len", default=_KEEP, type=int, metavar="N", help="cut prompts from the left to fit N tokens")
+    add("--template", default=_KEEP, help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
+    add("--verbalizer", default=_KEEP, metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
+    add("--json", action="store_true", help="print the metrics as JSON")
+
+
+def _summary(metrics: dict) -> str:
+    """A few lines for people; --json and metrics.json are for scripts."""
+    per_query = f" q={metrics['q']} E={metrics['examples_per_query']}" if metrics["method"] == "mobizo" else ""
+    lines = [
+        f"{metrics['method']}{per_query}: {metrics['steps']} steps, last loss {metrics['losses'][-1]:.4f}, "
+        f"{metrics['step_time_s']:.4f} s/step (median), peak RSS {metrics['peak_rss_mb']:.0f} MB"
+    ]
+    for entry in metrics["eval"]:
+        accuracy = "" if entry["accuracy"] is None else f"accuracy {entry['accuracy']:.4f}, "
+        lines.append(f"eval at step {entry['step']}: {accuracy}loss {entry['loss']:.4f}")
+    written = [name + "/" for name in [metrics["adapter"]] if name] + [n for n in [metrics["train_log"]] if n]
+    lines.append(f"wrote {', '.join(written + ['metrics.json'])} in {metrics['out']}")
+    if "note" in metrics:
+        lines.append(metrics["note"])
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shared.train import TrainConfig, train
+
+    given = {name: value for name, value in vars(args).items() if name in TrainConfig.__dataclass_fields__}
+    if "verbalizer" in given:
+        given["verbalizer"] = parse_verbalizer(given["verbalizer"])
+    metrics = train(TrainConfig(**given), progress=sys.stderr.isatty())
+    print(json.dumps(metrics) if args.json else _summary(metrics))
+    return 0

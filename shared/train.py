@@ -1,0 +1,333 @@
+"""Training loops of the four methods (``mobizo``, ``mezo-lora``, ``mezo``, ``fo-lora``) and ``metrics.json``.
+
+Every method runs the same loop, so the only thing that differs between two runs is the step:
+step k trains on examples ``batch_indices(n, batch_size, seed, k)`` with step seed ``step_seed(seed, k)``.
+Both are pure functions of (run seed, k), so runs are reproducible and a device program fed the same data sees the
+same seeds. For ``mobizo`` the q*E examples form ONE left-padded batch, query-major (rows i*E..(i+1)*E-1 are query
+i); the schedules that run queries separately trim their padding themselves (``shared.zo``).
+
+Outputs (written at the end, each atomically): ``OUT/metrics.json`` (docs: interfaces.md §1), ``OUT/adapter/``
+(PEFT layout; not for ``mezo``, which trains the full model and leaves no adapter) and, for ``mobizo``,
+``OUT/train_log.jsonl`` (docs/contracts.md: replaying it from B = 0 rebuilds the adapter's B bit for bit).
+``mezo-lora`` writes no log because its in-place ± walk does not restore B bit for bit, so a replay would not
+match exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from shared.adapter import save_lora
+from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
+from shared.data import Batch, Encoded, batch_indices, encode, load_examples, pad_token_id, training_batch
+from shared.errors import UsageError
+from shared.evaluate import evaluate
+from shared.files import atomic_write_bytes
+from shared.lora import DEFAULT_TARGETS, MPLoRA, inject_lora
+from shared.models import load_model, resolve_dtype
+from shared.noise import MAX_SEED, step_seed
+from shared.replay import log_line, log_record
+from shared.tasks import Rendered, Task, get_task
+from shared.zo import PARALLEL_MODES, zo_step
+
+METHODS: tuple[str, ...] = ("mobizo", "mezo-lora", "mezo", "fo-lora")
+ONE_QUERY_METHODS = ("mezo-lora", "mezo", "fo-lora")  # q must be 1: they estimate (or compute) one gradient
+METRICS_FILE, LOG_FILE, ADAPTER_DIR = "metrics.json", "train_log.jsonl", "adapter"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run; the fields are ``mobizo train``'s flags."""
+
+    model: Path
+    task: str
+    train: Path
+    out: Path
+    eval: Path | None = None
+    method: str = "mobizo"
+    q: int = 1
+    batch_size: int = 16
+    steps: int = 100
+    lr: float = 1e-4
+    eps: float = 1e-2
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    seed: int = 0
+    a_seed: int = 0  # seeds the frozen A (as in exported programs), independent of the run seed
+    parallel: str = "both"
+    dtype: str = "float32"
+    eval_every: int | None = None
+    device: str | None = None  # None: cuda when available, else cpu
+    limit_train: int | None = None
+    limit_eval: int | None = None
+    seq_len: int | None = None  # prompts are cut from the left so prompt + answer fits
+    template: str | None = None
+    verbalizer: dict[str, str] | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: every bad argument is reported before the (slow) model load, naming its flag.
+
+
+def validate(config: TrainConfig) -> Task:
+    """Check every argument (``UsageError`` naming the flag); returns the task."""
+    _check_method(config)
+    _check_numbers(config)
+    _check_paths(config)
+    resolve_dtype(config.dtype)
+    resolve_device(config.device)
+    return get_task(config.task, config.template, config.verbalizer)
+
+
+def _check_method(config: TrainConfig) -> None:
+    if config.method not in METHODS:
+        raise UsageError("--method", f"unknown method {config.method!r} (choose from {', '.join(METHODS)})")
+    if config.parallel not in PARALLEL_MODES:
+        raise UsageError("--parallel", f"unknown mode {config.parallel!r} (choose from {', '.join(PARALLEL_MODES)})")
+    if config.q < 1:
+        raise UsageError("--q", f"must be at least 1, got {config.q}")
+    if config.method in ONE_QUERY_METHODS and config.q != 1:
+        raise UsageError("--q", f"{config.method} uses one query per step: --q must be 1, got {config.q}")
+    if config.batch_size % config.q:
+        raise UsageError("--q", f"must divide --batch-size {config.batch_size} (each query gets batch_size/q examples)")
+
+
+def _check_numbers(config: TrainConfig) -> None:
+    at_least = (
+        ("--batch-size", config.batch_size, 1), ("--steps", config.steps, 1), ("--rank", config.rank, 1),
+        ("--eval-every", config.eval_every, 1), ("--limit-train", config.limit_train, 1),
+        ("--limit-eval", config.limit_eval, 1), ("--seq-len", config.seq_len, 2),
+    )
+    for flag, value, least in at_least:
+        if value is not None and value < least:
+            raise UsageError(flag, f"must be at least {least}, got {value}")
+    for flag, value in (("--lr", config.lr), ("--eps", config.eps), ("--alpha", config.alpha)):
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(flag, f"must be a positive number, got {value}")
+    if not 0 <= config.seed < MAX_SEED:
+        raise UsageError("--seed", f"must be in [0, 2**31), got {config.seed}")
+    if not config.targets or not all(config.targets):
+        raise UsageError("--targets", "needs at least one module name, e.g. q_proj,v_proj")
+
+
+def _check_paths(config: TrainConfig) -> None:
+    if not (Path(config.model) / "config.json").is_file():
+        raise UsageError("--model", f"{config.model} is not a Hugging Face model folder (no config.json)")
+    if not Path(config.train).is_file():
+        raise UsageError("--train", f"no such file: {config.train}")
+    if config.eval is not None and not Path(config.eval).is_file():
+        raise UsageError("--eval", f"no such file: {config.eval}")
+    if config.eval is None and config.eval_every is not None:
+        raise UsageError("--eval-every", "needs --eval FILE to evaluate on")
+    if Path(config.out).exists() and not Path(config.out).is_dir():
+        raise UsageError("--out", f"{config.out} exists and is not a folder")
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """``None`` → cuda when available, else cpu; a CUDA device that is not there is a usage error."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError("--device", f"unknown device {name!r} (use cpu or cuda)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError("--device", f"unsupported device {name!r} (use cpu or cuda)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device", "CUDA is not available on this machine")
+    return device
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The step of each method, behind one callable (also what benchmarks/step_time.py times).
+
+
+class MethodStep:
+    """One method's step and the state it updates: the flat master B (LoRA methods) or the model itself (mezo).
+
+    ``step(batch, seed) -> (losses, g)``: the path losses (2q for the ZO methods, 1 for fo-lora) and the projected
+    gradients (fo-lora: the gradient norm). lr, eps and the seed go in as tensors on the model's device, as the
+    exported program takes them.
+    """
+
+    def __init__(
+        self, method: str, model: nn.Module, lora: MPLoRA | None,
+        q: int = 1, parallel: str = "both", lr: float = 1e-4, eps: float = 1e-2,
+    ) -> None:
+        self.method, self.model, self.lora, self.q, self.parallel = method, model, lora, q, parallel
+        self.device = next(model.parameters()).device
+        self.lr, self.eps = float(lr), float(eps)
+        self.lr_t = torch.tensor([lr], dtype=torch.float32, device=self.device)
+        self.eps_t = torch.tensor([eps], dtype=torch.float32, device=self.device)
+        self.b = None if method == "mezo" else lora.zeros()
+
+    def __call__(self, batch: Batch, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seed_t = torch.tensor([seed], dtype=torch.int64, device=self.device)
+        with torch.no_grad():  # fo-lora turns gradients back on for its own backward pass
+            if self.method == "mobizo":
+                losses, g, self.b = zo_step(
+                    self.model, self.lora, batch, self.b, seed_t, self.lr_t, self.eps_t, self.q, self.parallel
+                )
+                return losses, g
+            if self.method == "mezo-lora":
+                return mezo_lora_step(self.model, self.lora, batch, self.b, seed_t, self.lr_t, self.eps_t)
+            if self.method == "mezo":
+                return mezo_step(self.model, batch, seed, self.lr, self.eps)
+            return fo_lora_step(self.model, self.lora, batch, self.b, self.lr_t)
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    return Batch(*(getattr(batch, f.name).to(device) for f in fields(Batch)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass
+class _Run:
+    """What a run holds while it trains."""
+
+    config: TrainConfig
+    task: Task
+    model: nn.Module
+    tokenizer: Any
+    lora: MPLoRA | None
+    step: MethodStep
+    train: list[Encoded]
+    eval: list[Rendered] | None
+
+
+def _prepare(config: TrainConfig, task: Task) -> _Run:
+    """Load data first (a bad file fails fast), then the model; inject LoRA for the LoRA methods."""
+    rendered = load_examples(task, config.train, config.limit_train)
+    held_out = load_examples(task, config.eval, config.limit_eval) if config.eval is not None else None
+    device = resolve_device(config.device)
+    model, tokenizer = load_model(Path(config.model), config.dtype, str(device))
+    lora = None
+    if config.method != "mezo":
+        lora = inject_lora(model, config.targets, config.rank, config.alpha, config.a_seed)
+    step = MethodStep(config.method, model, lora, config.q, config.parallel, config.lr, config.eps)
+    train_set = encode(rendered, tokenizer, config.seq_len)
+    return _Run(config, task, model, tokenizer, lora, step, train_set, held_out)
+
+
+def _evaluate(run: _Run, steps_done: int) -> dict[str, Any]:
+    """Accuracy and loss on --eval with the current master B (or the current weights, for mezo)."""
+    if run.lora is not None:
+        run.lora.apply(run.step.b[None])
+    try:
+        result = evaluate(run.model, run.tokenizer, run.task, run.eval, max_len=run.config.seq_len)
+    finally:
+        if run.lora is not None:
+            run.lora.apply(None)
+    return {"step": steps_done, "accuracy": result["accuracy"], "loss": result["loss"]}
+
+
+def _due_for_eval(run: _Run, steps_done: int) -> bool:
+    if run.eval is None:
+        return False
+    every = run.config.eval_every
+    return steps_done in (0, run.config.steps) or (every is not None and steps_done % every == 0)
+
+
+def _step_batch(run: _Run, k: int) -> Batch:
+    cfg = run.config
+    examples = [run.train[i] for i in batch_indices(len(run.train), cfg.batch_size, cfg.seed, k)]
+    return to_device(training_batch(examples, pad_token_id(run.tokenizer)), run.step.device)
+
+
+def _loop(run: _Run, progress: bool) -> dict[str, list]:
+    """Train; per step: mean path loss, wall time of the step, the log record (mobizo); evals when due."""
+    cfg = run.config
+    history: dict[str, list] = {"losses": [], "times": [], "log": [], "eval": []}
+    lr32, eps32 = float(np.float32(cfg.lr)), float(np.float32(cfg.eps))
+    bar = tqdm(range(cfg.steps), desc=cfg.method, unit="step", disable=not (progress and sys.stderr.isatty()))
+    for k in bar:
+        if _due_for_eval(run, k):
+            history["eval"].append(_evaluate(run, k))
+        batch, seed = _step_batch(run, k), step_seed(cfg.seed, k)
+        start = time.perf_counter()
+        losses, g = (t.float().cpu() for t in run.step(batch, seed))  # .cpu() waits for the device
+        history["times"].append(time.perf_counter() - start)
+        history["losses"].append(float(losses.mean()))
+        if cfg.method == "mobizo":
+            history["log"].append(log_record(k, seed, lr32, eps32, g.numpy(), losses.numpy()))
+        bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
+    if _due_for_eval(run, cfg.steps):
+        history["eval"].append(_evaluate(run, cfg.steps))
+    return history
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
+    """interfaces.md §1's keys first; then the rest of the configuration (files as ``*_file``) and the outputs."""
+    cfg = run.config
+    metrics = {
+        "method": cfg.method, "q": cfg.q, "batch_size": cfg.batch_size, "examples_per_query": cfg.batch_size // cfg.q,
+        "steps": cfg.steps, "lr": cfg.lr, "eps": cfg.eps, "seed": cfg.seed,
+        "parallel": cfg.parallel if cfg.method == "mobizo" else None,
+        "losses": history["losses"],  # per step: the mean of that step's path losses
+        "step_time_s": statistics.median(history["times"]),
+        "train_time_s": sum(history["times"]),  # steps only (no evaluation, no batch building)
+        "peak_rss_mb": peak_rss_mb(),
+        "eval": history["eval"],
+    }
+    rest = {k: v for k, v in asdict(cfg).items() if k not in metrics and k not in ("train", "eval", "targets")}
+    metrics |= rest | {
+        "model": str(cfg.model), "out": str(cfg.out), "train_file": str(cfg.train),
+        "eval_file": None if cfg.eval is None else str(cfg.eval), "targets": list(cfg.targets),
+        "device": str(run.step.device), "n_train": len(run.train),
+        "adapter": None if run.lora is None else ADAPTER_DIR,
+        "train_log": LOG_FILE if history["log"] else None,
+    }
+    if run.step.device.type == "cuda":
+        metrics["peak_cuda_mb"] = torch.cuda.max_memory_allocated(run.step.device) / 2**20
+    if run.lora is None:
+        metrics["note"] = "mezo trains all parameters: no adapter is written (metrics only)"
+    return metrics
+
+
+def _write_outputs(run: _Run, history: dict[str, list], metrics: dict[str, Any]) -> None:
+    """Adapter and log first, metrics.json last: its presence means the run finished. Stale outputs go."""
+    out = Path(run.config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if run.lora is not None:
+        save_lora(out / ADAPTER_DIR, run.lora, run.step.b.cpu(), str(run.config.model))
+    elif (out / ADAPTER_DIR).is_dir():
+        shutil.rmtree(out / ADAPTER_DIR)  # an earlier run's adapter would pass for this run's
+    if history["log"]:
+        atomic_write_bytes(out / LOG_FILE, "".join(map(log_line, history["log"])).encode())
+    else:
+        (out / LOG_FILE).unlink(missing_ok=True)
+    atomic_write_bytes(out / METRICS_FILE, (json.dumps(metrics, indent=2) + "\n").encode())
+
+
+def train(config: TrainConfig, progress: bool = True) -> dict[str, Any]:
+    """Validate, train, write OUT/metrics.json (+ adapter, + log) and return the metrics."""
+    task = validate(config)
+    run = _prepare(config, task)
+    history = _loop(run, progress)
+    metrics = _metrics(run, history)
+    _write_outputs(run, history, metrics)
+    return metrics
