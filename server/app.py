@@ -1,0 +1,111 @@
+"""The FastAPI application: ``create_app(settings)`` wires the database, the store, the queues and the routers.
+
+On start (lifespan) it migrates the database, resubmits jobs a previous run left queued or compiling, and starts
+the lease sweeper; on stop it shuts the worker pools down. Nothing here imports torch: compilation and replay run
+in worker processes (``server.worker_tasks``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server import jobstate
+from server.compile_queue import CompileQueue, LocalCompileQueue
+from server.db import make_engine, make_sessionmaker, migrate
+from server.pool import WorkerPool
+from server.routes import adapters, devices, enrollment, health, jobs, leases, models, programs, results, users
+from server.settings import Settings, get_settings
+from server.store import ArtifactStore
+
+log = logging.getLogger(__name__)
+QueueFactory = Callable[[sessionmaker[Session], ArtifactStore, Settings], CompileQueue]
+
+
+class BodyLimit:
+    """413 before reading a body whose Content-Length is over the limit; 411 for uploads without one.
+
+    FastAPI parses a multipart body before any dependency runs, so the limit has to sit in front of the app;
+    the server (h11) never reads past a declared Content-Length, which makes the header check sufficient.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length")
+            if length is None and b"chunked" in headers.get(b"transfer-encoding", b""):
+                return await _reject(send, 411, "Content-Length is required")
+            if length is not None and (not length.isdigit() or int(length) > self.limit):
+                return await _reject(send, 413, f"request body over the limit of {self.limit} bytes")
+        await self.app(scope, receive, send)
+
+
+async def _reject(send: Send, code: int, detail: str) -> None:
+    import json
+
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _default_queue(sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> CompileQueue:
+    return LocalCompileQueue(sessions, store, settings.compile_workers)
+
+
+def _sweep_leases(sessions: sessionmaker[Session], settings: Settings, stop: threading.Event) -> None:
+    """Return expired leases to ``ready`` even when no device is asking for work."""
+    interval = max(1.0, min(10.0, settings.lease_s / 5))
+    while not stop.wait(interval):
+        try:
+            with sessions() as session:
+                jobstate.expire_leases(session, settings.max_attempts)
+                session.commit()
+        except Exception:  # a database hiccup must not kill the sweeper
+            log.exception("lease sweep failed")
+
+
+def create_app(settings: Settings | None = None, queue_factory: QueueFactory | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.db_url)
+        migrate(engine)
+        sessions = make_sessionmaker(engine)
+        store = ArtifactStore(settings.data_dir)
+        queue = (queue_factory or _default_queue)(sessions, store, settings)
+        app.state.settings, app.state.sessionmaker, app.state.store = settings, sessions, store
+        app.state.compile_queue, app.state.verify_pool = queue, WorkerPool(settings.verify_workers)
+        queue.recover()
+        stop = threading.Event()
+        sweeper = threading.Thread(target=_sweep_leases, args=(sessions, settings, stop), daemon=True)
+        sweeper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            queue.close()
+            app.state.verify_pool.close()
+            sweeper.join(timeout=5)
+            engine.dispose()
+
+    app = FastAPI(
+        title="mobizo",
+        summary="On-device LLM personalization: jobs, device programs and the adapter registry",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    for module in (health, users, models, enrollment, devices, jobs, leases, programs, results, adapters):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, limit=int(settings.max_upload_mb * 1024 * 1024))
+    return app

@@ -1,0 +1,75 @@
+"""A small httpx client for the REST API, shared by the ``mobizo users|enroll-code|jobs|adapters`` commands.
+
+Errors come back as ``MobizoError`` carrying the server's ``detail`` (validation errors are flattened to
+``field: reason`` lines), so the command line prints them and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from shared.errors import MobizoError
+
+
+def describe_error(response: httpx.Response) -> str:
+    """``HTTP 422: spec.q: ...`` from a FastAPI error body (or the raw text when it is not JSON)."""
+    try:
+        detail = response.json().get("detail", response.text)
+    except (json.JSONDecodeError, AttributeError):
+        detail = response.text
+    if isinstance(detail, list):
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in item.get('loc', [])[1:]) or 'request'}: {item.get('msg')}" for item in detail
+        )
+    return f"HTTP {response.status_code}: {detail}"
+
+
+class ServerClient:
+    def __init__(
+        self, server: str, token: str | None, timeout: float = 60.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise MobizoError(f"cannot reach {self._http.base_url}: {exc}") from None
+        if response.status_code >= 400:
+            raise MobizoError(describe_error(response))
+        return response
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self.request("POST", path, json=body if body is not None else {}).json()
+
+    def download(self, path: str, dest: Path) -> Path:
+        """Stream ``path`` into ``dest`` through a temporary file that is renamed when complete."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+        try:
+            with os.fdopen(fd, "wb") as out, self._http.stream("GET", path) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise MobizoError(describe_error(response))
+                for chunk in response.iter_bytes(1 << 20):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return dest
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,71 @@
+"""``mobizo adapters list|download``: your trained adapters; download unpacks a PEFT adapter directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from server.commands import add_connection_args, client_from_args, print_json, print_table
+
+HELP = "list your adapters and download them in PEFT format"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = sub.add_parser("list", help="your adapters, newest first")
+    listing.add_argument("--model", help="only this model's adapters")
+    listing.add_argument("--task", help="only this task's adapters")
+    listing.add_argument("--json", action="store_true", help="print the full objects as JSON")
+    add_connection_args(listing)
+    download = sub.add_parser("download", help="download an adapter as a PEFT directory")
+    download.add_argument("adapter_id", type=int)
+    download.add_argument("--out", type=Path, required=True, help="directory to create (adapter_config.json, ...)")
+    download.add_argument("--zip", action="store_true", help="write the archive to --out as a .zip file instead")
+    add_connection_args(download)
+
+
+def _unpack(archive: Path, out: Path) -> None:
+    """Extract into a temporary sibling and rename, so ``out`` appears complete or not at all."""
+    import os
+    import shutil
+    import tempfile
+    import zipfile
+
+    from shared.errors import MobizoError
+
+    if out.exists():
+        raise MobizoError(f"{out} exists; choose another --out")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            for name in zf.namelist():
+                if Path(name).is_absolute() or ".." in Path(name).parts:
+                    raise MobizoError(f"archive member {name!r} escapes the directory")
+            zf.extractall(tmp)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    client = client_from_args(args)
+    if args.action == "list":
+        adapters = client.get("/v1/adapters", model=args.model, task=args.task)
+        if args.json:
+            print_json(adapters)
+        else:
+            columns = ["id", "model", "task", "version", "job_id", "parent_adapter_id", "created_at"]
+            print_table(adapters["data"], columns)
+        return 0
+    out = args.out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.zip:
+        client.download(f"/v1/adapters/{args.adapter_id}/download", out)
+    else:
+        archive = client.download(f"/v1/adapters/{args.adapter_id}/download", out.parent / f".{out.name}.zip")
+        try:
+            _unpack(archive, out)
+        finally:
+            archive.unlink(missing_ok=True)
+    print(out)
+    return 0

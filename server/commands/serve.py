@@ -1,0 +1,33 @@
+"""``mobizo server``: run the REST server (settings from the environment, see ``server.settings``)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run the REST server (DATABASE_URL, MOBIZO_DATA_DIR, MOBIZO_ADMIN_TOKEN, ... from the environment)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from server.app import create_app
+    from server.settings import get_settings
+    from shared.errors import UsageError
+
+    if not 0 < args.port < 65536:
+        raise UsageError("--port", f"must be in 1..65535 (got {args.port})")
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if settings.admin_token is None:
+        logging.warning("MOBIZO_ADMIN_TOKEN is not set: admin endpoints (users, models) will refuse every request")
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,92 @@
+"""The compile queue: jobs go in by id, programs come out, outside any request.
+
+``CompileQueue`` is the whole interface the routes see (``submit``), so a distributed queue (Celery, RQ, a
+PostgreSQL ``SKIP LOCKED`` table) can replace ``LocalCompileQueue`` without touching them. The local queue runs
+one driver thread per worker process: the driver moves the job to ``compiling``, has a worker export the program
+(``server.worker_tasks.build_program``) and records ``ready`` or ``failed`` with the error text. A job is thus
+``compiling`` exactly while a process works on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from server import jobstate
+from server.models import Job
+from server.pool import WorkerPool
+from server.store import ArtifactStore
+from server.worker_tasks import build_program
+
+log = logging.getLogger(__name__)
+BuildFn = Callable[[str, str, dict[str, Any], str, str], dict[str, Any]]
+
+
+def _log_crash(future: Future) -> None:
+    """A driver that died (database unreachable, say) leaves its job for ``recover``; say so in the log."""
+    if not future.cancelled() and future.exception() is not None:
+        log.error("compile driver failed", exc_info=future.exception())
+
+
+class CompileQueue(Protocol):
+    def submit(self, job_id: int) -> None:
+        """Compile the job's program eventually; the job is ``queued`` when this is called."""
+
+    def recover(self) -> int:
+        """On start: take back jobs a previous run left queued or compiling; returns how many."""
+
+    def close(self) -> None:
+        """Stop taking work; running compilations may be abandoned (``recover`` picks them up on restart)."""
+
+
+class LocalCompileQueue:
+    """In-process queue: driver threads feeding a pool of ``workers`` compile processes."""
+
+    def __init__(
+        self, sessions: sessionmaker[Session], store: ArtifactStore, workers: int, build: BuildFn = build_program
+    ) -> None:
+        self._sessions = sessions
+        self._store = store
+        self._build = build
+        self._pool = WorkerPool(workers)
+        self._drivers = ThreadPoolExecutor(workers, thread_name_prefix="compile")
+
+    def submit(self, job_id: int) -> None:
+        self._drivers.submit(self._compile, job_id).add_done_callback(_log_crash)
+
+    def recover(self) -> int:
+        """Jobs a previous run left queued or compiling go (back) into the queue."""
+        with self._sessions() as session:
+            ids = session.scalars(select(Job.id).where(Job.status.in_(("queued", "compiling"))).order_by(Job.id)).all()
+            session.execute(update(Job).where(Job.id.in_(ids)).values(status="queued"))
+            session.commit()
+        for job_id in ids:
+            self.submit(job_id)
+        return len(ids)
+
+    def _compile(self, job_id: int) -> None:
+        with self._sessions() as session:
+            work = jobstate.start_compiling(session, job_id)
+        if work is None:
+            return
+        try:
+            built = self._pool.run(
+                self._build, work.model_dir, work.model_sha256, work.spec,
+                str(self._store.programs_dir), str(self._store.blobs_dir),
+            )
+        except Exception as exc:  # any failure of the export is the job's error text
+            log.warning("job %d: compile failed: %s", job_id, exc)
+            with self._sessions() as session:
+                jobstate.fail(session, job_id, f"compile failed: {type(exc).__name__}: {exc}", ("compiling",))
+            return
+        with self._sessions() as session:
+            jobstate.finish_compiling(session, job_id, built)
+
+    def close(self) -> None:
+        self._drivers.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()

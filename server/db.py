@@ -1,0 +1,60 @@
+"""Engine, sessions and migrations, for SQLite (the embedded default) and PostgreSQL.
+
+SQLite transactions start with ``BEGIN IMMEDIATE``: a deferred transaction that reads and then writes can fail at
+once with "database is locked" when another connection wrote in between (busy_timeout does not help there), so
+every transaction takes the write lock up front and waits its turn. PostgreSQL needs nothing special: the lease
+query's conditional UPDATE is safe under READ COMMITTED.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+_ALEMBIC_INI = Path(__file__).with_name("alembic.ini")
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see _sqlite_begin)
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: no corruption; a power cut may lose the last commits
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get WAL, foreign keys and immediate transactions.
+
+    The pool allows more connections than the server's 40 request threads plus its own background threads,
+    so that a request never waits for a connection that another waiting request holds.
+    """
+    pool = {"pool_size": 10, "max_overflow": 50}
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    return create_engine(url, pool_pre_ping=True, **pool)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest Alembic revision (the server runs this on start)."""
+    config = Config(str(_ALEMBIC_INI))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")

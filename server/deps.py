@@ -1,0 +1,134 @@
+"""Request dependencies: a DB session, the settings, and who is calling (admin, user or device).
+
+Routes declare only what they need: ``session: SessionDep``, ``user: CurrentUser``, ``device: CurrentDevice``,
+``_: AdminDep``. A bad or missing token is 401; a valid token of the wrong kind is 403.
+
+The auth dependencies end their transaction before returning. FastAPI runs each sync dependency and the route in
+separate thread-pool calls; a transaction left open between them would hold SQLite's write lock while waiting for
+a free thread, and under load every thread can be waiting for that lock: a deadlock until busy_timeout. Plain
+getters are ``async`` so that they need no thread at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from server.compile_queue import CompileQueue
+from server.models import Device, User, utcnow
+from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_token, secret_matches
+from server.settings import Settings
+from server.store import ArtifactStore
+
+LAST_SEEN_EVERY = timedelta(seconds=30)
+_bearer = HTTPBearer(auto_error=False, description="admin token, user API key or device token")
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessionmaker() as session:
+        yield session
+
+
+async def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def get_store(request: Request) -> ArtifactStore:
+    return request.app.state.store
+
+
+async def get_queue(request: Request) -> CompileQueue:
+    return request.app.state.compile_queue
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+StoreDep = Annotated[ArtifactStore, Depends(get_store)]
+QueueDep = Annotated[CompileQueue, Depends(get_queue)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _unauthorized(reason: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, reason, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str:
+    if credentials is None:
+        raise _unauthorized("missing bearer token (Authorization: Bearer ...)")
+    return credentials.credentials
+
+
+def _is_admin(token: str, settings: Settings) -> bool:
+    return settings.admin_token is not None and constant_time_equal(token, settings.admin_token)
+
+
+def _wrong_kind(token: str, settings: Settings, wanted: str) -> HTTPException:
+    """403 for a valid-looking token of another kind (the caller knows which kind it holds), else 401."""
+    if _is_admin(token, settings) or parse_token(token) is not None:
+        return HTTPException(status.HTTP_403_FORBIDDEN, f"this endpoint needs a {wanted}")
+    return _unauthorized("invalid token")
+
+
+def require_admin(credentials: Credentials, settings: SettingsDep) -> None:
+    token = _token(credentials)
+    if not _is_admin(token, settings):
+        raise _wrong_kind(token, settings, "admin token")
+
+
+def get_current_user(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> User:
+    token = _token(credentials)
+    parsed = parse_token(token)
+    if parsed is None or parsed[0] != USER_KEY:
+        raise _wrong_kind(token, settings, "user API key")
+    user = session.get(User, parsed[1])
+    session.commit()  # see the module docstring
+    if user is None or not secret_matches(parsed[2], user.key_hash):
+        raise _unauthorized("invalid token")
+    return user
+
+
+def get_current_device(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> Device:
+    token = _token(credentials)
+    parsed = parse_token(token)
+    if parsed is None or parsed[0] != DEVICE_TOKEN:
+        raise _wrong_kind(token, settings, "device token")
+    device = session.get(Device, parsed[1])
+    valid = device is not None and secret_matches(parsed[2], device.token_hash)
+    if valid:
+        _seen(device)
+    session.commit()  # see the module docstring
+    if not valid:
+        raise _unauthorized("invalid token")
+    return device
+
+
+def _seen(device: Device) -> None:
+    """Record when the device was last heard from, at most every 30 s (a heartbeat should not cost two writes)."""
+    now = utcnow()
+    if device.last_seen_at is None or now - device.last_seen_at > LAST_SEEN_EVERY:
+        device.last_seen_at = now
+
+
+def require_any(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> None:
+    """Admin, user or device: for reading shared, non-secret lists such as the registered models."""
+    token = _token(credentials)
+    if _is_admin(token, settings):
+        return
+    parsed = parse_token(token)
+    if parsed is not None and parsed[0] == USER_KEY:
+        get_current_user(credentials, session, settings)
+    elif parsed is not None and parsed[0] == DEVICE_TOKEN:
+        get_current_device(credentials, session, settings)
+    else:
+        raise _unauthorized("invalid token")
+
+
+AdminDep = Annotated[None, Depends(require_admin)]
+CurrentUser = Annotated[User, Depends(get_current_user)]
+CurrentDevice = Annotated[Device, Depends(get_current_device)]
+AnyAuth = Annotated[None, Depends(require_any)]

@@ -1,0 +1,78 @@
+"""Reading a Hugging Face model directory without torch: its content hash and its linear layers.
+
+Registration (an admin request) must not load the model into the server process, so the linear layers a job may
+target are read from the safetensors headers: every 2-D ``<module>.weight`` outside the embeddings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+from shared.errors import DataError
+
+_HASHED_SUFFIXES = (".json", ".safetensors", ".model", ".txt")
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def read_safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file (tensor name -> dtype, shape, data_offsets; plus __metadata__)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise DataError(f"{path.name}: not a safetensors file (shorter than 8 bytes)")
+        (length,) = struct.unpack("<Q", raw)
+        if length > _MAX_HEADER:
+            raise DataError(f"{path.name}: safetensors header of {length} bytes is too large")
+        blob = f.read(length)
+    try:
+        header = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise DataError(f"{path.name}: safetensors header is not JSON") from None
+    if not isinstance(header, dict):
+        raise DataError(f"{path.name}: safetensors header is not an object")
+    return header
+
+
+def model_sha256(model_dir: Path) -> str:
+    """Hash of the files that define the model (config, weights, tokenizer), names included, in sorted order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.iterdir() if p.is_file() and p.name.endswith(_HASHED_SUFFIXES)):
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def linear_modules(model_dir: Path) -> dict[str, list[int]]:
+    """Module name -> [out_features, in_features] for every 2-D weight except embeddings."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise DataError(f"{model_dir}: no *.safetensors weights")
+    modules: dict[str, list[int]] = {}
+    for path in files:
+        for name, info in read_safetensors_header(path).items():
+            if name == "__metadata__" or not name.endswith(".weight") or "embed" in name:
+                continue
+            if len(info.get("shape", [])) == 2:
+                modules[name.removesuffix(".weight")] = [int(d) for d in info["shape"]]
+    return modules
+
+
+def inspect_model(model_dir: Path) -> tuple[str, str, dict[str, list[int]]]:
+    """(sha256, architecture, linear modules) of a model directory; ``DataError`` saying what is missing."""
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise DataError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{config_file}: not JSON ({exc})") from None
+    architecture = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    modules = linear_modules(model_dir)
+    if not modules:
+        raise DataError(f"{model_dir}: no linear layers found in the weights")
+    return model_sha256(model_dir), str(architecture), modules

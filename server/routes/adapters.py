@@ -1,0 +1,74 @@
+"""The adapter registry of the calling user: list, show, download (a PEFT archive, A included)."""
+
+from __future__ import annotations
+
+from fastapi import Header, Query, Response
+from fastapi.responses import FileResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from server.deps import CurrentUser, SessionDep, StoreDep
+from server.models import Adapter, Model
+from server.routes.base import Router
+from server.routes.errors import not_found
+from server.routes.programs import serve_file
+from shared.schemas import AdapterPublic, AdaptersPublic
+
+router = Router(prefix="/v1/adapters", tags=["adapters"])
+
+
+def public(adapter: Adapter, model_name: str) -> AdapterPublic:
+    return AdapterPublic(
+        id=adapter.id, model=model_name, task=adapter.task, version=adapter.version, job_id=adapter.job_id,
+        parent_adapter_id=adapter.parent_id, rank=adapter.rank, alpha=adapter.alpha, targets=adapter.targets,
+        a_seed=adapter.a_seed, b_sha256=adapter.b_sha256, metrics=adapter.metrics, created_at=adapter.created_at,
+    )
+
+
+def user_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter:
+    adapter = session.get(Adapter, adapter_id)
+    if adapter is None or adapter.user_id != user_id:
+        raise not_found("adapter", adapter_id)
+    return adapter
+
+
+@router.get("", response_model=AdaptersPublic)
+def list_adapters(
+    user: CurrentUser,
+    session: SessionDep,
+    model: str | None = Query(None, description="only this model's adapters"),
+    task: str | None = Query(None, description="only this task's adapters"),
+    skip: int = Query(0, ge=0),
+    limit: int = Query(100, ge=1, le=1000),
+) -> AdaptersPublic:
+    query = select(Adapter, Model.name).join(Model, Model.id == Adapter.model_id).where(Adapter.user_id == user.id)
+    if model is not None:
+        query = query.where(Model.name == model)
+    if task is not None:
+        query = query.where(Adapter.task == task)
+    count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.execute(query.order_by(Adapter.id.desc()).offset(skip).limit(limit)).all()
+    return AdaptersPublic(data=[public(*row) for row in rows], count=count)
+
+
+@router.get("/{adapter_id}", response_model=AdapterPublic)
+def show(adapter_id: int, user: CurrentUser, session: SessionDep) -> AdapterPublic:
+    adapter = user_adapter(session, user.id, adapter_id)
+    return public(adapter, session.get_one(Model, adapter.model_id).name)
+
+
+@router.get(
+    "/{adapter_id}/download",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/zip": {}}, "description": "a zipped PEFT adapter directory"}},
+)
+def download(
+    adapter_id: int, user: CurrentUser, session: SessionDep, store: StoreDep, if_none_match: str | None = Header(None)
+) -> Response:
+    """A zip that unpacks to a PEFT adapter directory: ``PeftModel.from_pretrained(base, that_dir)``."""
+    adapter = user_adapter(session, user.id, adapter_id)
+    model_name = session.get_one(Model, adapter.model_id).name
+    session.commit()
+    filename = f"{model_name}-{adapter.task}-v{adapter.version}.zip"
+    sha256 = adapter.archive_sha256
+    return serve_file(store.archive(sha256), sha256, filename, if_none_match, "application/zip")

@@ -1,0 +1,52 @@
+"""``POST /v1/devices`` (enrollment-code holder) enrolls a device; ``GET /v1/devices`` (user) lists them."""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, status
+from sqlalchemy import select, update
+
+from server.deps import CurrentUser, SessionDep
+from server.models import Device, EnrollmentCode, utcnow
+from server.routes.base import Router
+from server.security import DEVICE_TOKEN, hash_secret, make_token, new_secret, normalize_code
+from shared.schemas import DeviceCreate, DeviceEnrolled, DevicePublic, DevicesPublic
+
+router = Router(prefix="/v1/devices", tags=["devices"])
+
+
+def _redeem(session, code: str) -> int:
+    """Mark the code used and return its user; one conditional UPDATE, so a code enrolls exactly one device."""
+    now = utcnow()
+    code_hash = hash_secret(normalize_code(code))
+    row = session.scalar(select(EnrollmentCode).where(EnrollmentCode.code_hash == code_hash))
+    used = session.execute(
+        update(EnrollmentCode)
+        .where(EnrollmentCode.code_hash == code_hash, EnrollmentCode.used_at.is_(None), EnrollmentCode.expires_at > now)
+        .values(used_at=now)
+    ).rowcount
+    if row is None or not used:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "code: unknown, expired or already used")
+    return row.user_id
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=DeviceEnrolled)
+def enroll(body: DeviceCreate, session: SessionDep) -> DeviceEnrolled:
+    user_id = _redeem(session, body.code)
+    secret = new_secret()
+    device = Device(
+        user_id=user_id, name=body.name, platform=body.platform, backend=body.backend, memory_mb=body.memory_mb,
+        token_hash=hash_secret(secret),
+    )
+    session.add(device)
+    session.commit()
+    return DeviceEnrolled(device_id=device.id, token=make_token(DEVICE_TOKEN, device.id, secret))
+
+
+def public(device: Device) -> DevicePublic:
+    return DevicePublic.model_validate(device, from_attributes=True)
+
+
+@router.get("", response_model=DevicesPublic)
+def list_devices(user: CurrentUser, session: SessionDep) -> DevicesPublic:
+    devices = session.scalars(select(Device).where(Device.user_id == user.id).order_by(Device.id)).all()
+    return DevicesPublic(data=[public(d) for d in devices], count=len(devices))

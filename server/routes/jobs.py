@@ -1,0 +1,127 @@
+"""Jobs of the calling user: submit (``202``, compiled in the background), list, show, cancel."""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, Query, status
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from server import jobstate
+from server.deps import CurrentUser, QueueDep, SessionDep
+from server.models import Adapter, Device, Job, Model, User
+from server.routes.base import Router
+from server.routes.errors import field_error, not_found
+from shared.schemas import JobCreate, JobProgress, JobPublic, JobsPublic
+from shared.tasks import get_task
+
+router = Router(prefix="/v1/jobs", tags=["jobs"])
+
+
+def public(job: Job, model_name: str, adapter_id: int | None) -> JobPublic:
+    return JobPublic(
+        id=job.id, status=job.status, model=model_name, task=job.task, spec=JobCreate.model_validate(job.spec),
+        error=job.error, attempts=job.attempts, adapter_id=adapter_id, created_at=job.created_at,
+        updated_at=job.updated_at,
+        progress=JobProgress(step=job.progress_step, loss=job.progress_loss, steps_per_s=job.progress_steps_per_s),
+    )
+
+
+def user_job(session: Session, user_id: int, job_id: int) -> Job:
+    """The job if it belongs to ``user_id``; 404 otherwise (missing and not-yours look alike)."""
+    job = session.get(Job, job_id)
+    if job is None or job.user_id != user_id:
+        raise not_found("job", job_id)
+    return job
+
+
+def _check_model(session: Session, body: JobCreate) -> Model:
+    model = session.scalar(select(Model).where(Model.name == body.model))
+    if model is None:
+        raise field_error("model", f"no registered model named {body.model!r}")
+    present = {name.rsplit(".", 1)[-1] for name in model.modules}
+    missing = [t for t in body.targets if t not in present]
+    if missing:
+        raise field_error("targets", f"{', '.join(missing)} not in {body.model} (it has {', '.join(sorted(present))})")
+    return model
+
+
+def _check_device(session: Session, user: User, body: JobCreate) -> None:
+    if body.device_id is None:
+        return
+    device = session.get(Device, body.device_id)
+    if device is None or device.user_id != user.id:
+        raise field_error("device_id", f"device {body.device_id} not found", status.HTTP_404_NOT_FOUND)
+    if body.device_backend is not None and device.backend != body.device_backend:
+        raise field_error("device_backend", f"device {device.id} runs {device.backend}, not {body.device_backend}")
+
+
+def _check_init_adapter(session: Session, user: User, model: Model, body: JobCreate) -> None:
+    """A starting adapter must be this user's and have the same LoRA layout (same B length, same A)."""
+    if body.init_adapter_id is None:
+        return
+    adapter = session.get(Adapter, body.init_adapter_id)
+    if adapter is None or adapter.user_id != user.id:
+        raise field_error("init_adapter_id", f"adapter {body.init_adapter_id} not found", status.HTTP_404_NOT_FOUND)
+    mine = (model.id, body.rank, body.alpha, sorted(body.targets), body.a_seed)
+    theirs = (adapter.model_id, adapter.rank, adapter.alpha, sorted(adapter.targets), adapter.a_seed)
+    if mine != theirs:
+        raise field_error(
+            "init_adapter_id", "the starting adapter differs in model, rank, alpha, targets or a_seed from this job"
+        )
+
+
+def _check_answer_len(body: JobCreate) -> None:
+    """Only a verbalizer fixes the answers in advance; other tasks take their answers from the device's data."""
+    if body.answer_len is None and get_task(body.task_name, body.template, body.verbalizer).kind != "classification":
+        raise field_error("answer_len", f"required for task {body.task_name} (its answers come from the data)")
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+def submit(body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep) -> JobPublic:
+    model = _check_model(session, body)
+    _check_device(session, user, body)
+    _check_init_adapter(session, user, model, body)
+    _check_answer_len(body)
+    job = Job(
+        user_id=user.id, model_id=model.id, task=body.task_key, spec=body.model_dump(mode="json"), status="queued",
+        device_id=body.device_id, device_backend=body.device_backend, init_adapter_id=body.init_adapter_id,
+    )
+    session.add(job)
+    session.commit()
+    queue.submit(job.id)
+    return public(job, model.name, None)
+
+
+@router.get("", response_model=JobsPublic)
+def list_jobs(
+    user: CurrentUser, session: SessionDep, skip: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000)
+) -> JobsPublic:
+    rows = session.execute(
+        select(Job, Model.name, Adapter.id)
+        .join(Model, Model.id == Job.model_id)
+        .outerjoin(Adapter, Adapter.job_id == Job.id)
+        .where(Job.user_id == user.id)
+        .order_by(Job.id.desc())
+        .offset(skip)
+        .limit(limit)
+    ).all()
+    count = session.scalar(select(func.count(Job.id)).where(Job.user_id == user.id)) or 0
+    return JobsPublic(data=[public(*row) for row in rows], count=count)
+
+
+def _show(session: Session, job: Job) -> JobPublic:
+    model_name = session.get_one(Model, job.model_id).name
+    return public(job, model_name, session.scalar(select(Adapter.id).where(Adapter.job_id == job.id)))
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def show(job_id: int, user: CurrentUser, session: SessionDep) -> JobPublic:
+    return _show(session, user_job(session, user.id, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+def cancel(job_id: int, user: CurrentUser, session: SessionDep) -> JobPublic:
+    job = user_job(session, user.id, job_id)
+    if not jobstate.cancel(session, job):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {job.status}")
+    return _show(session, job)

@@ -1,0 +1,97 @@
+"""Devices take work: ``POST /v1/leases`` hands out the next ready job, heartbeats keep the lease alive.
+
+A lease lasts ``lease_s`` seconds from the last heartbeat. An expired lease returns the job to ``ready`` (the
+sweeper and every lease request apply that), up to ``max_attempts`` leases per job. A heartbeat on a cancelled
+job answers ``cancelled: true``; a heartbeat from a device that lost its lease answers 409. A device that cannot
+finish reports it (``POST /v1/jobs/{id}/fail``) and the job fails with its reason.
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, Response, status
+from sqlalchemy.orm import Session
+
+from server import jobstate
+from server.deps import CurrentDevice, SessionDep, SettingsDep, StoreDep
+from server.models import Adapter, Device, Job, Program, utcnow
+from server.routes.base import Router
+from server.routes.errors import not_found
+from server.store import ArtifactStore
+from shared.schemas import (
+    FileRef, HeartbeatCreate, HeartbeatPublic, JobCreate, JobFailureCreate, JobSpec, LeasePublic,
+)
+
+router = Router(tags=["leases"])
+
+
+def device_job(session: Session, device: Device, job_id: int) -> Job:
+    """A job of the device's user; 404 for anyone else's."""
+    job = session.get(Job, job_id)
+    if job is None or job.user_id != device.user_id:
+        raise not_found("job", job_id)
+    return job
+
+
+def job_spec(job: Job) -> JobSpec:
+    fields = JobSpec.model_fields
+    spec = {k: v for k, v in JobCreate.model_validate(job.spec).model_dump().items() if k in fields}
+    return JobSpec(**{**spec, "answer_len": job.answer_len})
+
+
+def _init_ref(session: Session, store: ArtifactStore, job: Job) -> FileRef | None:
+    if job.init_adapter_id is None:
+        return None
+    b_sha = session.get_one(Adapter, job.init_adapter_id).b_sha256
+    size = store.adapter_b(b_sha).stat().st_size
+    return FileRef(url=f"/v1/jobs/{job.id}/init", size=size, sha256=b_sha)
+
+
+def _file_ref(job: Job, manifest: dict, entry: str, path: str) -> FileRef:
+    return FileRef(url=f"/v1/jobs/{job.id}/{path}", size=manifest[entry]["size"], sha256=manifest[entry]["sha256"])
+
+
+def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -> LeasePublic:
+    manifest = session.get_one(Program, job.program_id).manifest
+    return LeasePublic(
+        job_id=job.id, attempt=job.attempts, spec=job_spec(job),
+        manifest={k: v for k, v in manifest.items() if k != "model"},  # the server's path is none of its business
+        program=_file_ref(job, manifest, "pte", "program"), weights=_file_ref(job, manifest, "ptd", "weights"),
+        tokenizer=_file_ref(job, manifest, "tokenizer", "tokenizer"), init=_init_ref(session, store, job),
+        expires_at=job.lease_expires_at, heartbeat_s=heartbeat_s,
+    )
+
+
+@router.post(
+    "/v1/leases", response_model=LeasePublic, responses={204: {"description": "no job is ready for this device"}}
+)
+def lease(device: CurrentDevice, session: SessionDep, settings: SettingsDep, store: StoreDep) -> LeasePublic | Response:
+    jobstate.expire_leases(session, settings.max_attempts)  # committed with the lease
+    job = jobstate.lease_next(session, device, settings.lease_s)
+    if job is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    return _lease(session, store, job, settings.heartbeat_s)
+
+
+@router.post("/v1/jobs/{job_id}/heartbeat", response_model=HeartbeatPublic, tags=["leases"])
+def heartbeat(
+    job_id: int, body: HeartbeatCreate, device: CurrentDevice, session: SessionDep, settings: SettingsDep
+) -> HeartbeatPublic:
+    job = device_job(session, device, job_id)
+    if job.status == "cancelled" and job.leased_device_id == device.id:
+        session.commit()  # last_seen_at
+        return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
+    expires = jobstate.heartbeat(session, job, device, settings.lease_s, body.model_dump())
+    if expires is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device does not hold its lease (expired?)")
+    return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
+
+
+@router.post(
+    "/v1/jobs/{job_id}/fail", status_code=status.HTTP_204_NO_CONTENT, tags=["leases"],
+    responses={409: {"description": "this device holds no lease on the job"}},
+)
+def fail(job_id: int, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:
+    job = device_job(session, device, job_id)
+    if not jobstate.device_failed(session, job, device, body.error):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device holds no lease on it")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

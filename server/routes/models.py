@@ -1,0 +1,49 @@
+"""``POST /v1/models`` (admin) registers a server-side Hugging Face directory; ``GET /v1/models`` lists them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import HTTPException, status
+from sqlalchemy import select
+
+from server.deps import AdminDep, AnyAuth, SessionDep
+from server.model_files import inspect_model
+from server.models import Model
+from server.routes.base import Router
+from server.routes.errors import field_error
+from shared.errors import DataError
+from shared.schemas import ModelCreate, ModelPublic, ModelsPublic
+
+router = Router(prefix="/v1/models", tags=["models"])
+
+
+def public(model: Model) -> ModelPublic:
+    return ModelPublic(
+        id=model.id, name=model.name, sha256=model.sha256, architecture=model.architecture,
+        modules=sorted({name.rsplit(".", 1)[-1] for name in model.modules}), created_at=model.created_at,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic)
+def register_model(body: ModelCreate, _: AdminDep, session: SessionDep) -> ModelPublic:
+    """Hashes and inspects the directory (no torch, no loading) before touching the database."""
+    path = Path(body.path).expanduser()
+    if not path.is_dir():
+        raise field_error("path", f"{body.path} is not a directory on the server")
+    try:
+        sha256, architecture, modules = inspect_model(path)
+    except DataError as exc:
+        raise field_error("path", str(exc)) from None
+    if session.scalar(select(Model.id).where(Model.name == body.name)) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"name: a model called {body.name!r} exists")
+    model = Model(name=body.name, path=str(path.resolve()), sha256=sha256, architecture=architecture, modules=modules)
+    session.add(model)
+    session.commit()
+    return public(model)
+
+
+@router.get("", response_model=ModelsPublic)
+def list_models(_: AnyAuth, session: SessionDep) -> ModelsPublic:
+    models = session.scalars(select(Model).order_by(Model.id)).all()
+    return ModelsPublic(data=[public(m) for m in models], count=len(models))

@@ -1,0 +1,206 @@
+"""``POST /v1/jobs/{id}/result``: the device's trained B, its training log and metrics.
+
+Multipart parts (``shared.schemas.RESULT_PARTS``): ``b_flat`` (safetensors, one float32 tensor ``b_flat`` [D]),
+``log`` (JSON Lines, one record per step), ``metrics`` (a JSON object). The upload is spooled to a private
+temporary directory and checked in order: sizes (413), B's name, dtype, shape and finiteness, the log's structure
+(422), then a worker replays the log from the starting B and compares (422 if it does not reproduce B). Only then
+are B, the log and the PEFT archive published (temporary name, fsync, rename) and the adapter recorded, in the
+same transaction that marks the job succeeded. The same upload again answers 200 with the same adapter;
+a different one after success is 409.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+from fastapi import Depends, File, HTTPException, Request, Response, UploadFile, status
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server.deps import CurrentDevice, SessionDep, SettingsDep, StoreDep
+from server.models import Adapter, Device, Job, Model, Program, utcnow
+from server.pool import WorkerPool
+from server.results import METRICS_LIMIT, ResultRejected, b_limit, b_size, check_b, log_limit, parse_metrics
+from server.routes.base import Router
+from server.routes.errors import field_error
+from server.routes.leases import device_job, job_spec
+from server.store import ArtifactStore
+from shared.files import sha256_file
+from server.worker_tasks import verify_and_package
+from shared.schemas import ResultPublic
+
+router = Router(tags=["results"])
+
+
+async def get_verify_pool(request: Request) -> WorkerPool:
+    return request.app.state.verify_pool
+
+
+VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
+
+
+@dataclass
+class Upload:
+    """The spooled, checked parts of one upload."""
+
+    b_path: Path
+    log_path: Path
+    b_sha256: str
+    log_sha256: str
+    metrics: dict[str, Any]
+
+
+def _context(session: Session, job: Job) -> dict[str, Any]:
+    """What checking and packaging need to know about the job (plain data, for the worker)."""
+    program = session.get_one(Program, job.program_id)
+    return {
+        "spec": job_spec(job).model_dump(mode="json"), "manifest": program.manifest, "d": b_size(program.manifest),
+        "base_model": session.get_one(Model, job.model_id).name,
+    }
+
+
+def _spool(store: ArtifactStore, tmp: Path, part: UploadFile, limit: int, name: str) -> Path:
+    if not store.spool(part.file, limit, tmp / name):
+        raise field_error(name, f"larger than {limit} bytes allowed for this job", status.HTTP_413_CONTENT_TOO_LARGE)
+    return tmp / name
+
+
+def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: tuple[UploadFile, UploadFile, UploadFile]) -> Upload:
+    """Spool the three parts under their limits and run the checks that need no torch."""
+    from shared.schemas import JobSpec
+
+    spec = JobSpec.model_validate(ctx["spec"])
+    b_path = _spool(store, tmp, parts[0], b_limit(ctx["d"]), "b_flat")
+    log_path = _spool(store, tmp, parts[1], log_limit(spec), "log")
+    metrics_path = _spool(store, tmp, parts[2], METRICS_LIMIT, "metrics")
+    try:
+        check_b(b_path, ctx["d"])
+        metrics = parse_metrics(metrics_path.read_bytes())
+    except ResultRejected as exc:
+        raise field_error(exc.field, exc.message) from None
+    return Upload(b_path, log_path, sha256_file(b_path), sha256_file(log_path), metrics)
+
+
+def _repeat(session: Session, job: Job, upload: Upload) -> ResultPublic | None:
+    """The stored result if this upload repeats it; 409 if the job holds a different one."""
+    adapter = session.scalar(select(Adapter).where(Adapter.job_id == job.id))
+    if adapter is None:
+        return None
+    if (adapter.b_sha256, adapter.log_sha256) != (upload.b_sha256, upload.log_sha256):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} already has a different result")
+    return ResultPublic(adapter_id=adapter.id, version=adapter.version)
+
+
+def _next_version(session: Session, job: Job) -> int:
+    latest = session.scalar(
+        select(func.max(Adapter.version)).where(
+            Adapter.user_id == job.user_id, Adapter.model_id == job.model_id, Adapter.task == job.task
+        )
+    )
+    return (latest or 0) + 1
+
+
+def _publish(store: ArtifactStore, upload: Upload, archive: Path) -> None:
+    """Content-addressed, so the same bytes stored before are simply kept."""
+    store.keep(upload.b_path, "adapters", ".safetensors")
+    store.keep(upload.log_path, "logs", ".jsonl")
+    store.keep(archive, "archives", ".zip")
+
+
+def _record(session: Session, store: ArtifactStore, job: Job, device: Device, ctx: dict, upload: Upload,
+            outcome: dict) -> ResultPublic:
+    """running → succeeded and the new adapter version, in one transaction; files published before commit."""
+    archive, archive_sha, archive_size = outcome["archive"]
+    done = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status == "running", Job.leased_device_id == device.id)
+        .values(status="succeeded", lease_expires_at=None, progress_step=ctx["spec"]["steps"], updated_at=utcnow())
+    ).rowcount
+    if not done:
+        session.rollback()
+        session.refresh(job)
+        return _repeat(session, job, upload) or _lost(job)
+    spec = ctx["spec"]
+    adapter = Adapter(
+        user_id=job.user_id, model_id=job.model_id, task=job.task, version=_next_version(session, job), job_id=job.id,
+        parent_id=job.init_adapter_id, rank=spec["rank"], alpha=spec["alpha"], targets=spec["targets"],
+        a_seed=spec["a_seed"], b_sha256=upload.b_sha256, log_sha256=upload.log_sha256, archive_sha256=archive_sha,
+        archive_size=archive_size, metrics={**upload.metrics, "server": outcome["checks"]},
+    )
+    session.add(adapter)
+    session.flush()
+    _publish(store, upload, archive)
+    session.commit()
+    return ResultPublic(adapter_id=adapter.id, version=adapter.version)
+
+
+def _lost(job: Job) -> NoReturn:
+    reason = "was cancelled" if job.status == "cancelled" else f"is {job.status}, and this device holds no lease on it"
+    raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} {reason}")
+
+
+def _verify(pool: WorkerPool, timeout: float, ctx: dict, upload: Upload, init: Path | None, tmp: Path) -> dict:
+    """Replay and package in a worker → ``{"archive": (path, sha256, size), "checks": {...}}``."""
+    try:
+        checks = pool.run(
+            verify_and_package, ctx, str(upload.b_path), str(upload.log_path), init and str(init), str(tmp),
+            timeout=timeout,
+        )
+    except ResultRejected as exc:
+        raise field_error(exc.field, exc.message) from None
+    archive = Path(checks.pop("archive"))
+    return {"archive": (archive, sha256_file(archive), archive.stat().st_size), "checks": checks}
+
+
+@router.post(
+    "/v1/jobs/{job_id}/result",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ResultPublic,
+    responses={
+        200: {"model": ResultPublic, "description": "the same result was uploaded before"},
+        409: {"description": "the job was cancelled, its lease lost, or it holds a different result"},
+        413: {"description": "a part is larger than the job allows"},
+        422: {"description": "a part is malformed, or the log does not replay to the uploaded B"},
+    },
+)
+def upload_result(
+    job_id: int,
+    device: CurrentDevice,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    pool: VerifyPoolDep,
+    response: Response,
+    b_flat: Annotated[UploadFile, File(description="safetensors with one float32 tensor b_flat [D]")],
+    log: Annotated[UploadFile, File(description="training log, JSON Lines, one record per step")],
+    metrics: Annotated[UploadFile, File(description="metrics.json")],
+) -> ResultPublic:
+    job = device_job(session, device, job_id)
+    if job.program_id is None:
+        _lost(job)
+    ctx = _context(session, job)
+    init = store.adapter_b(session.get_one(Adapter, job.init_adapter_id).b_sha256) if job.init_adapter_id else None
+    session.commit()  # no transaction (and on SQLite no write lock) while spooling and replaying
+    tmp = store.tmp_dir()
+    try:
+        upload = _receive(store, tmp, ctx, (b_flat, log, metrics))
+        repeated = _repeat(session, job, upload)
+        if repeated is not None:
+            response.status_code = status.HTTP_200_OK
+            return repeated
+        session.commit()  # again no transaction while a worker replays
+        if job.status != "running" or job.leased_device_id != device.id:
+            _lost(job)
+        outcome = _verify(pool, settings.verify_timeout_s, ctx, upload, init, tmp)
+        for _ in range(3):  # a concurrent result of the same (user, model, task) may take our version number
+            try:
+                return _record(session, store, job, device, ctx, upload, outcome)
+            except IntegrityError:
+                session.rollback()
+        raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

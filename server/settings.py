@@ -1,0 +1,43 @@
+"""Server settings, read from the environment once per process (``get_settings``) or built explicitly in tests."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the server; environment names are ``MOBIZO_<FIELD>`` except ``DATABASE_URL``."""
+
+    model_config = SettingsConfigDict(env_prefix="MOBIZO_", extra="ignore")
+
+    data_dir: Path = Field(default=Path("mobizo-data"), description="artifacts and the default SQLite file")
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DATABASE_URL", "MOBIZO_DATABASE_URL"),
+        description="SQLAlchemy URL; default sqlite:///<data_dir>/mobizo.db",
+    )
+    admin_token: str | None = Field(default=None, description="bearer token of the administrator (unset: no admin)")
+    lease_s: int = Field(default=300, ge=5, description="a lease lasts this long after the last heartbeat")
+    max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
+    compile_workers: int = Field(default=1, ge=1, description="processes compiling programs")
+    verify_workers: int = Field(default=1, ge=1, description="processes replaying uploaded results")
+    max_upload_mb: float = Field(default=256.0, gt=0, description="largest request body accepted")
+    verify_timeout_s: float = Field(default=600.0, gt=0)
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'mobizo.db').resolve()}"
+
+    @property
+    def heartbeat_s(self) -> int:
+        """What devices are told: a third of the lease, so that two lost heartbeats do not lose the lease."""
+        return max(1, self.lease_s // 3)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

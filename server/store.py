@@ -1,0 +1,78 @@
+"""The artifact store under ``MOBIZO_DATA_DIR``: programs, shared blobs, adapters, logs, archives.
+
+Layout (everything but ``tmp/`` is written once and then only read):
+  programs/<key>/program.pte, program.json   one directory per (model sha256, ProgramConfig); json = manifest
+  blobs/weights-<sha256>.ptd                 base weights, shared by every program of a model
+  blobs/tokenizer-<sha256>.json              the model's tokenizer
+  adapters/<sha256>.safetensors              uploaded LoRA-B (``b_flat``)
+  logs/<sha256>.jsonl                        training logs
+  archives/<sha256>.zip                      PEFT archives
+  tmp/                                       uploads and builds in progress
+Files are written under ``tmp/`` (or a temporary sibling), fsynced and renamed (``shared.files``), so a reader
+never sees half a file; content-addressed names make a repeated write of the same bytes a no-op.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from shared.files import store_by_content
+
+_CHUNK = 1 << 20
+
+
+class ArtifactStore:
+    """Paths of the store's files; creates its directories."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+        for sub in ("programs", "blobs", "adapters", "logs", "archives", "tmp"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def programs_dir(self) -> Path:
+        return self.root / "programs"
+
+    @property
+    def blobs_dir(self) -> Path:
+        return self.root / "blobs"
+
+    def program(self, key: str) -> Path:
+        return self.programs_dir / key / "program.pte"
+
+    def blob(self, file_name: str) -> Path:
+        """A file a manifest names (``weights-<sha>.ptd``, ``tokenizer-<sha>.json``)."""
+        return self.blobs_dir / Path(file_name).name
+
+    def adapter_b(self, sha256: str) -> Path:
+        return self.root / "adapters" / f"{sha256}.safetensors"
+
+    def log(self, sha256: str) -> Path:
+        return self.root / "logs" / f"{sha256}.jsonl"
+
+    def archive(self, sha256: str) -> Path:
+        return self.root / "archives" / f"{sha256}.zip"
+
+    def keep(self, src: Path, kind: str, suffix: str) -> tuple[Path, str]:
+        """Publish ``src`` (under ``tmp/``) as ``<kind>/<sha256><suffix>`` → (path, sha256)."""
+        return store_by_content(src, self.root / kind, "", suffix)
+
+    def tmp_dir(self) -> Path:
+        """A fresh private directory under ``tmp/`` (the caller removes it)."""
+        return Path(tempfile.mkdtemp(dir=self.root / "tmp"))
+
+    def spool(self, source: BinaryIO, limit: int, path: Path) -> bool:
+        """Copy ``source`` to ``path``; False (and nothing kept) when it is larger than ``limit`` bytes."""
+        size = 0
+        with open(path, "wb") as out:
+            while chunk := source.read(_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    break
+                out.write(chunk)
+        if size > limit:
+            path.unlink()
+            return False
+        return True

@@ -1,0 +1,302 @@
+"""Pydantic request/response models of the REST API (``/v1``), shared by the server and the device agent.
+
+One module so that both sides validate the same shapes: the server declares them on its routes (and so in
+OpenAPI), the agent parses the server's answers with them. Only pydantic and the standard library are imported.
+
+Naming follows the usual FastAPI layout: ``XCreate`` is what a client sends, ``XPublic`` what the server answers,
+``XsPublic`` a list (``data`` + ``count``).
+
+Result upload (``POST /v1/jobs/{id}/result``) is ``multipart/form-data`` with three file parts named by
+``RESULT_PARTS``: ``b_flat`` (a safetensors file holding exactly one float32 tensor ``"b_flat"`` of shape [D], the
+program's ``get_lora_b()``), ``log`` (the training log, JSON Lines) and ``metrics`` (``metrics.json``). The starting
+adapter download (``GET /v1/jobs/{id}/init``) uses the same safetensors layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+B_FLAT_KEY = "b_flat"
+RESULT_PARTS = ("b_flat", "log", "metrics")
+
+JobStatus = Literal["queued", "compiling", "ready", "running", "succeeded", "failed", "cancelled"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+DeviceBackend = Literal["executorch", "torch", "adb"]
+ProgramBackend = Literal["xnnpack", "portable"]
+Method = Literal["mobizo"]
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_MAX_SEED = 2**31 - 1
+
+
+class _Strict(BaseModel):
+    """Requests reject unknown fields so that a typo answers 422 instead of being silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- users, models, enrollment, devices -------------------------------------------------------------------------
+
+
+class UserCreate(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=_NAME)
+
+
+class UserCreated(BaseModel):
+    """The API key is shown once; the server keeps only its hash."""
+
+    id: int
+    name: str
+    api_key: str
+
+
+class ModelCreate(_Strict):
+    name: str = Field(min_length=1, max_length=128, pattern=_NAME)
+    path: str = Field(min_length=1, max_length=4096, description="a Hugging Face model directory on the server")
+
+
+class ModelPublic(BaseModel):
+    id: int
+    name: str
+    sha256: str = Field(description="content hash of the model's files (config, weights, tokenizer)")
+    architecture: str
+    modules: list[str] = Field(description="names of the linear layers a job may target (e.g. q_proj)")
+    created_at: datetime
+
+
+class ModelsPublic(BaseModel):
+    data: list[ModelPublic]
+    count: int
+
+
+class EnrollmentCodeCreate(_Strict):
+    ttl_s: int = Field(default=900, ge=60, le=7 * 24 * 3600, description="seconds until the code expires")
+
+
+class EnrollmentCodePublic(BaseModel):
+    code: str
+    expires_at: datetime
+
+
+class DeviceCreate(_Strict):
+    code: str = Field(min_length=1, max_length=64, description="a one-time enrollment code")
+    name: str = Field(min_length=1, max_length=128)
+    platform: str = Field(default="", max_length=128)
+    backend: DeviceBackend = "executorch"
+    memory_mb: int | None = Field(default=None, ge=0)
+
+
+class DeviceEnrolled(BaseModel):
+    """The device token is shown once; the server keeps only its hash."""
+
+    device_id: int
+    token: str
+
+
+class DevicePublic(BaseModel):
+    id: int
+    name: str
+    platform: str
+    backend: DeviceBackend
+    memory_mb: int | None
+    created_at: datetime
+    last_seen_at: datetime | None
+
+
+class DevicesPublic(BaseModel):
+    data: list[DevicePublic]
+    count: int
+
+
+# --- jobs ----------------------------------------------------------------------------------------------------------
+
+
+class TaskSpec(BaseModel):
+    """A built-in task by name, or a custom one as template + verbalizer (``task`` then ``"custom"`` or omitted).
+
+    Checked by ``shared.tasks.get_task``, the one home of what a well-formed task is.
+    """
+
+    task: str | None = Field(default=None, min_length=1, max_length=64, description="a task name (sst2, rte, lm, …)")
+    template: str | None = Field(default=None, min_length=1, max_length=4096, examples=["{text} It was"])
+    verbalizer: dict[str, str] | None = Field(default=None, examples=[{"0": " terrible", "1": " great"}])
+
+    @model_validator(mode="after")
+    def _known_task(self) -> TaskSpec:
+        from shared.errors import UsageError
+        from shared.tasks import get_task
+
+        if self.task is None and self.template is None and self.verbalizer is None:
+            raise ValueError("task: give a task name, or a template and a verbalizer")
+        try:
+            get_task(self.task_name, self.template, self.verbalizer)
+        except UsageError as exc:
+            raise ValueError(f"{exc.argument.lstrip('-')}: {exc.reason}") from None
+        return self
+
+    @property
+    def task_name(self) -> str:
+        """The ``shared.tasks`` name: ``custom`` when only a template and a verbalizer are given."""
+        return self.task if self.task is not None else "custom"
+
+    @property
+    def task_key(self) -> str:
+        """The adapter registry's task: the name, or ``custom-<hash>`` so that different templates never mix."""
+        if self.task_name != "custom":
+            return self.task_name
+        blob = json.dumps([self.template, self.verbalizer], sort_keys=True).encode()
+        return "custom-" + hashlib.sha256(blob).hexdigest()[:12]
+
+
+class HyperParams(BaseModel):
+    """The method's hyperparameters; ``batch_size`` is the total per step, split into q groups of E."""
+
+    method: Method = "mobizo"
+    q: int = Field(default=1, ge=1, le=64)
+    batch_size: int = Field(default=16, ge=1, le=1024)
+    steps: int = Field(default=100, ge=1, le=1_000_000)
+    lr: float = Field(default=1e-4, gt=0, le=1)
+    eps: float = Field(default=1e-2, gt=0, le=1)
+    rank: int = Field(default=16, ge=1, le=256)
+    alpha: float = Field(default=32.0, gt=0, le=4096)
+    targets: list[str] = Field(default=["q_proj", "v_proj"], min_length=1, max_length=16)
+    seq_len: int = Field(default=64, ge=8, le=4096)
+    seed: int = Field(default=0, ge=0, le=_MAX_SEED)
+    a_seed: int = Field(default=0, ge=0, le=_MAX_SEED, description="seed of the frozen LoRA A matrices")
+    program_backend: ProgramBackend = "xnnpack"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HyperParams:
+        if self.batch_size % self.q:
+            raise ValueError(f"batch_size: {self.batch_size} is not divisible by q={self.q}")
+        if len(set(self.targets)) != len(self.targets) or not all(t.isidentifier() for t in self.targets):
+            raise ValueError("targets: module names must be distinct identifiers like q_proj")
+        return self
+
+
+class JobCreate(TaskSpec, HyperParams):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=128, description="a registered model's name")
+    answer_len: int | None = Field(default=None, ge=1, le=256, description="default: from the task's verbalizer")
+    device_id: int | None = Field(default=None, description="run on this device only (default: any that fits)")
+    device_backend: DeviceBackend | None = Field(default=None, description="only devices with this backend")
+    init_adapter_id: int | None = Field(default=None, description="start from this adapter's B")
+
+    @model_validator(mode="after")
+    def _room_for_a_prompt(self) -> JobCreate:
+        if self.answer_len is not None and self.answer_len >= self.seq_len:
+            raise ValueError(f"seq_len: {self.seq_len} leaves no room for a prompt and {self.answer_len} answer tokens")
+        return self
+
+
+class JobSpec(TaskSpec, HyperParams):
+    """What a device needs to train: the job's task and hyperparameters with ``answer_len`` resolved."""
+
+    answer_len: int
+
+
+class JobProgress(BaseModel):
+    step: int | None = None
+    loss: float | None = None
+    steps_per_s: float | None = None
+
+
+class JobPublic(BaseModel):
+    id: int
+    status: JobStatus
+    model: str
+    task: str = Field(description="the registry's task key: the task name, or custom-<hash> for a template")
+    spec: JobCreate
+    error: str | None = None
+    progress: JobProgress
+    attempts: int = Field(description="leases handed out so far")
+    adapter_id: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+
+
+# --- leases, heartbeats, results ------------------------------------------------------------------------------------
+
+
+class FileRef(BaseModel):
+    """A download: ``url`` is a path relative to the server root; verify ``sha256`` after downloading."""
+
+    url: str
+    size: int
+    sha256: str
+
+
+class LeasePublic(BaseModel):
+    job_id: int
+    attempt: int
+    spec: JobSpec
+    manifest: dict[str, Any] = Field(description="the program's manifest.json (config, lora names and shapes, …)")
+    program: FileRef
+    weights: FileRef = Field(description="the base weights (.ptd) the program loads")
+    tokenizer: FileRef = Field(description="the model's tokenizer.json, to encode the device's data")
+    init: FileRef | None = Field(default=None, description="starting B (safetensors b_flat); set it before step 1")
+    expires_at: datetime
+    heartbeat_s: int = Field(description="send a heartbeat at least this often to keep the lease")
+
+
+class HeartbeatCreate(_Strict):
+    step: int = Field(ge=0)
+    loss: float | None = None
+    steps_per_s: float | None = Field(default=None, ge=0)
+
+
+class HeartbeatPublic(BaseModel):
+    cancelled: bool = Field(description="true: stop training and drop the job")
+    status: JobStatus
+    expires_at: datetime
+
+
+class JobFailureCreate(_Strict):
+    """A device gives up on its leased job (unreadable local data, a program that does not load, …)."""
+
+    error: str = Field(min_length=1, max_length=4000)
+
+
+class ResultPublic(BaseModel):
+    adapter_id: int
+    version: int
+
+
+# --- adapters, health ---------------------------------------------------------------------------------------------
+
+
+class AdapterPublic(BaseModel):
+    id: int
+    model: str
+    task: str
+    version: int = Field(description="1, 2, … per (user, model, task)")
+    job_id: int
+    parent_adapter_id: int | None = Field(description="the adapter this one started from, if any")
+    rank: int
+    alpha: float
+    targets: list[str]
+    a_seed: int
+    b_sha256: str
+    metrics: dict[str, Any]
+    created_at: datetime
+
+
+class AdaptersPublic(BaseModel):
+    data: list[AdapterPublic]
+    count: int
+
+
+class HealthPublic(BaseModel):
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "unreachable"]

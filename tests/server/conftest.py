@@ -1,0 +1,82 @@
+"""Server test fixtures: a fresh database per test (SQLite always, PostgreSQL when MOBIZO_TEST_DATABASE_URL is
+set, in a schema of its own that is dropped afterwards), an app client, and tokens for admin, users and devices."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.settings import Settings
+from tests.server.factories import ADMIN_TOKEN, FakeCompileQueue, InlinePool
+
+PG_ENV = "MOBIZO_TEST_DATABASE_URL"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str | None:
+    return os.environ.get(PG_ENV)
+
+
+def _schema_url(base: str, schema: str) -> str:
+    separator = "&" if "?" in base else "?"
+    return f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+@contextmanager
+def pg_schema(pg_url: str | None) -> Iterator[str]:
+    """A new, empty PostgreSQL schema; yields a URL whose connections use it; dropped with everything in it."""
+    if pg_url is None:
+        pytest.skip(f"PostgreSQL not configured ({PG_ENV} unset)")
+    from sqlalchemy import create_engine, text
+
+    schema = f"mobizo_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield _schema_url(pg_url, schema)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def fresh_pg_schema(pg_url: str | None) -> Iterator[str]:
+    with pg_schema(pg_url) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'mobizo.db'}"
+    return request.getfixturevalue("fresh_pg_schema")
+
+
+@pytest.fixture
+def settings(tmp_path: Path, db_url: str) -> Settings:
+    return Settings(data_dir=tmp_path / "data", database_url=db_url, admin_token=ADMIN_TOKEN, lease_s=60)
+
+
+@pytest.fixture
+def queue() -> FakeCompileQueue:
+    return FakeCompileQueue()
+
+
+@pytest.fixture
+def client(settings: Settings, queue: FakeCompileQueue) -> Iterator[TestClient]:
+    """The app with a compile queue that 'compiles' instantly into small fake files (no torch)."""
+    app = create_app(settings, queue_factory=queue.bind)
+    with TestClient(app) as test_client:
+        app.state.verify_pool.close()
+        app.state.verify_pool = InlinePool()
+        yield test_client

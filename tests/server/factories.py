@@ -1,0 +1,173 @@
+"""Helpers for server tests: fake compile queue and worker pool (no torch), a fake model directory, and small
+functions that create users, devices and jobs through the API."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi.testclient import TestClient
+from safetensors.numpy import save, save_file
+from sqlalchemy.orm import Session, sessionmaker
+
+from server import jobstate
+from server.settings import Settings
+from server.store import ArtifactStore
+from shared.files import atomic_write_bytes as write_atomic, sha256_file
+from server.worker_tasks import program_config
+
+ADMIN_TOKEN = "admin-secret-for-tests"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+HIDDEN, LAYERS = 8, 2
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def make_fake_model(path: Path) -> Path:
+    """A Llama-shaped directory (config + safetensors) with 8-wide projections; enough for registration."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    tensors = {"model.embed_tokens.weight": np.zeros((32, HIDDEN), np.float32)}
+    for i in range(LAYERS):
+        for proj, out in (("q_proj", HIDDEN), ("k_proj", 4), ("v_proj", 4), ("o_proj", HIDDEN)):
+            tensors[f"model.layers.{i}.self_attn.{proj}.weight"] = np.zeros((out, HIDDEN), np.float32)
+        tensors[f"model.layers.{i}.input_layernorm.weight"] = np.ones(HIDDEN, np.float32)
+    save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+class FakeCompileQueue:
+    """Compiles synchronously into small fake files, through the real job transitions (``server.jobstate``).
+
+    ``hold = True`` leaves submitted jobs queued until ``run_pending()``; ``fail_with`` makes compiles fail.
+    """
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.fail_with: str | None = None
+        self.pending: list[int] = []
+
+    def bind(self, sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> FakeCompileQueue:
+        self.sessions, self.store = sessions, store
+        return self
+
+    def submit(self, job_id: int) -> None:
+        self.pending.append(job_id)
+        if not self.hold:
+            self.run_pending()
+
+    def recover(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+    def run_pending(self) -> None:
+        while self.pending:
+            self._compile(self.pending.pop(0))
+
+    def _compile(self, job_id: int) -> None:
+        with self.sessions() as session:
+            work = jobstate.start_compiling(session, job_id)
+        if work is None:
+            return
+        with self.sessions() as session:
+            if self.fail_with is not None:
+                jobstate.fail(session, job_id, self.fail_with, ("compiling",))
+            else:
+                jobstate.finish_compiling(session, job_id, self._build(work.spec, work.model_sha256))
+
+    def _build(self, spec: dict[str, Any], model_sha: str) -> dict[str, Any]:
+        """Files and a manifest shaped like ``shared.program.export_program``'s."""
+        config = program_config(spec, spec["answer_len"] or 1)
+        key = hashlib.sha256(json.dumps([model_sha, config], sort_keys=True).encode()).hexdigest()
+        write_atomic(self.store.program(key), f"program {key}".encode())
+        files = {"pte": self.store.program(key)}
+        for entry, name, data in (("ptd", "weights", b"w" * 5000), ("tokenizer", "tokenizer", b"{}")):
+            files[entry] = write_atomic(self.store.blobs_dir / f"{name}-{hashlib.sha256(data).hexdigest()}", data)
+        lora, offset = [], 0
+        for i in range(LAYERS):
+            for t in ("q_proj", "v_proj"):
+                if t in spec["targets"]:
+                    out = HIDDEN if t == "q_proj" else 4
+                    name = f"model.layers.{i}.self_attn.{t}"
+                    lora.append({"name": name, "in_features": HIDDEN, "out_features": out, "offset": offset})
+                    offset += out * spec["rank"]
+        manifest = {"config": config, "lora": lora, "lora_size": offset} | {
+            entry: {"file": path.name, "sha256": sha256_file(path), "size": path.stat().st_size}
+            for entry, path in files.items()
+        }
+        return {"key": key, "manifest": manifest, "answer_len": config["answer_len"]}
+
+
+class InlinePool:
+    """Runs worker tasks in the test process (no spawn), as ``server.pool.WorkerPool`` would in a worker."""
+
+    def run(self, fn, *args, timeout=None):
+        return fn(*args)
+
+    def close(self) -> None:
+        pass
+
+
+def create_user(client: TestClient, name: str = "alice") -> dict[str, str]:
+    r = client.post("/v1/users", json={"name": name}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    return bearer(r.json()["api_key"])
+
+
+def register_model(client: TestClient, path: Path, name: str = "tiny") -> dict[str, Any]:
+    r = client.post("/v1/models", json={"name": name, "path": str(path)}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def enroll_device(client: TestClient, user: dict[str, str], name: str = "phone", backend: str = "executorch") -> dict:
+    """→ {"id": device id, "headers": device bearer headers}."""
+    code = client.post("/v1/enrollment-codes", json={}, headers=user).json()["code"]
+    r = client.post("/v1/devices", json={"code": code, "name": name, "platform": "test", "backend": backend})
+    assert r.status_code == 201, r.text
+    return {"id": r.json()["device_id"], "headers": bearer(r.json()["token"])}
+
+
+def submit_job(client: TestClient, user: dict[str, str], **overrides: Any) -> dict[str, Any]:
+    body = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 3, "rank": 2, **overrides}
+    r = client.post("/v1/jobs", json=body, headers=user)
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def b_flat_bytes(values: np.ndarray, name: str = "b_flat") -> bytes:
+    return save({name: values})
+
+
+def fake_training(
+    spec: dict[str, Any], d: int, init: np.ndarray | None = None, seed: int = 1
+) -> tuple[np.ndarray, str]:
+    """A log a device could have written (random g and losses, the job's seeds) and the B it leads to."""
+    import torch
+
+    from shared.noise import step_seed
+    from shared.replay import log_line, log_record, replay
+
+    rng = np.random.default_rng(seed)
+    lines = []
+    for step in range(spec["steps"]):
+        g = rng.normal(size=spec["q"]).astype(np.float32)
+        losses = rng.uniform(1, 2, size=2 * spec["q"]).astype(np.float32)
+        lines.append(log_line(log_record(step, step_seed(spec["seed"], step), spec["lr"], spec["eps"], g, losses)))
+    start = torch.zeros(d) if init is None else torch.from_numpy(init)
+    records = [json.loads(line) for line in lines]
+    return replay(start, records).numpy(), "".join(lines)
+
+
+def upload(client: TestClient, device: dict, job_id: int, b: bytes, log: str, metrics: bytes = b'{"steps": 3}'):
+    files = {
+        "b_flat": ("b_flat.safetensors", b), "log": ("log.jsonl", log.encode()), "metrics": ("metrics.json", metrics)
+    }
+    return client.post(f"/v1/jobs/{job_id}/result", files=files, headers=device["headers"])

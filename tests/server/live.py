@@ -1,0 +1,59 @@
+"""A real ``mobizo server`` process on a free loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def server_process(env: dict[str, str], log_file: Path, timeout: float = 60.0) -> Iterator[str]:
+    """Start the server with ``env`` added to the environment; yields its URL once ``/healthz`` answers."""
+    port = free_port()
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    with open(log_file, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mobizo", "server", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(url, proc, log_file, timeout)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log_file: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_file.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server did not answer within {timeout} s:\n{log_file.read_text()[-3000:]}")

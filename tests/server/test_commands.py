@@ -1,0 +1,106 @@
+"""The REST client commands against a live server on loopback (uvicorn in a thread, fake compile queue)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from mobizo.cli import main
+from server.app import create_app
+from tests.server.factories import (
+    ADMIN_TOKEN, FakeCompileQueue, InlinePool, b_flat_bytes, bearer, fake_training, make_fake_model,
+)
+
+
+@pytest.fixture
+def server_url(settings, tmp_path) -> Iterator[str]:
+    app = create_app(settings, queue_factory=FakeCompileQueue().bind)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    app.state.verify_pool.close()
+    app.state.verify_pool = InlinePool()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    httpx.post(f"{url}/v1/models", json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))},
+               headers=bearer(ADMIN_TOKEN)).raise_for_status()
+    yield url
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _device(url: str, user_key: str) -> dict[str, str]:
+    code = httpx.post(f"{url}/v1/enrollment-codes", json={}, headers=bearer(user_key)).json()["code"]
+    token = httpx.post(f"{url}/v1/devices", json={"code": code, "name": "phone"}).json()["token"]
+    return bearer(token)
+
+
+def test_user_job_and_adapter_commands(server_url, capsys, tmp_path):
+    code, out, _ = _run(capsys, "users", "create", "alice", "--server", server_url, "--token", ADMIN_TOKEN)
+    assert code == 0
+    key = json.loads(out)["api_key"]
+    conn = ["--server", server_url, "--token", key]
+
+    code, out, _ = _run(capsys, "enroll-code", "--json", *conn)
+    assert code == 0 and len(json.loads(out)["code"]) == 14
+
+    code, out, _ = _run(capsys, "jobs", "submit", "--model", "tiny", "--task", "sst2", "--q", "2", "--batch-size",
+                        "4", "--steps", "2", "--rank", "2", "--targets", "q_proj,v_proj", *conn)
+    job = json.loads(out)
+    assert code == 0 and job["status"] == "queued" and job["spec"]["targets"] == ["q_proj", "v_proj"]
+
+    code, out, _ = _run(capsys, "jobs", "list", *conn)
+    assert code == 0 and "ready" in out.splitlines()[1]
+
+    device = _device(server_url, key)
+    lease = httpx.post(f"{server_url}/v1/leases", headers=device).json()
+    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
+    files = {"b_flat": ("b", b_flat_bytes(b)), "log": ("l", log.encode()), "metrics": ("m", b"{}")}
+    httpx.post(f"{server_url}/v1/jobs/{job['id']}/result", files=files, headers=device).raise_for_status()
+
+    code, out, _ = _run(capsys, "adapters", "list", "--json", *conn)
+    assert code == 0 and json.loads(out)["data"][0]["version"] == 1
+    code, out, _ = _run(capsys, "adapters", "download", "1", "--out", str(tmp_path / "adapter"), *conn)
+    assert code == 0
+    files = sorted(p.name for p in (tmp_path / "adapter").iterdir())
+    assert files == ["adapter_config.json", "adapter_model.safetensors"]
+
+    code, out, _ = _run(capsys, "jobs", "show", str(job["id"]), *conn)
+    assert json.loads(out)["status"] == "succeeded"
+    code, _, err = _run(capsys, "jobs", "cancel", str(job["id"]), *conn)
+    assert code == 1 and "HTTP 409" in err
+
+
+def test_errors_from_the_server_exit_1_with_the_reason(server_url, capsys):
+    code, _, err = _run(capsys, "users", "create", "alice", "--server", server_url, "--token", "wrong")
+    assert code == 1 and "HTTP 401" in err
+    code, _, err = _run(capsys, "jobs", "show", "42", "--server", server_url, "--token", "wrong")
+    assert code == 1 and "invalid token" in err
+
+
+def test_bad_options_exit_2_naming_them(capsys):
+    code, _, err = _run(capsys, "jobs", "submit", "--model", "m", "--task", "sst2", "--q", "3", "--batch-size", "4",
+                        "--token", "t")
+    assert code == 2 and "--batch-size" in err
+    code, _, err = _run(capsys, "jobs", "submit", "--model", "m", "--template", "{x}", "--verbalizer", "{",
+                        "--token", "t")
+    assert code == 2 and "--verbalizer" in err
+    code, _, err = _run(capsys, "enroll-code", "--ttl", "5", "--token", "t")
+    assert code == 2 and "--ttl" in err

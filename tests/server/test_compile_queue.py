@@ -1,0 +1,76 @@
+"""The local compile queue drives jobs through compiling → ready/failed with real worker processes."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.compile_queue import LocalCompileQueue
+from tests.server.factories import create_user, make_fake_model, register_model, submit_job
+
+
+def build_fake(model_dir: str, model_sha: str, spec: dict, programs_dir: str, blobs_dir: str) -> dict:
+    """Stands in for ``build_program`` in the worker: files and a manifest, or the failure a spec asks for."""
+    if spec["steps"] == 13:
+        raise RuntimeError("export ran out of memory")
+    key = hashlib.sha256(f"{model_sha}{spec['q']}".encode()).hexdigest()
+    files = {}
+    for entry, path in (("pte", Path(programs_dir) / key / "program.pte"), ("ptd", Path(blobs_dir) / "w.ptd"),
+                        ("tokenizer", Path(blobs_dir) / "t.json")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(entry.encode())
+        files[entry] = {"file": path.name, "sha256": hashlib.sha256(entry.encode()).hexdigest(), "size": len(entry)}
+    return {"key": key, "manifest": {"lora": [], "lora_size": 0, **files}, "answer_len": 1}
+
+
+@pytest.fixture
+def real_queue_client(settings, tmp_path):
+    app = create_app(settings, queue_factory=lambda s, st, cfg: LocalCompileQueue(s, st, 1, build_fake))
+    with TestClient(app) as test_client:
+        register_model(test_client, make_fake_model(tmp_path / "model"))
+        yield test_client
+
+
+def _settled(client, user, job_id: int) -> dict:
+    for _ in range(600):
+        job = client.get(f"/v1/jobs/{job_id}", headers=user).json()
+        if job["status"] not in ("queued", "compiling"):
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} never left {job['status']}")
+
+
+def test_jobs_compile_in_a_worker_and_share_programs(real_queue_client):
+    client = real_queue_client
+    user = create_user(client)
+    first, second = submit_job(client, user), submit_job(client, user)
+    failing = submit_job(client, user, steps=13)
+    assert _settled(client, user, first["id"])["status"] == "ready"
+    assert _settled(client, user, second["id"])["status"] == "ready"
+    failed = _settled(client, user, failing["id"])
+    assert failed["status"] == "failed" and "RuntimeError: export ran out of memory" in failed["error"]
+    with client.app.state.sessionmaker() as session:
+        from sqlalchemy import func, select
+
+        from server.models import Program
+
+        assert session.scalar(select(func.count(Program.id))) == 1  # same config, one program row
+
+
+def test_jobs_left_unfinished_by_a_previous_run_are_compiled_on_start(settings, tmp_path):
+    from tests.server.factories import FakeCompileQueue
+
+    held = FakeCompileQueue()
+    held.hold = True
+    with TestClient(create_app(settings, queue_factory=held.bind)) as before:
+        register_model(before, make_fake_model(tmp_path / "model"))
+        user = create_user(before)
+        job = submit_job(before, user)
+    app = create_app(settings, queue_factory=lambda s, st, cfg: LocalCompileQueue(s, st, 1, build_fake))
+    with TestClient(app) as after:
+        assert _settled(after, user, job["id"])["status"] == "ready"

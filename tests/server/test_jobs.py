@@ -1,0 +1,113 @@
+"""Submitting jobs: validation (every bad spec a 422 naming its field), scoping, compile states, cancel."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server.factories import create_user, enroll_device, make_fake_model, register_model, submit_job
+
+GOOD = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 3, "rank": 2}
+
+
+@pytest.fixture
+def user(client, tmp_path):
+    register_model(client, make_fake_model(tmp_path / "model"))
+    return create_user(client)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"model": "nope"}, "model"),
+        ({"task": "sst3"}, None),
+        ({"task": None}, None),
+        ({"task": None, "template": "{text} It was"}, None),
+        ({"task": None, "template": "{0} It was", "verbalizer": {"0": " bad", "1": " good"}}, None),
+        ({"task": "sst2", "verbalizer": {"0": " bad", "1": " good"}}, None),
+        ({"q": 3}, None),
+        ({"q": 0}, "q"),
+        ({"lr": 0}, "lr"),
+        ({"lr": 2}, "lr"),
+        ({"eps": -1e-3}, "eps"),
+        ({"steps": 0}, "steps"),
+        ({"rank": 0}, "rank"),
+        ({"seq_len": 4}, "seq_len"),
+        ({"targets": ["gate_proj"]}, "targets"),
+        ({"targets": []}, "targets"),
+        ({"task": "lm"}, "answer_len"),
+        ({"answer_len": 8, "seq_len": 8}, None),
+        ({"device_id": 999}, "device_id"),
+        ({"init_adapter_id": 5}, "init_adapter_id"),
+        ({"unknown_field": 1}, "unknown_field"),
+    ],
+)
+def test_bad_specs_answer_4xx_naming_the_field_and_store_nothing(client, user, change, field):
+    r = client.post("/v1/jobs", json={**GOOD, **change}, headers=user)
+    assert r.status_code in (404, 422), r.text
+    detail = r.json()["detail"]
+    assert detail and detail[0]["msg"]
+    if field is not None:
+        assert field in detail[0]["loc"]
+    assert client.get("/v1/jobs", headers=user).json()["count"] == 0
+
+
+def test_custom_task_compiles_and_gets_its_own_registry_key(client, user, queue):
+    job = submit_job(client, user, task=None, template="{text} It was", verbalizer={"0": " bad", "1": " good"})
+    assert job["status"] == "queued"  # the answer is given before compilation
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
+    assert shown["status"] == "ready" and shown["task"].startswith("custom-")
+
+
+def test_job_goes_queued_compiling_ready(client, user, queue):
+    queue.hold = True
+    job = submit_job(client, user)
+    assert client.get(f"/v1/jobs/{job['id']}", headers=user).json()["status"] == "queued"
+    queue.run_pending()
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
+    assert shown["status"] == "ready" and shown["error"] is None
+    assert shown["spec"]["q"] == 2 and shown["attempts"] == 0
+
+
+def test_compile_failure_is_recorded_with_its_error(client, user, queue):
+    queue.fail_with = "compile failed: RuntimeError: out of memory"
+    job = submit_job(client, user)
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
+    assert shown["status"] == "failed" and "out of memory" in shown["error"]
+
+
+def test_cancel_before_compiling_skips_the_compile(client, user, queue):
+    queue.hold = True
+    job = submit_job(client, user)
+    r = client.post(f"/v1/jobs/{job['id']}/cancel", headers=user)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    queue.run_pending()
+    assert client.get(f"/v1/jobs/{job['id']}", headers=user).json()["status"] == "cancelled"
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=user).status_code == 409
+
+
+def test_other_users_jobs_are_404(client, user):
+    job = submit_job(client, user)
+    bob = create_user(client, "bob")
+    assert client.get(f"/v1/jobs/{job['id']}", headers=bob).status_code == 404
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=bob).status_code == 404
+    assert client.get("/v1/jobs", headers=bob).json()["count"] == 0
+    assert client.get(f"/v1/jobs/{job['id']}", headers=user).status_code == 200
+
+
+def test_another_users_device_cannot_be_targeted(client, user):
+    bob = create_user(client, "bob")
+    bobs_phone = enroll_device(client, bob)
+    r = client.post("/v1/jobs", json={**GOOD, "device_id": bobs_phone["id"]}, headers=user)
+    assert r.status_code == 404 and r.json()["detail"][0]["loc"] == ["body", "device_id"]
+
+
+def test_device_backend_must_match_the_named_device(client, user):
+    phone = enroll_device(client, user, backend="executorch")
+    r = client.post("/v1/jobs", json={**GOOD, "device_id": phone["id"], "device_backend": "torch"}, headers=user)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "device_backend"]
+
+
+def test_list_is_newest_first_and_paginated(client, user):
+    ids = [submit_job(client, user)["id"] for _ in range(3)]
+    page = client.get("/v1/jobs", params={"limit": 2}, headers=user).json()
+    assert page["count"] == 3 and [j["id"] for j in page["data"]] == ids[::-1][:2]

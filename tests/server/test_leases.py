@@ -1,0 +1,138 @@
+"""Leases: which device gets which job, heartbeats, expiry and re-lease, bounded retries, cancellation."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from server import jobstate
+from server.models import Job, utcnow
+from tests.server.factories import create_user, enroll_device, make_fake_model, register_model, submit_job
+
+
+@pytest.fixture
+def user(client, tmp_path):
+    register_model(client, make_fake_model(tmp_path / "model"))
+    return create_user(client)
+
+
+def _expire(client, job_id: int) -> None:
+    """Move the job's lease into the past, as if the device had vanished."""
+    with client.app.state.sessionmaker() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        session.commit()
+
+
+def test_no_ready_job_is_204(client, user):
+    phone = enroll_device(client, user)
+    assert client.post("/v1/leases", headers=phone["headers"]).status_code == 204
+
+
+def test_lease_hands_out_the_job_once_with_its_files(client, user):
+    phone, tablet = enroll_device(client, user, "phone"), enroll_device(client, user, "tablet")
+    job = submit_job(client, user)
+    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+    assert lease["job_id"] == job["id"] and lease["attempt"] == 1
+    assert lease["spec"]["answer_len"] == 1 and lease["spec"]["q"] == 2
+    assert lease["program"]["url"] == f"/v1/jobs/{job['id']}/program" and len(lease["weights"]["sha256"]) == 64
+    assert lease["init"] is None and lease["heartbeat_s"] < 60
+    assert client.post("/v1/leases", headers=tablet["headers"]).status_code == 204
+    assert client.get(f"/v1/jobs/{job['id']}", headers=user).json()["status"] == "running"
+
+
+def test_jobs_go_to_the_named_device_or_a_fitting_backend(client, user):
+    phone = enroll_device(client, user, "phone", "executorch")
+    laptop = enroll_device(client, user, "laptop", "torch")
+    for_phone = submit_job(client, user, device_id=phone["id"])
+    for_torch = submit_job(client, user, device_backend="torch")
+    assert client.post("/v1/leases", headers=laptop["headers"]).json()["job_id"] == for_torch["id"]
+    assert client.post("/v1/leases", headers=laptop["headers"]).status_code == 204
+    assert client.post("/v1/leases", headers=phone["headers"]).json()["job_id"] == for_phone["id"]
+
+
+def test_another_users_device_never_gets_the_job(client, user):
+    submit_job(client, user)
+    bobs_phone = enroll_device(client, create_user(client, "bob"))
+    assert client.post("/v1/leases", headers=bobs_phone["headers"]).status_code == 204
+
+
+def test_heartbeat_records_progress_and_extends_the_lease(client, user):
+    phone = enroll_device(client, user)
+    job = submit_job(client, user)
+    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 2, "loss": 0.7, "steps_per_s": 1.5},
+                    headers=phone["headers"])
+    assert r.status_code == 200 and r.json()["cancelled"] is False
+    assert r.json()["expires_at"] >= lease["expires_at"]
+    progress = client.get(f"/v1/jobs/{job['id']}", headers=user).json()["progress"]
+    assert progress == {"step": 2, "loss": 0.7, "steps_per_s": 1.5}
+
+
+def test_heartbeat_validation_and_scoping(client, user):
+    phone = enroll_device(client, user)
+    job = submit_job(client, user)
+    client.post("/v1/leases", headers=phone["headers"])
+    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": -1}, headers=phone["headers"])
+    assert r.status_code == 422
+    bobs_phone = enroll_device(client, create_user(client, "bob"))
+    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 1}, headers=bobs_phone["headers"])
+    assert r.status_code == 404
+
+
+def test_expired_lease_is_released_to_another_device(client, user):
+    phone, tablet = enroll_device(client, user, "phone"), enroll_device(client, user, "tablet")
+    job = submit_job(client, user)
+    client.post("/v1/leases", headers=phone["headers"])
+    _expire(client, job["id"])
+    second = client.post("/v1/leases", headers=tablet["headers"]).json()
+    assert second["job_id"] == job["id"] and second["attempt"] == 2
+    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 5}, headers=phone["headers"])
+    assert r.status_code == 409  # the first device lost its lease
+    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 1}, headers=tablet["headers"])
+    assert r.status_code == 200
+
+
+def test_a_job_fails_after_max_attempts_expired_leases(client, user, settings):
+    phone = enroll_device(client, user)
+    job = submit_job(client, user)
+    for _ in range(settings.max_attempts):
+        assert client.post("/v1/leases", headers=phone["headers"]).json()["job_id"] == job["id"]
+        _expire(client, job["id"])
+    assert client.post("/v1/leases", headers=phone["headers"]).status_code == 204
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
+    assert shown["status"] == "failed" and "lease expired 3 times" in shown["error"]
+
+
+def test_sweeper_function_releases_without_a_lease_request(client, user):
+    phone = enroll_device(client, user)
+    job = submit_job(client, user)
+    client.post("/v1/leases", headers=phone["headers"])
+    _expire(client, job["id"])
+    with client.app.state.sessionmaker() as session:
+        jobstate.expire_leases(session, max_attempts=3)
+        session.commit()
+    assert client.get(f"/v1/jobs/{job['id']}", headers=user).json()["status"] == "ready"
+
+
+def test_cancelled_job_tells_its_device_to_stop(client, user):
+    phone = enroll_device(client, user)
+    job = submit_job(client, user)
+    client.post("/v1/leases", headers=phone["headers"])
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=user).json()["status"] == "cancelled"
+    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 3}, headers=phone["headers"])
+    assert r.status_code == 200 and r.json() == {**r.json(), "cancelled": True, "status": "cancelled"}
+    assert client.post("/v1/leases", headers=phone["headers"]).status_code == 204
+
+
+def test_a_device_that_cannot_finish_fails_the_job_with_its_reason(client, user):
+    phone, tablet = enroll_device(client, user, "phone"), enroll_device(client, user, "tablet")
+    job = submit_job(client, user)
+    client.post("/v1/leases", headers=phone["headers"])
+    body = {"error": "train.jsonl line 4: not JSON"}
+    assert client.post(f"/v1/jobs/{job['id']}/fail", json=body, headers=tablet["headers"]).status_code == 409
+    assert client.post(f"/v1/jobs/{job['id']}/fail", json=body, headers=phone["headers"]).status_code == 204
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
+    assert shown["status"] == "failed" and shown["error"] == f"device {phone['id']}: train.jsonl line 4: not JSON"
+    assert client.post(f"/v1/jobs/{job['id']}/fail", json=body, headers=phone["headers"]).status_code == 409

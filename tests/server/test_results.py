@@ -1,0 +1,173 @@
+"""Result uploads: a valid one becomes an adapter version; every bad one is a clear 4xx with nothing stored."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+from safetensors.numpy import load
+
+from tests.server.factories import (
+    b_flat_bytes, create_user, enroll_device, fake_training, make_fake_model, register_model, submit_job, upload,
+)
+
+
+@pytest.fixture
+def leased(client, tmp_path):
+    register_model(client, make_fake_model(tmp_path / "model"))
+    user = create_user(client)
+    phone = enroll_device(client, user)
+    job = submit_job(client, user)
+    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
+    return {"user": user, "phone": phone, "job": job, "lease": lease, "b": b, "log": log}
+
+
+def _nothing_stored(client, leased) -> None:
+    assert client.get("/v1/adapters", headers=leased["user"]).json()["count"] == 0
+    assert client.get(f"/v1/jobs/{leased['job']['id']}", headers=leased["user"]).json()["status"] == "running"
+    store = client.app.state.store
+    for sub in ("adapters", "logs", "archives", "tmp"):
+        assert list((store.root / sub).iterdir()) == [], sub
+
+
+def test_valid_result_becomes_version_1_and_repeat_is_idempotent(client, leased):
+    args = (client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"])
+    first = upload(*args)
+    assert first.status_code == 201 and first.json() == {"adapter_id": 1, "version": 1}
+    again = upload(*args)
+    assert again.status_code == 200 and again.json() == first.json()
+    job = client.get(f"/v1/jobs/{leased['job']['id']}", headers=leased["user"]).json()
+    assert job["status"] == "succeeded" and job["adapter_id"] == 1
+    adapter = client.get("/v1/adapters/1", headers=leased["user"]).json()
+    assert adapter["metrics"]["server"]["replay_max_abs_diff"] == 0.0 and adapter["job_id"] == job["id"]
+    different = upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"] * 2), leased["log"])
+    assert different.status_code == 409
+
+
+def test_archive_holds_a_peft_adapter_with_the_uploaded_b(client, leased):
+    upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"])
+    r = client.get("/v1/adapters/1/download", headers=leased["user"])
+    assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
+        assert sorted(zf.namelist()) == ["adapter_config.json", "adapter_model.safetensors"]
+        config = json.loads(zf.read("adapter_config.json"))
+        tensors = load(zf.read("adapter_model.safetensors"))
+    assert config["peft_type"] == "LORA" and config["r"] == 2 and config["target_modules"] == ["q_proj", "v_proj"]
+    first = leased["lease"]["manifest"]["lora"][0]
+    b0 = tensors[f"base_model.model.{first['name']}.lora_B.weight"]
+    np.testing.assert_array_equal(b0.reshape(-1), leased["b"][: b0.size])
+    assert tensors[f"base_model.model.{first['name']}.lora_A.weight"].shape == (2, first["in_features"])
+
+
+def _nan(b):
+    bad = b.copy()
+    bad[3] = np.nan
+    return b_flat_bytes(bad)
+
+
+def _log_lines(log: str, change) -> str:
+    records = [json.loads(line) for line in log.splitlines()]
+    change(records)
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+BAD_UPLOADS = {
+    "non-finite B": (lambda b, log: (_nan(b), log), 422, "NaN"),
+    "mis-shaped B": (lambda b, log: (b_flat_bytes(b[:-1]), log), 422, "shape"),
+    "wrong tensor name": (lambda b, log: (b_flat_bytes(b, "lora_b"), log), 422, "named"),
+    "float64 B": (lambda b, log: (b_flat_bytes(b.astype(np.float64)), log), 422, "dtype"),
+    "float16 B": (lambda b, log: (b_flat_bytes(b.astype(np.float16)), log), 422, "dtype"),
+    "not safetensors": (lambda b, log: (b"\x00" * 16, log), 422, "b_flat"),
+    "oversized B": (lambda b, log: (b_flat_bytes(np.zeros(100_000, np.float32)), log), 413, "larger"),
+    "B that the log does not give": (lambda b, log: (b_flat_bytes(b * 1.01), log), 422, "replay"),
+    "log with a step missing": (lambda b, log: (b_flat_bytes(b), "".join(log.splitlines(True)[:-1])), 422, "steps"),
+    "log with another lr": (
+        lambda b, log: (b_flat_bytes(b), _log_lines(log, lambda rs: rs[0].update(lr=1.0))), 422, "lr"),
+    "log with forged seeds": (
+        lambda b, log: (b_flat_bytes(b), _log_lines(log, lambda rs: [r.update(seed=7) for r in rs])), 422, "seed"),
+    "log with a non-finite g": (
+        lambda b, log: (b_flat_bytes(b), log.replace('"g":[', '"g":[NaN,', 1)), 422, "log"),
+    "log that is not JSON": (lambda b, log: (b_flat_bytes(b), "step 1\n"), 422, "JSON"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_UPLOADS))
+def test_bad_uploads_are_rejected_with_nothing_stored(client, leased, case):
+    make, code, words = BAD_UPLOADS[case]
+    b, log = make(leased["b"], leased["log"])
+    r = upload(client, leased["phone"], leased["job"]["id"], b, log)
+    assert r.status_code == code, r.text
+    detail = r.json()["detail"]
+    assert words.lower() in json.dumps(detail).lower()
+    _nothing_stored(client, leased)
+
+
+def test_bad_metrics_and_missing_parts(client, leased):
+    r = upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"], b"[1, 2]")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "metrics"]
+    files = {"b_flat": ("b.safetensors", b_flat_bytes(leased["b"]))}
+    r = client.post(f"/v1/jobs/{leased['job']['id']}/result", files=files, headers=leased["phone"]["headers"])
+    assert r.status_code == 422 and "log" in json.dumps(r.json()["detail"])
+    _nothing_stored(client, leased)
+
+
+def test_request_over_the_body_limit_is_413_before_reading_it(client, leased):
+    limit = int(client.app.state.settings.max_upload_mb * 1024 * 1024)
+    r = client.post(f"/v1/jobs/{leased['job']['id']}/result", content=b"x" * 10,
+                    headers={**leased["phone"]["headers"], "Content-Length": str(limit + 1)})
+    assert r.status_code == 413
+
+
+def test_only_the_leasing_device_uploads(client, leased):
+    tablet = enroll_device(client, leased["user"], "tablet")
+    r = upload(client, tablet, leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"])
+    assert r.status_code == 409
+    bobs_phone = enroll_device(client, create_user(client, "bob"))
+    assert upload(client, bobs_phone, leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"]).status_code == 404
+    _nothing_stored(client, leased)
+
+
+def test_upload_after_cancel_is_409(client, leased):
+    client.post(f"/v1/jobs/{leased['job']['id']}/cancel", headers=leased["user"])
+    r = upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"])
+    assert r.status_code == 409 and "cancelled" in r.json()["detail"]
+
+
+def test_continued_training_starts_from_the_earlier_adapter(client, leased):
+    user, phone = leased["user"], leased["phone"]
+    upload(client, phone, leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"])
+    job2 = submit_job(client, user, init_adapter_id=1)
+    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+    init = client.get(lease["init"]["url"], headers=phone["headers"])
+    start = load(init.content)["b_flat"]
+    np.testing.assert_array_equal(start, leased["b"])
+    b2, log2 = fake_training(lease["spec"], lease["manifest"]["lora_size"], init=start, seed=2)
+    # the same log replayed from zero would not give b2: the server must start from the adapter's B
+    r = upload(client, phone, job2["id"], b_flat_bytes(b2), log2)
+    assert r.status_code == 201 and r.json() == {"adapter_id": 2, "version": 2}
+    adapter = client.get("/v1/adapters/2", headers=user).json()
+    assert adapter["parent_adapter_id"] == 1 and adapter["version"] == 2
+
+
+def test_starting_adapter_must_have_the_same_layout(client, leased):
+    upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"])
+    body = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 3, "rank": 4, "init_adapter_id": 1}
+    r = client.post("/v1/jobs", json=body, headers=leased["user"])
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "init_adapter_id"]
+    bob = create_user(client, "bob")
+    r = client.post("/v1/jobs", json={**body, "rank": 2}, headers=bob)
+    assert r.status_code == 404
+
+
+def test_adapters_are_scoped_and_versioned_per_task(client, leased):
+    upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"])
+    bob = create_user(client, "bob")
+    assert client.get("/v1/adapters/1", headers=bob).status_code == 404
+    assert client.get("/v1/adapters/1/download", headers=bob).status_code == 404
+    assert client.get("/v1/adapters", headers=bob).json()["count"] == 0
+    assert client.get("/v1/adapters", params={"task": "rte"}, headers=leased["user"]).json()["count"] == 0
+    assert client.get("/v1/adapters", params={"task": "sst2"}, headers=leased["user"]).json()["count"] == 1
