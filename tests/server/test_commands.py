@@ -104,3 +104,15 @@ def test_bad_options_exit_2_naming_them(capsys):
     assert code == 2 and "--verbalizer" in err
     code, _, err = _run(capsys, "enroll-code", "--ttl", "5", "--token", "t")
     assert code == 2 and "--ttl" in err
+
+
+def test_models_register_and_list(server_url, capsys, tmp_path):
+    model_dir = make_fake_model(tmp_path / "second")
+    code, out, _ = _run(capsys, "models", "register", "second", "--path", str(model_dir),
+                        "--server", server_url, "--token", ADMIN_TOKEN)
+    assert code == 0 and json.loads(out)["name"] == "second"
+    code, out, _ = _run(capsys, "models", "list", "--json", "--server", server_url, "--token", ADMIN_TOKEN)
+    assert code == 0 and {m["name"] for m in json.loads(out)["data"]} == {"tiny", "second"}
+    code, _, err = _run(capsys, "models", "register", "third", "--path", str(tmp_path / "missing"),
+                        "--server", server_url, "--token", ADMIN_TOKEN)
+    assert code == 1 and "HTTP 4" in err
