@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -52,7 +52,9 @@ def _program_row(session: Session, model_id: int, built: dict[str, Any]) -> Prog
     existing = session.scalar(select(Program).where(Program.key == built["key"]))
     if existing is not None:
         return existing
-    program = Program(key=built["key"], model_id=model_id, manifest=built["manifest"])
+    program = Program(
+        key=built["key"], model_id=model_id, manifest=built["manifest"], memory_mb=built["manifest"].get("memory_mb")
+    )
     try:
         with session.begin_nested():
             session.add(program)
@@ -126,8 +128,19 @@ def expire_leases(session: Session, max_attempts: int, now: datetime | None = No
     )
 
 
+def _fits_memory(free_mb: int | None):
+    """SQL condition: the job's program needs at most ``free_mb`` (no report, or no estimate: it fits)."""
+    if free_mb is None:
+        return true()
+    needs = select(Program.memory_mb).where(Program.id == Job.program_id).scalar_subquery()
+    return or_(needs.is_(None), needs <= free_mb)
+
+
 def lease_next(session: Session, device: Device, lease_s: int) -> Job | None:
     """Hand the oldest ready job of the device's user that fits it to the device (ready → running).
+
+    Fits: the job names this device or none, wants this device's backend or any, and its program's memory
+    estimate is within the free memory the device last reported (unknown on either side: it fits).
 
     ``FOR UPDATE SKIP LOCKED`` lets concurrent lease requests on PostgreSQL each take a different job instead of
     queueing on the same row; SQLite ignores it and needs nothing more, its transactions taking the write lock.
@@ -138,6 +151,7 @@ def lease_next(session: Session, device: Device, lease_s: int) -> Job | None:
             Job.user_id == device.user_id, Job.status == "ready",
             or_(Job.device_id.is_(None), Job.device_id == device.id),
             or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
+            _fits_memory(device.memory_mb),
         )
         .order_by(Job.id)
         .limit(1)

@@ -89,6 +89,7 @@ class Program(Base):
     key: Mapped[str] = mapped_column(String(64), unique=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     manifest: Mapped[dict[str, Any]]
+    memory_mb: Mapped[int | None] = mapped_column(doc="RAM the program needs (the manifest's estimate)")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -248,12 +248,28 @@ def export_program(
         "ptd": {"file": ptd_path.name, "sha256": ptd_sha, "size": ptd_path.stat().st_size},
         "tokenizer": {"file": tok_path.name, "sha256": tok_sha, "size": tok_path.stat().st_size},
         "init_b": init_adapter is not None,
+        "memory_mb": memory_estimate_mb(model.config, cfg, ptd_path.stat().st_size + out_pte.stat().st_size),
         "export_seconds": round(time.perf_counter() - started, 2),
     }
     atomic_write_bytes(manifest_path(out_pte), json.dumps(manifest, indent=2).encode())
     progress(f"wrote {out_pte} ({manifest['pte']['size']} B), {ptd_path.name} ({manifest['ptd']['size']} B) "
              f"in {manifest['export_seconds']} s")
     return manifest
+
+
+def memory_estimate_mb(model_config, cfg: ProgramConfig, file_bytes: int) -> int:
+    """RAM a device needs to run the program: its files, plus the activations of one layer for all 2q paths at
+    once (attention scores and MLP), plus the answer logits, with 50% headroom for the runtime's planned buffers.
+
+    An estimate for the server's lease filter (a job is not leased to a device that reports less free memory),
+    not a guarantee.
+    """
+    tokens = 2 * cfg.batch_size * cfg.seq_len  # 2q paths of E rows each
+    hidden, inner = model_config.hidden_size, model_config.intermediate_size
+    heads = model_config.num_attention_heads
+    layer = tokens * (6 * hidden + 3 * inner) + 2 * cfg.batch_size * heads * cfg.seq_len**2
+    logits = 2 * cfg.batch_size * (cfg.answer_len + 1) * model_config.vocab_size * 2
+    return int((file_bytes + 1.5 * 4 * (layer + logits)) / 2**20) + 1
 
 
 def manifest_path(pte: Path) -> Path:

@@ -237,6 +237,13 @@ class FileRef(BaseModel):
     sha256: str
 
 
+class LeaseCreate(_Strict):
+    """What a device reports when it asks for work; it is leased only jobs that fit what it reports."""
+
+    backend: DeviceBackend | None = Field(default=None, description="the backend this run uses (default: enrolled)")
+    memory_mb: int | None = Field(default=None, ge=0, description="free memory where the training steps run")
+
+
 class LeasePublic(BaseModel):
     job_id: int
     attempt: int

@@ -18,7 +18,7 @@ from server.routes.base import Router
 from server.routes.errors import not_found
 from server.store import ArtifactStore
 from shared.schemas import (
-    FileRef, HeartbeatCreate, HeartbeatPublic, JobCreate, JobFailureCreate, JobSpec, LeasePublic,
+    FileRef, HeartbeatCreate, HeartbeatPublic, JobCreate, JobFailureCreate, JobSpec, LeaseCreate, LeasePublic,
 )
 
 router = Router(tags=["leases"])
@@ -64,7 +64,12 @@ def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -
 @router.post(
     "/v1/leases", response_model=LeasePublic, responses={204: {"description": "no job is ready for this device"}}
 )
-def lease(device: CurrentDevice, session: SessionDep, settings: SettingsDep, store: StoreDep) -> LeasePublic | Response:
+def lease(
+    device: CurrentDevice, session: SessionDep, settings: SettingsDep, store: StoreDep, body: LeaseCreate | None = None
+) -> LeasePublic | Response:
+    if body is not None:  # what the device reports now replaces what it reported before
+        device.backend = body.backend or device.backend
+        device.memory_mb = body.memory_mb if body.memory_mb is not None else device.memory_mb
     jobstate.expire_leases(session, settings.max_attempts)  # committed with the lease
     job = jobstate.lease_next(session, device, settings.lease_s)
     if job is None:

@@ -41,6 +41,9 @@ def make_fake_model(path: Path) -> Path:
     return path
 
 
+FAKE_PROGRAM_MB = 500  # the memory estimate of every fake program
+
+
 class FakeCompileQueue:
     """Compiles synchronously into small fake files, through the real job transitions (``server.jobstate``).
 
@@ -98,7 +101,7 @@ class FakeCompileQueue:
                     name = f"model.layers.{i}.self_attn.{t}"
                     lora.append({"name": name, "in_features": HIDDEN, "out_features": out, "offset": offset})
                     offset += out * spec["rank"]
-        manifest = {"config": config, "lora": lora, "lora_size": offset} | {
+        manifest = {"config": config, "lora": lora, "lora_size": offset, "memory_mb": FAKE_PROGRAM_MB} | {
             entry: {"file": path.name, "sha256": sha256_file(path), "size": path.stat().st_size}
             for entry, path in files.items()
         }

@@ -9,7 +9,9 @@ from sqlalchemy import update
 
 from server import jobstate
 from server.models import Job, utcnow
-from tests.server.factories import create_user, enroll_device, make_fake_model, register_model, submit_job
+from tests.server.factories import (
+    FAKE_PROGRAM_MB, create_user, enroll_device, make_fake_model, register_model, submit_job,
+)
 
 
 @pytest.fixture
@@ -50,6 +52,23 @@ def test_jobs_go_to_the_named_device_or_a_fitting_backend(client, user):
     assert client.post("/v1/leases", headers=laptop["headers"]).json()["job_id"] == for_torch["id"]
     assert client.post("/v1/leases", headers=laptop["headers"]).status_code == 204
     assert client.post("/v1/leases", headers=phone["headers"]).json()["job_id"] == for_phone["id"]
+
+
+def test_a_device_gets_only_jobs_that_fit_the_memory_it_reports(client, user):
+    phone = enroll_device(client, user, "phone")
+    job = submit_job(client, user)
+    small = {"memory_mb": FAKE_PROGRAM_MB - 1}
+    assert client.post("/v1/leases", json=small, headers=phone["headers"]).status_code == 204
+    assert client.post("/v1/leases", headers=phone["headers"]).status_code == 204  # the last report still holds
+    enough = {"memory_mb": FAKE_PROGRAM_MB, "backend": "executorch"}
+    assert client.post("/v1/leases", json=enough, headers=phone["headers"]).json()["job_id"] == job["id"]
+
+
+def test_lease_report_is_validated(client, user):
+    phone = enroll_device(client, user, "phone")
+    for bad in ({"memory_mb": -1}, {"backend": "gpu"}, {"free": 3}):
+        response = client.post("/v1/leases", json=bad, headers=phone["headers"])
+        assert response.status_code == 422, bad
 
 
 def test_another_users_device_never_gets_the_job(client, user):

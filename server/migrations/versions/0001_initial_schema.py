@@ -73,6 +73,7 @@ def upgrade() -> None:
     sa.Column('key', sa.String(length=64), nullable=False),
     sa.Column('model_id', sa.Integer(), nullable=False),
     sa.Column('manifest', sa.JSON(), nullable=False),
+    sa.Column('memory_mb', sa.Integer(), nullable=True),
     sa.Column('created_at', sa.DateTime(), nullable=False),
     sa.ForeignKeyConstraint(['model_id'], ['models.id'], ),
     sa.PrimaryKeyConstraint('id'),
