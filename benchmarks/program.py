@@ -54,7 +54,9 @@ def _timed(fn, args) -> float:
     return time.perf_counter() - start
 
 
-def benchmark(model_dir: Path, qs: list[int], per_query: int, seq_len: int, steps: int, workdir: Path) -> list[dict]:
+def benchmark(
+    model_dir: Path, qs: list[int], per_query: int, seq_len: int, steps: int, workdir: Path, backends: list[str]
+) -> list[dict]:
     from executorch.runtime import Runtime
 
     from shared.models import load_model
@@ -63,7 +65,7 @@ def benchmark(model_dir: Path, qs: list[int], per_query: int, seq_len: int, step
     rows = []
     for q in qs:
         runners, info = {}, {}
-        for backend in ("xnnpack", "portable"):
+        for backend in backends:
             cfg = ProgramConfig(q=q, batch_size=q * per_query, seq_len=seq_len, answer_len=1, backend=backend)
             start = time.perf_counter()
             manifest, peak_mb = export_measured(model_dir, cfg, workdir / f"q{q}-{backend}.pte")
@@ -112,11 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples-per-query", type=int, default=1, help="E")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per runner")
+    parser.add_argument("--backends", nargs="+", default=["xnnpack", "portable"], choices=["xnnpack", "portable"])
+    parser.add_argument("--threads", type=int, help="torch threads for the eager step (default: torch's)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = benchmark(args.model, args.q, args.examples_per_query, args.seq_len, args.steps, Path(tmp))
+        rows = benchmark(args.model, args.q, args.examples_per_query, args.seq_len, args.steps, Path(tmp),
+                         args.backends)
     print_table(rows)
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))
