@@ -7,14 +7,13 @@ Errors come back as ``MobizoError`` carrying the server's ``detail`` (validation
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from shared.errors import MobizoError
+from shared.files import atomic_write
 
 
 def describe_error(response: httpx.Response) -> str:
@@ -54,22 +53,16 @@ class ServerClient:
 
     def download(self, path: str, dest: Path) -> Path:
         """Stream ``path`` into ``dest`` through a temporary file that is renamed when complete."""
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-        try:
-            with os.fdopen(fd, "wb") as out, self._http.stream("GET", path) as response:
+
+        def stream(out) -> None:
+            with self._http.stream("GET", path) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise MobizoError(describe_error(response))
                 for chunk in response.iter_bytes(1 << 20):
                     out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return dest
+
+        return atomic_write(dest, stream)
 
     def close(self) -> None:
         self._http.close()
