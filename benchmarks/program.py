@@ -115,11 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per runner")
     parser.add_argument("--backends", nargs="+", default=["xnnpack", "portable"], choices=["xnnpack", "portable"])
-    parser.add_argument("--threads", type=int, help="torch threads for the eager step (default: torch's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of both torch and ExecuTorch's threadpool (default 1: on a small shared machine "
+                             "two torch threads were 25x slower than one)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    torch.set_num_threads(args.threads)
+    _unsafe_reset_threadpool(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         rows = benchmark(args.model, args.q, args.examples_per_query, args.seq_len, args.steps, Path(tmp),
                          args.backends)

@@ -118,7 +118,7 @@ class BatchesFile:
         self.steps = steps
         if raw.size != HEADER.size + steps * self.shape.record_size():
             raise DataError(f"{self.path}: size does not match its header ({steps} steps of {self.shape})")
-        self._raw = raw
+        self._raw = raw.view(np.ndarray)  # a plain view of the mapping: slicing a np.memmap costs more per step
 
     def __len__(self) -> int:
         return self.steps

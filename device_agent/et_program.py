@@ -12,7 +12,7 @@ import numpy as np
 
 from device_agent.batches import StepBatch
 
-METHODS = ("forward", "get_lora_b", "set_lora_b")
+METHODS = ("forward", "get_lora_b", "set_lora_b", "evaluate")
 
 
 class ProgramSession:
@@ -56,3 +56,14 @@ class ProgramSession:
         ]
         losses, g = self._methods["forward"].execute(inputs)
         return losses.numpy().copy(), g.numpy().copy()
+
+    def evaluate(self, input_ids: np.ndarray, attention_mask: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Per-row loss (mean cross-entropy over each row's answer tokens) with the master B, no perturbation.
+
+        Rows must fill the program's fixed shape (q*E rows of seq_len columns, answer_len target columns).
+        """
+        import torch
+
+        arrays = (input_ids, attention_mask, targets)
+        inputs = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays]
+        return self._methods["evaluate"].execute(inputs)[0].numpy().copy()

@@ -6,7 +6,6 @@ Errors come back as ``MobizoError`` carrying the server's ``detail`` (validation
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +13,7 @@ import httpx
 
 from shared.errors import MobizoError
 from shared.files import atomic_write
-
-
-def describe_error(response: httpx.Response) -> str:
-    """``HTTP 422: spec.q: ...`` from a FastAPI error body (or the raw text when it is not JSON)."""
-    try:
-        detail = response.json().get("detail", response.text)
-    except (json.JSONDecodeError, AttributeError):
-        detail = response.text
-    if isinstance(detail, list):
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in item.get('loc', [])[1:]) or 'request'}: {item.get('msg')}" for item in detail
-        )
-    return f"HTTP {response.status_code}: {detail}"
+from shared.schemas import describe_error
 
 
 class ServerClient:
@@ -42,7 +29,7 @@ class ServerClient:
         except httpx.HTTPError as exc:
             raise MobizoError(f"cannot reach {self._http.base_url}: {exc}") from None
         if response.status_code >= 400:
-            raise MobizoError(describe_error(response))
+            raise MobizoError(describe_error(response.status_code, response.text))
         return response
 
     def get(self, path: str, **params: Any) -> Any:
@@ -58,7 +45,7 @@ class ServerClient:
             with self._http.stream("GET", path) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise MobizoError(describe_error(response))
+                    raise MobizoError(describe_error(response.status_code, response.text))
                 for chunk in response.iter_bytes(1 << 20):
                     out.write(chunk)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from server.model_files import read_safetensors_header
+from shared.model_files import read_safetensors_header
 from shared.errors import DataError
 from shared.schemas import B_FLAT_KEY, JobSpec
 

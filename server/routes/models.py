@@ -8,7 +8,7 @@ from fastapi import HTTPException, status
 from sqlalchemy import select
 
 from server.deps import AdminDep, AnyAuth, SessionDep
-from server.model_files import inspect_model
+from shared.model_files import inspect_model
 from server.models import Model
 from server.routes.base import Router
 from server.routes.errors import field_error

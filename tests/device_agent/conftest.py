@@ -11,6 +11,7 @@ import pytest
 
 from device_agent.batches import Shape, write_batches
 from tests.device_agent.helpers import Program, random_steps
+from tests.utils.programs import TINY_Q4
 
 RUNNER_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "runner"
 ADB_STANDIN_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "adb_standin"
@@ -25,19 +26,13 @@ def runner_binary() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_program(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Program:
-    """The real Mobile MP-LoRA program (shared.program, XNNPACK as in production) of the tiny model, q=2, E=2.
-
-    Exported once per session (about a minute: the slow part of this directory's tests).
-    """
-    from shared.program import ProgramConfig, export_program
-
-    cfg = ProgramConfig(q=2, batch_size=4, seq_len=12, answer_len=1, rank=4, alpha=8.0)
-    folder = tmp_path_factory.mktemp("program")
-    manifest = export_program(tiny_model_dir, cfg, folder / "program.pte", progress=lambda _: None)
+def tiny_program(program_factory, tiny_model_dir: Path) -> Program:
+    """The real Mobile MP-LoRA program (shared.program, XNNPACK as in production) of the tiny model, q=4, E=2
+    (``TINY_Q4``, exported once per session for the whole suite)."""
+    pte, manifest = program_factory(TINY_Q4)
     vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
-    shape = Shape(rows=cfg.batch_size, seq_len=cfg.seq_len, answer_len=cfg.answer_len)
-    return Program(folder / "program.pte", folder / manifest["ptd"]["file"], shape, vocab, manifest["lora_size"])
+    shape = Shape(rows=TINY_Q4.batch_size, seq_len=TINY_Q4.seq_len, answer_len=TINY_Q4.answer_len)
+    return Program(pte, pte.parent / manifest["ptd"]["file"], shape, vocab, manifest["lora_size"], manifest)
 
 
 @pytest.fixture

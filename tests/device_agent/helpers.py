@@ -24,6 +24,7 @@ class Program:
     shape: Shape
     vocab: int
     d: int  # length of b_flat
+    manifest: dict
 
     @property
     def files(self) -> tuple[Path, Path]:

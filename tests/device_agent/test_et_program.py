@@ -22,7 +22,7 @@ def test_set_then_get_b_and_training_moves_it(tiny_program: Program, make_batche
     session.set_b(wanted)
     assert session.get_b().tobytes() == wanted.tobytes()
     losses, g = session.step(BatchesFile(make_batches(1))[0], 0.05, 0.01)
-    assert (losses.shape, g.shape) == ((4,), (2,))  # 2q losses, q projected gradients (q = 2)
+    assert (losses.shape, g.shape) == ((8,), (4,))  # 2q losses, q projected gradients (q = 4)
     np.testing.assert_allclose(g, (losses[0::2] - losses[1::2]) / (2 * np.float32(0.01)), rtol=1e-5)
     assert not np.array_equal(session.get_b(), wanted)
 

@@ -1,0 +1,102 @@
+"""Where a job's steps run, behind one interface: ``executorch`` (this process, the ExecuTorch runtime), ``torch``
+(this process, the same step module in eager PyTorch, CUDA when present) and ``adb`` (an Android phone running the
+native runner).
+
+Every backend runs steps ``[start, N)`` of a pre-tokenized batches file (``device_agent.batches``) from a given B,
+reports each step as it finishes, checkpoints every K steps, and on a stop request finishes the current step,
+checkpoints and returns. Which step runs and from which B is decided by the caller (``device_agent.trainlog``), so
+resuming is the same for all three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from device_agent.config import BACKENDS
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One finished step as the program reported it."""
+
+    step: int
+    seed: int
+    losses: np.ndarray  # float32 [2q]
+    g: np.ndarray  # float32 [q]
+    seconds: float  # wall time of the step as the backend saw it
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """Everything a backend needs to run one job's steps."""
+
+    key: str  # identity of the run in checkpoints: a checkpoint of another key is never resumed
+    program: Path
+    weights: Path
+    manifest: dict[str, Any]
+    batches: Path
+    lr: float  # float32 values, see device_agent.et_program
+    eps: float
+    init_b: np.ndarray | None  # B before step 0; None: the program's own
+    checkpoint: Path
+    checkpoint_every: int  # 0: only when stopped
+
+
+@dataclass(frozen=True)
+class Outcome:
+    next_step: int
+    b: np.ndarray | None  # the final B when every step ran; None when stopped early
+
+
+OnStep = Callable[[StepRecord], None]
+ShouldStop = Callable[[], bool]
+
+
+class Backend(Protocol):
+    name: str
+
+    def free_memory_mb(self) -> int | None:
+        """Memory available to a training run where the steps run (the phone's, for adb)."""
+
+    def recover(self, run: TrainRun) -> None:
+        """Bring the newest checkpoint of ``run`` to ``run.checkpoint`` on this machine, if it lives elsewhere."""
+
+    def train(self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep,
+              should_stop: ShouldStop) -> Outcome:  # fmt: skip
+        """Run steps ``[start, N)`` from ``start_b`` (None: ``run.init_b``)."""
+
+    def forget(self, run: TrainRun) -> None:
+        """Delete what the run left where the steps ran (its batches hold the user's tokens)."""
+
+
+def make_backend(
+    name: str, *, model_dir: Path | None = None, registered: Callable[[], set[str]] | None = None,
+    device: str | None = None, runner: Path | None = None, serial: str | None = None,
+) -> Backend:  # fmt: skip
+    """The backend called ``name``. torch: ``model_dir`` is the base model on this device, ``registered()`` the
+    content hashes of the server's models (None: not checked), ``device`` cpu or cuda. adb: ``runner`` is the
+    native runner built for the phone, ``serial`` the phone (None: the only one attached)."""
+    from shared.errors import UsageError
+
+    if name == "executorch":
+        from device_agent.backends.local import executorch_backend
+
+        return executorch_backend()
+    if name == "torch":
+        from device_agent.backends.torch_eager import torch_backend
+
+        if model_dir is None:
+            raise UsageError("--model-dir", "the torch backend runs the base model in PyTorch: give its directory")
+        return torch_backend(Path(model_dir), device, registered)
+    if name == "adb":
+        from device_agent.backends.adb import AdbBackend
+
+        if runner is None:
+            raise UsageError("--runner", "the adb backend needs the native runner built for the phone")
+        return AdbBackend(runner, serial)
+    raise UsageError("--backend", f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")

@@ -1,0 +1,89 @@
+"""Backends that run the program in this process (``executorch``, ``torch``): the step loop and its checkpoints.
+
+An engine is the program's methods around its master B (``device_agent.et_program.ProgramSession`` or
+``device_agent.backends.torch_eager.TorchSession``); the loop is the same for both, and ``mobizo run-program`` uses
+it too. A step's record is handed on (and so logged) before a checkpoint that includes it is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from device_agent.backends import OnStep, Outcome, ShouldStop, StepRecord, TrainRun
+from device_agent.batches import BatchesFile, StepBatch
+from device_agent.checkpoint import Checkpoint, save_checkpoint
+
+
+class Engine(Protocol):
+    def get_b(self) -> np.ndarray: ...
+
+    def set_b(self, b: np.ndarray) -> None: ...
+
+    def step(self, batch: StepBatch, lr: float, eps: float) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def run_steps(
+    engine: Engine, batches: Sequence[StepBatch], lr: float, eps: float, start: int, on_step: OnStep,
+    should_stop: ShouldStop, checkpoint: Callable[[int], None] | None = None, every: int = 0,
+) -> int:  # fmt: skip
+    """Run steps ``[start, len(batches))``; returns the next step (``len(batches)`` when all ran).
+
+    ``checkpoint(next_step)`` is called every ``every`` steps and when a stop is requested (after the step).
+    """
+    for k in range(start, len(batches)):
+        batch = batches[k]
+        began = time.perf_counter()
+        losses, g = engine.step(batch, lr, eps)
+        on_step(StepRecord(k, batch.seed, losses, g, time.perf_counter() - began))
+        done = k + 1
+        stopping = done < len(batches) and should_stop()
+        if checkpoint is not None and (stopping or (every and done % every == 0)):
+            checkpoint(done)
+        if stopping:
+            return done
+    return len(batches)
+
+
+@dataclass
+class LocalBackend:
+    """The loop above around an engine opened per run."""
+
+    name: str
+    open_engine: Callable[[TrainRun], Engine]
+
+    def free_memory_mb(self) -> int | None:
+        from device_agent.resources import free_memory_mb
+
+        return free_memory_mb()
+
+    def recover(self, run: TrainRun) -> None:
+        """Nothing to fetch: this backend writes its checkpoints here."""
+
+    def forget(self, run: TrainRun) -> None:
+        """Nothing to delete: the run's files are the caller's."""
+
+    def train(self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep,
+              should_stop: ShouldStop) -> Outcome:  # fmt: skip
+        engine = self.open_engine(run)
+        b = start_b if start_b is not None else run.init_b
+        if b is not None:
+            engine.set_b(b)
+
+        def checkpoint(next_step: int) -> None:
+            save_checkpoint(run.checkpoint, Checkpoint(run.key, next_step, engine.get_b()))
+
+        batches = BatchesFile(run.batches)
+        done = run_steps(engine, batches, run.lr, run.eps, start, on_step, should_stop, checkpoint,
+                         run.checkpoint_every)  # fmt: skip
+        return Outcome(done, engine.get_b() if done == len(batches) else None)
+
+
+def executorch_backend() -> LocalBackend:
+    from device_agent.et_program import ProgramSession
+
+    return LocalBackend("executorch", lambda run: ProgramSession(run.program, run.weights))

@@ -1,0 +1,95 @@
+"""The ``torch`` backend: the program's step module (``shared.program.build_step_module``) run eagerly in PyTorch,
+on CUDA when present — the Jetson path of the paper.
+
+A device receives the ``.pte``, the ``.ptd`` and the tokenizer, and PyTorch runs none of them, so this backend
+needs the base model as a Hugging Face directory on the device (``mobizo agent run --model-dir DIR``). Before the
+first step it checks that this model is the program's: its content hash must be one the server has registered
+(``GET /v1/models``), its tokenizer must be the program's (sha256 in the manifest) and its LoRA modules the
+program's (names and shapes). Then the eager step is the program's step: same batches, same log; the losses agree
+with the ``.pte`` within float tolerance (other kernels), and the log replays to B exactly on CPU and within the
+server's tolerance on CUDA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device_agent.backends import TrainRun
+from device_agent.backends.local import LocalBackend
+from device_agent.batches import StepBatch
+from shared.errors import MobizoError
+
+
+class TorchSession:
+    """The step module of a program, built from the local base model, around its master B."""
+
+    def __init__(self, model_dir: Path, manifest: dict[str, Any], device: str | None = None) -> None:
+        import torch
+
+        from shared.models import load_model
+        from shared.program import ProgramConfig, build_step_module
+        from shared.train import resolve_device
+
+        self.device = resolve_device(device)
+        model, tokenizer = load_model(Path(model_dir), "float32", str(self.device))
+        _check_tokenizer(model_dir, tokenizer, manifest)
+        self.module = build_step_module(model, ProgramConfig.from_json(manifest["config"]))
+        layout = [dataclasses.asdict(m) for m in self.module.lora.modules]
+        if layout != manifest["lora"]:
+            raise MobizoError(f"{model_dir}: its LoRA modules differ from the program's: not the job's base model")
+        self._torch = torch
+
+    def _tensor(self, values: Any, dtype: Any) -> Any:
+        return self._torch.as_tensor(np.asarray(values), dtype=dtype).to(self.device)
+
+    def get_b(self) -> np.ndarray:
+        return self.module.get_lora_b().cpu().numpy().copy()
+
+    def set_b(self, b: np.ndarray) -> None:
+        self.module.set_lora_b(self._tensor(b, self._torch.float32))
+
+    def step(self, batch: StepBatch, lr: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        torch = self._torch
+        with torch.no_grad():
+            losses, g = self.module(
+                self._tensor(batch.input_ids, torch.long), self._tensor(batch.attention_mask, torch.long),
+                self._tensor(batch.targets, torch.long), self._tensor([batch.seed], torch.long),
+                self._tensor([lr], torch.float32), self._tensor([eps], torch.float32),
+            )
+        return losses.cpu().numpy().copy(), g.cpu().numpy().copy()
+
+
+def _check_tokenizer(model_dir: Path, tokenizer: Any, manifest: dict[str, Any]) -> None:
+    from shared.models import tokenizer_bytes
+
+    if hashlib.sha256(tokenizer_bytes(tokenizer)).hexdigest() != manifest["tokenizer"]["sha256"]:
+        raise MobizoError(f"{model_dir}: its tokenizer is not the program's: not the job's base model")
+
+
+@lru_cache(maxsize=4)
+def _content_hash(model_dir: Path) -> str:
+    from shared.model_files import model_sha256  # a model's identity, as the server registers it
+
+    return model_sha256(model_dir)
+
+
+def torch_backend(model_dir: Path, device: str | None = None,
+                  registered: Callable[[], set[str]] | None = None) -> LocalBackend:  # fmt: skip
+    """The eager backend on the base model in ``model_dir``; ``registered()``: the server's model hashes."""
+    model_dir = Path(model_dir).resolve()
+    if not (model_dir / "config.json").is_file():
+        raise MobizoError(f"{model_dir}: not a Hugging Face model directory (no config.json)")
+
+    def open_engine(run: TrainRun) -> TorchSession:
+        if registered is not None and _content_hash(model_dir) not in registered():
+            raise MobizoError(f"{model_dir}: this model is not one the server has registered (content hash differs)")
+        return TorchSession(model_dir, run.manifest, device)
+
+    return LocalBackend("torch", open_engine)

@@ -1,0 +1,99 @@
+"""The device daemon: lease a job, run it (``device_agent.job``), repeat, until the stop event is set.
+
+On start it first takes up the jobs a previous run left unfinished (stopped, killed, or waiting to upload): one
+heartbeat says whether each is still this device's (go on) or not (cancelled, gone, or its lease ran out: forget
+it). Every call to the server retries with backoff while the
+server is unreachable; every wait ends at once when the stop event is set (SIGTERM, SIGINT).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from device_agent.heartbeat import Heartbeat
+from device_agent.job import ENDED, AgentContext, run_job
+from device_agent.retry import call_with_retry
+from shared.errors import MobizoError
+from shared.schemas import LeasePublic
+
+POLL_S = 5.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    once: bool = False  # stop after one job has ended for this device
+    poll_s: float = POLL_S  # wait between lease requests when no job is ready
+
+
+def unfinished(ctx: AgentContext) -> list[LeasePublic]:
+    """Leases of the jobs left in the work folder, oldest job first."""
+    leases = []
+    for path in sorted((ctx.work_dir / "jobs").glob("*/lease.json"), key=lambda p: int(p.parent.name)):
+        try:
+            leases.append(LeasePublic.model_validate_json(path.read_text()))
+        except ValueError:
+            ctx.reporter.event("discarded", path=str(path.parent), reason="unreadable lease")
+            ctx.job_dir(int(path.parent.name)).remove()
+    return leases
+
+
+def still_mine(ctx: AgentContext, lease: LeasePublic) -> bool:
+    """Whether a job left from a previous run is still this device's to finish; forgets it when it is not.
+
+    No answer (the server is down) counts as yes: training goes on and the heartbeats will tell.
+    """
+    beat = Heartbeat(ctx.api, lease.job_id, 0.0, ctx.reporter.event, ctx.job_dir(lease.job_id).steps_logged())
+    beat.beat()
+    if beat.halted:  # cancelled, gone, or its lease ran out (then it is leased afresh, maybe to another device)
+        ctx.job_dir(lease.job_id).remove()
+    return not beat.halted
+
+
+def next_lease(ctx: AgentContext) -> LeasePublic | None:
+    """A new job for this device, or None; waits out a server that is down (until the agent stops)."""
+    return call_with_retry(ctx.policy(), ctx.api.lease, ctx.backend.name, ctx.backend.free_memory_mb())
+
+
+def serve(ctx: AgentContext, options: RunOptions) -> int:
+    """Run jobs until stopped (``options.once``: until one has ended); the exit status of ``mobizo agent run``."""
+    for lease in [lease for lease in unfinished(ctx) if still_mine(ctx, lease)]:  # forget the others first
+        if ctx.stop.is_set():
+            return 0
+        state = run_job(ctx, lease)
+        if options.once and state in ENDED:
+            return 0 if state in ("succeeded", "cancelled") else 1
+    while not ctx.stop.is_set():
+        try:
+            lease = next_lease(ctx)
+        except httpx.HTTPError as error:
+            if ctx.stop.is_set():
+                break
+            raise MobizoError(f"cannot lease jobs: {error}") from None
+        if lease is None:
+            ctx.stop.wait(options.poll_s)
+            continue
+        state = run_job(ctx, lease)
+        if options.once and state in ENDED:
+            return 0 if state in ("succeeded", "cancelled") else 1
+    ctx.reporter.event("stopped")
+    return 0
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``: the step in progress finishes, is checkpointed, and the agent exits."""
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+
+def default_work_dir(device_id: int | str) -> Path:
+    """Default work folder: ``$XDG_CACHE_HOME/mobizo/agent-<device id>`` (``~/.cache`` without it)."""
+    import os
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "mobizo" / f"agent-{device_id}"

@@ -1,0 +1,63 @@
+"""The device's own data: where a job's file lives, and every training step's batch, built here and never sent.
+
+Step k trains on exactly what ``mobizo train`` uses (``shared.train``): the examples
+``batch_indices(n, batch_size, seed, k)`` of the file, as one left-padded, query-major batch
+(``shared.data.training_batch``), with noise seed ``step_seed(seed, k)``. The one difference is the width: a
+program has a fixed shape, so rows are padded to its ``seq_len`` and targets to its ``answer_len``; prompts are
+cut from the left to fit ``seq_len`` (``shared.data.encode``), as ``mobizo train --seq-len`` does.
+
+Only the examples some step uses are tokenized: rendering checks the whole file (a run never starts on a file it
+cannot fully read), but SST-2's 67k lines need not all pass through the tokenizer for a 100-step job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from device_agent.batches import Shape, StepBatch
+from shared.errors import DataError
+
+TRAIN_FILE = "train.jsonl"
+
+
+def find_train_file(data_dir: Path, task_key: str, task_name: str) -> Path:
+    """The training file of a job's task in ``data_dir``.
+
+    Looked for, in order: ``<key>/train.jsonl`` and ``<key>.jsonl`` for the job's task key (the task name, or
+    ``custom-<hash>`` for a template, so that data written for one template never trains another), then for the
+    task name (``custom/train.jsonl`` serves every custom task).
+    """
+    data_dir = Path(data_dir)
+    candidates = [data_dir / key / TRAIN_FILE for key in dict.fromkeys([task_key, task_name])]
+    candidates += [data_dir / f"{key}.jsonl" for key in dict.fromkeys([task_key, task_name])]
+    for path in candidates:
+        if path.is_file():
+            return path
+    looked = ", ".join(str(p.relative_to(data_dir)) for p in candidates)
+    raise DataError(f"no training data for task {task_key!r} in {data_dir} (looked for {looked})")
+
+
+def program_shape(config: dict[str, Any]) -> Shape:
+    """The batches shape of a program (its manifest's ``config``): q*E rows, seq_len, answer_len."""
+    return Shape(rows=int(config["batch_size"]), seq_len=int(config["seq_len"]), answer_len=int(config["answer_len"]))
+
+
+def step_batches(examples: list, tokenizer: Any, shape: Shape, seed: int, steps: int) -> Iterator[StepBatch]:
+    """Steps ``0 .. steps-1`` of a run over the rendered ``examples`` (``shared.tasks.Rendered``)."""
+    from shared.data import batch_indices, encode, pad_token_id, training_batch
+    from shared.noise import step_seed
+
+    chosen = [batch_indices(len(examples), shape.rows, seed, k) for k in range(steps)]
+    needed = sorted({i for indices in chosen for i in indices})
+    encoded = dict(zip(needed, encode([examples[i] for i in needed], tokenizer, shape.seq_len), strict=True))
+    pad = pad_token_id(tokenizer)
+    for k, indices in enumerate(chosen):
+        try:
+            batch = training_batch([encoded[i] for i in indices], pad, shape.seq_len, shape.answer_len)
+        except DataError as exc:
+            raise DataError(f"step {k}: {exc} (the program fixes seq_len {shape.seq_len}, "
+                            f"answer_len {shape.answer_len})") from None  # fmt: skip
+        yield StepBatch(step_seed(seed, k), batch.input_ids.numpy(), batch.attention_mask.numpy(),
+                        batch.targets.numpy())  # fmt: skip

@@ -1,0 +1,50 @@
+"""What a finished run leaves: PEFT adapters of a program's B, and ``metrics.json``.
+
+A program's manifest says everything an adapter file needs: the LoRA modules (name, in/out features), rank,
+alpha, targets and the A seed, so A is regenerated with ``shared.lora.lora_a_init`` exactly as the program built it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def save_program_adapter(out_dir: Path, manifest: dict[str, Any], b_flat: np.ndarray, base_model: str) -> Path:
+    """Write the PEFT adapter (A from the seed, B from ``b_flat``) of a program's LoRA layout."""
+    import torch
+
+    from shared.adapter import save_adapter
+    from shared.lora import lora_a_init, unflatten_b
+
+    config = manifest["config"]
+    rank = int(config["rank"])
+    a_seed = int(config["a_seed"])
+    lora_a = {m["name"]: lora_a_init(a_seed, m["name"], rank, m["in_features"]) for m in manifest["lora"]}
+    shapes = {m["name"]: (m["out_features"], rank) for m in manifest["lora"]}
+    lora_b = unflatten_b(torch.from_numpy(np.asarray(b_flat, dtype=np.float32).copy()), shapes)
+    return save_adapter(out_dir, lora_a, lora_b, rank, float(config["alpha"]), tuple(config["targets"]), base_model)
+
+
+def training_metrics(
+    manifest: dict[str, Any], log: list[dict], step_seconds: list[float], run: dict[str, Any]
+) -> dict[str, Any]:
+    """interfaces.md §1's keys from the program, the log and the measured steps; ``run`` adds the rest
+    (``seed``, ``lr``, ``eps``, ``backend``, ``eval``, ...). Holds no data and no file paths of the device."""
+    from shared.train import peak_rss_mb
+
+    config = manifest["config"]
+    metrics = {
+        "method": "mobizo", "q": config["q"], "batch_size": config["batch_size"],
+        "examples_per_query": config["batch_size"] // config["q"], "steps": len(log),
+        "losses": [float(np.mean(record["losses"])) for record in log],  # per step: the mean of its path losses
+        "step_time_s": statistics.median(step_seconds) if step_seconds else None,
+        "train_time_s": sum(step_seconds), "peak_rss_mb": peak_rss_mb(), "eval": [],
+        "seq_len": config["seq_len"], "answer_len": config["answer_len"], "rank": config["rank"],
+        "alpha": config["alpha"], "targets": list(config["targets"]), "a_seed": config["a_seed"],
+        "program_sha256": manifest["pte"]["sha256"],
+    }
+    return metrics | run

@@ -1,0 +1,163 @@
+"""``mobizo run-program``: run a training program with the ExecuTorch runtime on local data, as a device would.
+
+The program is ``FILE.pte`` with its manifest ``FILE.json`` beside it; its weights (``weights-<sha>.ptd``) and
+tokenizer (``tokenizer-<sha>.json``) are in ``--store`` (default: the program's folder), as ``mobizo export``
+writes them. The data is tokenized here with the program's tokenizer, and step k uses the examples and seed that
+``mobizo train`` would (``device_agent.local_data``), so the two agree step by step.
+
+Writes ``OUT/train_log.jsonl`` (replayable: ``mobizo replay --init OUT/init_adapter --log OUT/train_log.jsonl``),
+``OUT/init_adapter/`` (A and the program's starting B), ``OUT/adapter/`` (A and the trained B) and
+``OUT/metrics.json``. With ``--eval``, accuracy and loss before and after training come from the program's own
+``evaluate`` method (``device_agent.evaluation`` says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HELP = "run a training program with the ExecuTorch runtime on local data, as a device would"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--program", required=True, type=Path, metavar="FILE.pte", help="the program (manifest FILE.json beside it)")
+    add("--task", required=True, help="sst2, rte, wnli, boolq, wic, wsc, cb, copa, lm, or custom")
+    add("--train", required=True, type=Path, metavar="FILE", help="training examples (JSON Lines)")
+    add("--steps", required=True, type=int, help="training steps")
+    add("--lr", required=True, type=float, help="learning rate")
+    add("--eps", required=True, type=float, help="perturbation scale")
+    add("--seed", type=int, default=0, help="run seed: batch order and step seeds (default 0)")
+    add("--eval", type=Path, metavar="FILE", help="held-out examples: accuracy and loss before and after training")
+    add("--template", help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
+    add("--verbalizer", metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
+    add("--store", type=Path, metavar="DIR", help="where the .ptd and tokenizer are (default: beside the program)")
+    add("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    add("--json", action="store_true", help="print the metrics as JSON")
+
+
+def _check(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Path]:
+    """Validate the arguments (``UsageError`` naming the flag) → (manifest, .ptd path, tokenizer path)."""
+    from shared.errors import UsageError
+    from shared.noise import MAX_SEED
+    from shared.program import manifest_path
+
+    if args.program.suffix != ".pte" or not args.program.is_file():
+        raise UsageError("--program", f"{args.program} is not a .pte file")
+    if not manifest_path(args.program).is_file():
+        raise UsageError("--program", f"no manifest {manifest_path(args.program).name} beside the program")
+    for flag, path in (("--train", args.train), ("--eval", args.eval)):
+        if path is not None and not path.is_file():
+            raise UsageError(flag, f"no such file: {path}")
+    if args.steps < 1:
+        raise UsageError("--steps", f"must be at least 1, got {args.steps}")
+    for flag, value in (("--lr", args.lr), ("--eps", args.eps)):
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(flag, f"must be a positive number, got {value}")
+    if not 0 <= args.seed < MAX_SEED:
+        raise UsageError("--seed", f"must be in [0, 2**31), got {args.seed}")
+    manifest = json.loads(manifest_path(args.program).read_text())
+    store = args.store or args.program.parent
+    files = [store / manifest[entry]["file"] for entry in ("ptd", "tokenizer")]
+    for path in files:
+        if not path.is_file():
+            raise UsageError("--store", f"{path.name} (named by the manifest) is not in {store}")
+    return manifest, files[0], files[1]
+
+
+@dataclass
+class _Run:
+    """A run-program run: the program loaded, the data tokenized, what it has produced so far."""
+
+    manifest: dict[str, Any]
+    session: Any  # device_agent.et_program.ProgramSession
+    tokenizer: Any
+    shape: Any  # device_agent.batches.Shape
+    kind: str  # the task's kind (accuracy is None for lm)
+    held_out: list | None
+    log: list[dict] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+
+    def evaluate(self, step: int) -> None:
+        from device_agent.evaluation import evaluate_program
+
+        if self.held_out is not None:
+            result = evaluate_program(self.session, self.held_out, self.tokenizer, self.shape, self.kind)
+            self.evals.append({"step": step, **result})
+
+
+def _train(run: _Run, batches: list, lr: float, eps: float) -> None:
+    """Every step, with a progress bar on a terminal; the log records float32 lr and eps as the program saw them."""
+    from tqdm import tqdm
+
+    from device_agent.backends.local import run_steps
+    from shared.replay import log_record
+
+    with tqdm(total=len(batches), desc="run-program", unit="step", disable=not sys.stderr.isatty()) as bar:
+
+        def on_step(record) -> None:
+            run.log.append(log_record(record.step, record.seed, lr, eps, record.g, record.losses))
+            run.seconds.append(record.seconds)
+            bar.update()
+            bar.set_postfix(loss=f"{float(record.losses.mean()):.4f}", refresh=False)
+
+        run_steps(run.session, batches, lr, eps, 0, on_step, lambda: False)
+
+
+def _write(run: _Run, args: argparse.Namespace, init_b, n_train: int) -> dict[str, Any]:
+    from device_agent.results import save_program_adapter, training_metrics
+    from shared.files import atomic_write_bytes
+    from shared.replay import log_line
+
+    base_model = run.manifest.get("model", "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_program_adapter(args.out / "init_adapter", run.manifest, init_b, base_model)
+    save_program_adapter(args.out / "adapter", run.manifest, run.session.get_b(), base_model)
+    atomic_write_bytes(args.out / "train_log.jsonl", "".join(map(log_line, run.log)).encode())
+    extra = {"seed": args.seed, "lr": args.lr, "eps": args.eps, "task": args.task, "backend": "executorch",
+             "eval": run.evals, "n_train": n_train, "program": str(args.program)}
+    metrics = training_metrics(run.manifest, run.log, run.seconds, extra)
+    atomic_write_bytes(args.out / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
+    return metrics
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from device_agent.et_program import ProgramSession
+    from device_agent.local_data import program_shape, step_batches
+    from shared.data import load_examples
+    from shared.models import load_tokenizer_file
+    from shared.tasks import get_task, parse_verbalizer
+
+    manifest, ptd, tokenizer_file = _check(args)
+    task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))
+    shape, tokenizer = program_shape(manifest["config"]), load_tokenizer_file(tokenizer_file)
+    examples = load_examples(task, args.train)
+    held_out = load_examples(task, args.eval) if args.eval is not None else None
+    batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps))
+    state = _Run(manifest, ProgramSession(args.program, ptd), tokenizer, shape, task.kind, held_out)
+    init_b = state.session.get_b()
+    state.evaluate(0)
+    _train(state, batches, float(np.float32(args.lr)), float(np.float32(args.eps)))
+    state.evaluate(args.steps)
+    metrics = _write(state, args, init_b, len(examples))
+    print(json.dumps(metrics) if args.json else _summary(metrics, args.out))
+    return 0
+
+
+def _summary(metrics: dict[str, Any], out: Path) -> str:
+    lines = [f"mobizo q={metrics['q']} E={metrics['examples_per_query']} on executorch: {metrics['steps']} steps, "
+             f"last loss {metrics['losses'][-1]:.4f}, {metrics['step_time_s']:.4f} s/step (median), "
+             f"peak RSS {metrics['peak_rss_mb']:.0f} MB"]  # fmt: skip
+    for entry in metrics["eval"]:
+        accuracy = "" if entry["accuracy"] is None else f"accuracy {entry['accuracy']:.4f}, "
+        lines.append(f"eval at step {entry['step']}: {accuracy}loss {entry['loss']:.4f}")
+    lines.append(f"wrote adapter/, init_adapter/, train_log.jsonl, metrics.json in {out}")
+    return "\n".join(lines)

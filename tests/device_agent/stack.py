@@ -1,0 +1,168 @@
+"""A real mobizo stack on loopback for the agent's end-to-end tests: a server process (``tests.server.live``),
+its admin and a user, and ``mobizo agent`` processes started the way a device starts them."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.server.factories import ADMIN_TOKEN, bearer
+from tests.server.live import REPO
+
+# Every job has the program config TINY_Q4 (q=4, E=2, 16 columns, 2 answer columns), the suite's shared program.
+SPEC = {"model": "tiny", "task": "sst2", "q": 4, "batch_size": 8, "seq_len": 16, "answer_len": 2, "rank": 4,
+        "alpha": 8.0, "lr": 0.5, "eps": 0.05, "seed": 3}  # fmt: skip
+AGENT_FLAGS = ["--checkpoint-every", "7", "--heartbeat-s", "0.5", "--poll-s", "0.2", "--retry-cap-s", "1"]
+
+
+def seed_program_cache(artifacts: Path, model_dir: Path, pte: Path, manifest: dict) -> None:
+    """Put an exported program where the server's compile cache finds the jobs of ``SPEC``: those jobs are ready
+    at once instead of a minute later (the compile worker itself is the server tests' subject)."""
+    import shutil
+
+    from shared.model_files import model_sha256
+    from server.store import ArtifactStore
+    from server.worker_tasks import program_config, program_key
+    from shared.program import FORMAT_VERSION
+    from shared.schemas import JobCreate
+
+    spec = JobCreate(**SPEC, steps=1).model_dump(mode="json")
+    config = program_config(spec, spec["answer_len"])
+    assert config == manifest["config"], "SPEC must describe the seeded program"
+    store = ArtifactStore(artifacts)
+    folder = store.programs_dir / program_key(model_sha256(model_dir), config, FORMAT_VERSION)
+    folder.mkdir()
+    shutil.copy(pte, folder / "program.pte")
+    (folder / "program.json").write_text(json.dumps(manifest))
+    for entry in ("ptd", "tokenizer"):
+        shutil.copy(pte.parent / manifest[entry]["file"], store.blob(manifest[entry]["file"]))
+
+
+def server_env(artifacts: Path, db: Path) -> dict[str, str]:
+    return {"MOBIZO_DATA_DIR": str(artifacts), "MOBIZO_ADMIN_TOKEN": ADMIN_TOKEN, "MOBIZO_LEASE_S": "60",
+            "DATABASE_URL": f"sqlite:///{db}"}  # fmt: skip
+
+
+def ok(response: httpx.Response, code: int = 200) -> Any:
+    assert response.status_code == code, response.text
+    return response.json() if response.content else None
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@dataclass
+class Stack:
+    url: str
+    artifacts: Path
+    tmp: Path
+    model_dir: Path
+    user: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        admin = httpx.Client(base_url=self.url, headers=bearer(ADMIN_TOKEN), timeout=60)
+        key = ok(admin.post("/v1/users", json={"name": "alice"}), 201)["api_key"]
+        ok(admin.post("/v1/models", json={"name": "tiny", "path": str(self.model_dir)}), 201)
+        self.user = httpx.Client(base_url=self.url, headers=bearer(key), timeout=60)
+
+    def submit(self, steps: int, **overrides: Any) -> int:
+        job = ok(self.user.post("/v1/jobs", json={**SPEC, "steps": steps, **overrides}), 202)
+        ready = self.wait_job(job["id"], {"ready", "failed"}, timeout=600)
+        assert ready["status"] == "ready", ready["error"]
+        return job["id"]
+
+    def job(self, job_id: int) -> dict:
+        return ok(self.user.get(f"/v1/jobs/{job_id}"))
+
+    def wait_job(self, job_id: int, statuses: set[str], timeout: float = 120) -> dict:
+        return wait_for(lambda: (j := self.job(job_id))["status"] in statuses and j, timeout, f"job {statuses}")
+
+    def enroll(self, backend: str = "executorch", env: dict[str, str] | None = None) -> Path:
+        code = ok(self.user.post("/v1/enrollment-codes", json={}), 201)["code"]
+        config = self.tmp / f"agent-{code}.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "mobizo", "agent", "enroll", "--server", self.url, "--code", code,
+             "--backend", backend, "--name", f"test-{backend}", "--config", str(config)],
+            env=agent_env(env), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return config
+
+    def adapter(self, job_id: int) -> dict:
+        adapter_id = self.job(job_id)["adapter_id"]
+        return ok(self.user.get(f"/v1/adapters/{adapter_id}"))
+
+    def download_adapter(self, job_id: int, dest: Path) -> Path:
+        archive = self.user.get(f"/v1/adapters/{self.adapter(job_id)['id']}/download").raise_for_status().content
+        with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+            zf.extractall(dest)
+        return dest
+
+    def uploaded_log(self, job_id: int) -> Path:
+        """The training log the server received (stored by content; the device names its hash in metrics)."""
+        return self.artifacts / "logs" / f"{self.adapter(job_id)['metrics']['log_sha256']}.jsonl"
+
+
+def agent_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), **(extra or {})}
+
+
+@dataclass
+class Agent:
+    """``mobizo agent run`` as a process; its structured log lines go to ``log``."""
+
+    config: Path
+    work: Path
+    data: Path
+    log: Path
+    extra: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen | None = None
+
+    def start(self, once: bool = True) -> Agent:
+        args = [sys.executable, "-m", "mobizo", "agent", "run", "--config", str(self.config), "--data-dir",
+                str(self.data), "--work-dir", str(self.work), *AGENT_FLAGS, *self.extra, *(["--once"] if once else [])]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(args, env=agent_env(self.env), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        return self
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"agent still running after {timeout} s:\n{self.tail()}") from None
+
+    def events(self) -> list[dict]:
+        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        return [json.loads(line) for line in lines if line.startswith('{"ts"')]
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def steps_logged(self, job_id: int) -> int:
+        path = self.work / "jobs" / str(job_id) / "train_log.jsonl"
+        return path.read_text().count("\n") if path.exists() else 0
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

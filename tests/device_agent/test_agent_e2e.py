@@ -1,0 +1,257 @@
+"""The agent end to end, with real processes on loopback: a ``mobizo server`` (uvicorn, SQLite; its compile cache
+holds the tiny model's program) and ``mobizo agent`` processes that enroll, lease, download, train on local SST-2
+rows and upload. What the issue asks of the agent, each checked against the server's own records:
+
+- every backend (executorch, torch, adb with the stand-in phone) ends its job ``succeeded``, and the adapter the
+  user downloads is ``mobizo replay`` of the log the server received, bit for bit;
+- an agent killed with SIGKILL, and one stopped with SIGTERM, resume and upload the very B of an uninterrupted run;
+- the server going away mid-job does not stop the job from succeeding;
+- a cancelled job stops the agent within seconds;
+- no request carries the training text, and a model's weights are downloaded once;
+- a job the device cannot run fails with the device's reason; jobs go only to devices with the memory they need.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from device_agent.checkpoint import load_checkpoint
+from mobizo.cli import main
+from shared.models import shared_data_dir
+from tests.device_agent.conftest import ADB_STANDIN_DIR
+from tests.device_agent.stack import Agent, Stack, seed_program_cache, server_env, wait_for
+from tests.server import live
+from tests.utils.programs import TINY_Q4
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def artifacts(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The servers' data folder, its compile cache holding the suite's TINY_Q4 program (the jobs' config)."""
+    folder = tmp_path_factory.mktemp("artifacts")
+    seed_program_cache(folder, tiny_model_dir, *program_factory(TINY_Q4))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The device's data folder: 64 SST-2 rows as ``sst2/train.jsonl``."""
+    folder = tmp_path_factory.mktemp("device-data")
+    (folder / "sst2").mkdir()
+    with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
+        (folder / "sst2" / "train.jsonl").write_text("".join(itertools.islice(f, 64)))
+    return folder
+
+
+@pytest.fixture
+def stack(artifacts: Path, tiny_model_dir: Path, tmp_path: Path):
+    with live.server_process(server_env(artifacts, tmp_path / "db.sqlite"), tmp_path / "server.log") as url:
+        yield Stack(url, artifacts, tmp_path, tiny_model_dir)
+
+
+def backend_setup(backend: str, tmp_path: Path, runner: Path, model_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """(extra ``agent run`` flags, extra environment) for a backend."""
+    if backend == "torch":
+        return ["--model-dir", str(model_dir), "--device", "cpu"], {}
+    if backend == "adb":
+        path = f"{ADB_STANDIN_DIR}{os.pathsep}{os.environ['PATH']}"
+        env = {"MOBIZO_FAKE_DEVICE_ROOT": str(tmp_path / "phone"), "PATH": path}
+        return ["--runner", str(runner)], env
+    return [], {}
+
+
+def make_agent(stack: Stack, local_data: Path, name: str, backend: str = "executorch", extra=(), env=None) -> Agent:
+    config = stack.enroll(backend, env)
+    return Agent(config, stack.tmp / f"work-{name}", local_data, stack.tmp / f"agent-{name}.log", list(extra), env)
+
+
+def assert_adapter_is_replay_of_uploaded_log(stack: Stack, job_id: int, tmp_path: Path) -> None:
+    from shared.adapter import read_adapter, save_adapter
+
+    downloaded = stack.download_adapter(job_id, tmp_path / "downloaded")
+    config, lora_a, lora_b = read_adapter(downloaded)
+    assert max(float(b.abs().max()) for b in lora_b.values()) > 0  # training moved B
+    init = save_adapter(tmp_path / "init", lora_a, {n: b * 0 for n, b in lora_b.items()}, config["r"],
+                        config["lora_alpha"], tuple(config["target_modules"]), "tiny")  # fmt: skip
+    log = stack.uploaded_log(job_id)
+    assert main(["replay", "--init", str(init), "--log", str(log), "--out", str(tmp_path / "replayed"),
+                 "--compare", str(downloaded)]) == 0  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["executorch", "torch", "adb"])
+def test_job_succeeds_and_adapter_is_the_replay_of_the_uploaded_log(
+    stack: Stack, local_data: Path, runner_binary: Path, tiny_model_dir: Path, tmp_path: Path, backend: str
+) -> None:
+    extra, env = backend_setup(backend, tmp_path, runner_binary, tiny_model_dir)
+    job_id = stack.submit(steps=20)
+    agent = make_agent(stack, local_data, backend, backend, extra, env)
+    assert oct(agent.config.stat().st_mode & 0o777) == "0o600"  # the device token is private
+    assert agent.start().wait() == 0, agent.tail()
+    job = stack.job(job_id)
+    assert job["status"] == "succeeded" and job["progress"]["step"] == 20
+    metrics = stack.adapter(job_id)["metrics"]
+    assert metrics["backend"] == backend and len(metrics["losses"]) == 20
+    assert metrics["server"]["replay_max_abs_diff"] == 0.0
+    assert_adapter_is_replay_of_uploaded_log(stack, job_id, tmp_path)
+    assert not (agent.work / "jobs" / str(job_id)).exists()  # nothing of the job's data is left behind
+
+
+def training_starts(agent: Agent, job_id: int) -> list[int]:
+    """The first step of each training session the agent logged for a job."""
+    return [e["start"] for e in agent.events() if e["event"] == "training" and e["job_id"] == job_id]
+
+
+def checkpoint_of(agent: Agent, job_id: int):
+    from device_agent.job import run_key
+    from shared.schemas import LeasePublic
+
+    folder = agent.work / "jobs" / str(job_id)
+    lease = LeasePublic.model_validate_json((folder / "lease.json").read_text())
+    return load_checkpoint(folder / "checkpoint.ckpt", run_key(lease))
+
+
+@pytest.mark.parametrize("backend", ["executorch", "adb"])
+def test_killed_and_stopped_agents_resume_to_the_bits_of_an_uninterrupted_run(
+    stack: Stack, local_data: Path, runner_binary: Path, tiny_model_dir: Path, tmp_path: Path, backend: str
+) -> None:
+    steps = 1500
+    extra, env = backend_setup(backend, tmp_path, runner_binary, tiny_model_dir)
+    agent = make_agent(stack, local_data, "device", backend, extra, env)
+
+    killed = stack.submit(steps)
+    agent.start()
+    wait_for(lambda: agent.steps_logged(killed) >= 200, 120, "training to get going")
+    agent.proc.send_signal(signal.SIGKILL)
+    agent.wait()
+    assert agent.steps_logged(killed) < steps, "killed too late to test a resume"
+    assert agent.start().wait() == 0, agent.tail()  # takes the job up from its folder, without a new lease
+    first, resumed = training_starts(agent, killed)
+    assert first == 0 and resumed > 0  # resumed, not started over
+    if backend == "executorch":
+        assert resumed % 7 == 0  # from the last checkpoint (every 7 steps)
+
+    stopped = stack.submit(steps)
+    agent.start()
+    wait_for(lambda: agent.steps_logged(stopped) >= 200, 120, "training to get going")
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=30) == 0, agent.tail()  # a clean stop ...
+    ckpt = checkpoint_of(agent, stopped)
+    assert ckpt.next_step == agent.steps_logged(stopped) < steps  # ... after checkpointing the step it finished
+    assert agent.start().wait() == 0, agent.tail()
+    assert training_starts(agent, stopped) == [0, ckpt.next_step]
+
+    plain = stack.submit(steps)
+    assert agent.start().wait() == 0, agent.tail()
+    assert stack.job(killed)["status"] == stack.job(stopped)["status"] == "succeeded"
+    b_shas = {stack.adapter(job)["b_sha256"] for job in (killed, stopped, plain)}
+    log_shas = {stack.adapter(job)["metrics"]["log_sha256"] for job in (killed, stopped, plain)}
+    assert len(b_shas) == 1 and len(log_shas) == 1  # bit-identical B and log
+
+
+def test_cancel_stops_the_agent_within_seconds(stack: Stack, local_data: Path) -> None:
+    steps = 20000
+    agent = make_agent(stack, local_data, "device")
+    job_id = stack.submit(steps)
+    agent.start()
+    wait_for(lambda: (stack.job(job_id)["progress"]["step"] or 0) >= 50, 120, "heartbeats with progress")
+    assert stack.job(job_id)["progress"]["steps_per_s"] > 0
+    ok_cancel = stack.user.post(f"/v1/jobs/{job_id}/cancel")
+    assert ok_cancel.status_code == 200, ok_cancel.text
+    cancelled_at = time.monotonic()
+    assert agent.wait(timeout=60) == 0, agent.tail()
+    assert time.monotonic() - cancelled_at < 10  # a heartbeat every 0.5 s, then one step
+    assert stack.job(job_id)["status"] == "cancelled"
+    assert not (agent.work / "jobs" / str(job_id)).exists()
+    assert "cancelled" in [e["event"] for e in agent.events()]
+
+
+def test_server_down_for_a_while_mid_job(
+    artifacts: Path, tiny_model_dir: Path, local_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = 3000
+    env = server_env(artifacts, tmp_path / "db.sqlite")
+    with live.server_process(env, tmp_path / "server-1.log") as url:
+        stack = Stack(url, artifacts, tmp_path, tiny_model_dir)
+        job_id = stack.submit(steps)
+        agent = make_agent(stack, local_data, "device").start()
+        wait_for(lambda: agent.steps_logged(job_id) >= 100, 120, "training to get going")
+    down_at = agent.steps_logged(job_id)
+    time.sleep(3)  # the server is gone; the agent goes on training
+    port = int(url.rsplit(":", 1)[1])
+    monkeypatch.setattr(live, "free_port", lambda: port)  # the server comes back where the agent knows it
+    with live.server_process(env, tmp_path / "server-2.log") as again:
+        assert again == url
+        assert agent.wait(timeout=180) == 0, agent.tail()
+        assert stack.job(job_id)["status"] == "succeeded"
+    assert agent.proc.returncode == 0 and down_at < steps
+    assert "heartbeat_failed" in [e["event"] for e in agent.events()]  # it did notice the outage
+
+
+def test_no_request_carries_the_training_text(stack: Stack, local_data: Path, tmp_path: Path) -> None:
+    """The agent in this process, its HTTP traffic recorded below httpx: bodies hold no training sentence. Two jobs
+    of the same model: the weights are downloaded once."""
+    import json
+
+    import httpx
+
+    from device_agent import api
+    from device_agent.backends import make_backend
+    from device_agent.config import load_config
+    from device_agent.daemon import RunOptions, serve
+    from device_agent.events import Reporter
+    from device_agent.job import AgentContext
+
+    sent: list[httpx.Request] = []
+
+    class Recording(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            request.read()
+            sent.append(request)
+            return super().handle_request(request)
+
+    first, job_id = stack.submit(steps=10), stack.submit(steps=10, seed=4)
+    cfg = load_config(stack.enroll())
+    with api.client(cfg.server_url, cfg.token, transport=Recording()) as http:
+        ctx = AgentContext(api.DeviceAPI(http), make_backend("executorch"), tmp_path / "work", local_data, Reporter())
+        assert serve(ctx, RunOptions(once=True)) == 0
+        assert serve(ctx, RunOptions(once=True)) == 0
+    assert stack.job(first)["status"] == stack.job(job_id)["status"] == "succeeded"
+    assert [r.url.path.rsplit("/", 1)[-1] for r in sent].count("weights") == 1  # cached by sha256
+    texts = [json.loads(line)["sentence"].strip() for line in (local_data / "sst2" / "train.jsonl").open()]
+    bodies = [request.content for request in sent]
+    assert len(texts) == 64 and any(b'name="b_flat"' in body for body in bodies)  # the upload is in there
+    leaked = [t for t in texts for body in bodies if t.encode() in body or json.dumps(t)[1:-1].encode() in body]
+    assert leaked == []
+    paths = {(r.method, r.url.path.replace(f"/{job_id}/", "/ID/").replace(f"/{first}/", "/ID/")) for r in sent}
+    assert paths == {("POST", "/v1/leases"), ("GET", "/v1/jobs/ID/program"), ("GET", "/v1/jobs/ID/weights"),
+                     ("GET", "/v1/jobs/ID/tokenizer"), ("POST", "/v1/jobs/ID/result")} | (
+        {("POST", "/v1/jobs/ID/heartbeat")} & paths)  # fmt: skip
+
+
+def test_a_job_the_device_cannot_run_fails_with_its_reason(stack: Stack, tmp_path: Path) -> None:
+    (tmp_path / "no-data").mkdir()
+    job_id = stack.submit(steps=5)
+    agent = make_agent(stack, tmp_path / "no-data", "device")
+    assert agent.start().wait() == 1, agent.tail()
+    job = stack.job(job_id)
+    assert job["status"] == "failed" and "no training data for task 'sst2'" in job["error"]
+
+
+def test_jobs_are_leased_only_to_devices_with_the_memory_they_need(stack: Stack) -> None:
+    from device_agent import api
+    from device_agent.config import load_config
+
+    job_id = stack.submit(steps=5)
+    cfg = load_config(stack.enroll())
+    with api.client(cfg.server_url, cfg.token) as http:
+        device = api.DeviceAPI(http)
+        assert device.lease("executorch", memory_mb=0) is None  # reports no free memory: nothing fits
+        lease = device.lease("executorch", memory_mb=64_000)
+    assert lease is not None and lease.job_id == job_id and 0 < lease.manifest["memory_mb"] < 64_000

@@ -1,0 +1,135 @@
+"""The three backends behind one interface: same steps, stop with a checkpoint, resume to the same bits.
+
+executorch and adb (the stand-in phone running the host-built runner) run the same kernels, so they agree bit
+for bit with each other and with themselves across a stop and resume; torch runs the same step eagerly and
+agrees within float tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from device_agent.backends import Backend, StepRecord, TrainRun, make_backend
+from device_agent.checkpoint import load_checkpoint
+from shared.errors import MobizoError, UsageError
+from shared.replay import replay
+from tests.device_agent.conftest import ADB_STANDIN_DIR
+from tests.device_agent.helpers import Program
+
+pytestmark = pytest.mark.slow  # the session's program export lands on the first of these
+LR, EPS = float(np.float32(0.05)), float(np.float32(0.01))
+
+
+def train_run(program: Program, batches: Path, tmp_path: Path, every: int = 3) -> TrainRun:
+    return TrainRun(key="job-1-test", program=program.pte, weights=program.ptd, manifest=program.manifest,
+                    batches=batches, lr=LR, eps=EPS, init_b=None, checkpoint=tmp_path / "ckpt",
+                    checkpoint_every=every)  # fmt: skip
+
+
+def train(backend: Backend, run: TrainRun, start: int = 0, b=None, stop_after: int | None = None):
+    """(records, outcome); ``stop_after``: ask to stop once that many steps of this session are done."""
+    records: list[StepRecord] = []
+    outcome = backend.train(run, start, b, records.append, lambda: len(records) >= (stop_after or 10**9))
+    return records, outcome
+
+
+def as_log(records: list[StepRecord]) -> list[dict]:
+    return [{"seed": r.seed, "g": r.g.tolist(), "lr": LR} for r in records]
+
+
+def same_steps(a: list[StepRecord], b: list[StepRecord]) -> bool:
+    return [(r.step, r.seed, r.losses.tobytes(), r.g.tobytes()) for r in a] == [
+        (r.step, r.seed, r.losses.tobytes(), r.g.tobytes()) for r in b
+    ]
+
+
+@pytest.fixture
+def phone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MOBIZO_FAKE_DEVICE_ROOT", str(tmp_path / "phone"))
+    monkeypatch.setenv("PATH", f"{ADB_STANDIN_DIR}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path / "phone"
+
+
+def test_executorch_stops_with_a_checkpoint_and_resumes_bit_identical(
+    tiny_program: Program, make_batches: Callable[..., Path], tmp_path: Path
+) -> None:
+    backend, run = make_backend("executorch"), train_run(tiny_program, make_batches(9), tmp_path)
+    full, done = train(backend, run)
+    assert done.next_step == 9 and np.any(done.b != 0)
+    first, stopped = train(backend, run, stop_after=4)
+    assert (stopped.next_step, stopped.b) == (4, None)
+    ckpt = load_checkpoint(run.checkpoint, run.key)
+    assert ckpt.next_step == 4  # written on the stop, after the step-3 checkpoint
+    rest, resumed = train(backend, run, ckpt.next_step, ckpt.b)
+    assert same_steps(first + rest, full)
+    assert resumed.b.tobytes() == done.b.tobytes()
+
+
+def test_adb_backend_on_the_stand_in_phone_matches_executorch_across_a_stop(
+    phone: Path, runner_binary: Path, tiny_program: Program, make_batches: Callable[..., Path], tmp_path: Path
+) -> None:
+    run = train_run(tiny_program, make_batches(300), tmp_path, every=7)
+    full, done = train(make_backend("executorch"), run)
+    adb = make_backend("adb", runner=runner_binary)
+    first, stopped = train(adb, run, stop_after=5)  # the stop file is seen within a fraction of a second
+    assert stopped.b is None and 5 <= stopped.next_step < 300
+    ckpt = load_checkpoint(run.checkpoint, run.key)  # pulled from the phone
+    assert ckpt.next_step == stopped.next_step == first[-1].step + 1
+    # The phone's B is the replay of its lines, bit for bit (what a resume after a killed agent relies on).
+    assert replay(torch.zeros(tiny_program.d), as_log(first)).numpy().tobytes() == ckpt.b.tobytes()
+    rest, resumed = train(adb, run, ckpt.next_step, ckpt.b)
+    assert same_steps(first + rest, full)
+    assert resumed.b.tobytes() == done.b.tobytes()
+    adb.forget(run)
+    assert not (phone / "data/local/tmp/mobizo/jobs" / run.key).exists()
+    assert any((phone / "data/local/tmp/mobizo/store").glob("*.ptd"))  # weights stay for the next job
+
+
+def test_adb_backend_reports_a_failing_runner(phone: Path, tiny_program: Program, tmp_path: Path) -> None:
+    broken = tmp_path / "runner"
+    broken.write_text("#!/bin/sh\necho 'no kernels here' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    (tmp_path / "batches.mzb").write_bytes(b"")
+    with pytest.raises(MobizoError, match="no kernels here"):
+        train(make_backend("adb", runner=broken), train_run(tiny_program, tmp_path / "batches.mzb", tmp_path))
+
+
+def test_torch_backend_agrees_with_the_program(
+    tiny_program: Program, tiny_model_dir: Path, make_batches: Callable[..., Path], tmp_path: Path
+) -> None:
+    from shared.model_files import model_sha256
+
+    run = train_run(tiny_program, make_batches(6), tmp_path)
+    reference, ref_done = train(make_backend("executorch"), run)
+    registered = {model_sha256(tiny_model_dir)}
+    eager = make_backend("torch", model_dir=tiny_model_dir, device="cpu", registered=lambda: registered)
+    records, done = train(eager, run)
+    for got, want in zip(records, reference, strict=True):
+        # Same step in other kernels (eager ATen vs XNNPACK): a few float32 ulps on losses near 6.
+        np.testing.assert_allclose(got.losses, want.losses, rtol=2e-5)
+    # g = (l+ - l-) / 2eps magnifies those ulps, so B drifts a little from the program's ...
+    np.testing.assert_allclose(done.b, ref_done.b, atol=1e-3 * np.abs(ref_done.b).max())
+    # ... but it is exactly what its own log replays to (on CPU), which is what the server checks.
+    assert replay(torch.zeros(tiny_program.d), as_log(records)).numpy().tobytes() == done.b.tobytes()
+
+
+def test_torch_backend_refuses_a_model_that_is_not_the_programs(
+    tiny_program: Program, tiny_model_dir: Path, make_batches: Callable[..., Path], tmp_path: Path
+) -> None:
+    from shared.models import make_tiny_model
+
+    run = train_run(tiny_program, make_batches(1), tmp_path)
+    other_weights = make_tiny_model(tmp_path / "seed1", seed=1)
+    with pytest.raises(MobizoError, match="not one the server has registered"):
+        train(make_backend("torch", model_dir=other_weights, registered=lambda: {"0" * 64}), run)
+    narrower = make_tiny_model(tmp_path / "narrow", seed=0, hidden=32)
+    with pytest.raises(MobizoError, match="not the job's base model"):
+        train(make_backend("torch", model_dir=narrower, device="cpu"), run)
+    with pytest.raises(UsageError, match="--model-dir"):
+        make_backend("torch")

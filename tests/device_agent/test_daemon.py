@@ -1,0 +1,65 @@
+"""The daemon loop against a mocked server: leftover jobs first, a server that is down is waited out, the stop
+event ends it."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import httpx
+
+from device_agent import api
+from device_agent.daemon import RunOptions, serve
+from device_agent.events import Reporter
+from device_agent.job import AgentContext
+from device_agent.retry import Backoff
+from tests.device_agent.test_job import FILES, LEASE, NoBackend, trained_job
+
+
+def agent(tmp_path: Path, handler) -> tuple[AgentContext, io.StringIO]:
+    http = api.client("http://server", "token", transport=httpx.MockTransport(handler))
+    out = io.StringIO()
+    ctx = AgentContext(api.DeviceAPI(http), NoBackend(), tmp_path / "work", tmp_path / "data", Reporter(out, tty=False),
+                       backoff=Backoff(base=0.01, cap=0.01))  # fmt: skip
+    return ctx, out
+
+
+def test_leftover_jobs_are_resumed_if_still_ours_and_forgotten_if_not(tmp_path: Path) -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        calls.append(path)
+        if path == "/v1/jobs/6/heartbeat":
+            return httpx.Response(409, json={"detail": "this device does not hold its lease"})
+        if path.endswith("/heartbeat"):
+            running = {"cancelled": False, "status": "running", "expires_at": "2030-01-01T00:00:00Z"}
+            return httpx.Response(200, json=running)
+        if path.endswith("/result"):
+            return httpx.Response(201, json={"adapter_id": 1, "version": 1})
+        return httpx.Response(200, content=FILES[path.rsplit("/", 1)[-1]])
+
+    ctx, _ = agent(tmp_path, handler)
+    trained_job(ctx)  # job 5, waiting to upload
+    ctx.job_dir(6).save_lease(LEASE.model_copy(update={"job_id": 6}))
+    ctx.job_dir(5).save_lease(LEASE)
+    assert serve(ctx, RunOptions(once=True)) == 0
+    assert "/v1/jobs/5/result" in calls and "/v1/leases" not in calls  # the leftover job was the one job
+    assert not ctx.job_dir(5).root.exists() and not ctx.job_dir(6).root.exists()
+
+
+def test_a_server_that_is_down_is_waited_out_until_stopped(tmp_path: Path) -> None:
+    leases = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        leases.append(json.loads(request.content))
+        if len(leases) <= 3:
+            raise httpx.ConnectError("connection refused")
+        ctx.stop.set()  # the next wait ends at once
+        return httpx.Response(204)
+
+    ctx, out = agent(tmp_path, handler)
+    assert serve(ctx, RunOptions(poll_s=60)) == 0
+    assert len(leases) == 4 and leases[0]["backend"] == "executorch" and leases[0]["memory_mb"] > 0
+    assert [json.loads(line)["event"] for line in out.getvalue().splitlines()] == ["retry"] * 3 + ["stopped"]

@@ -1,0 +1,63 @@
+"""Local data: the job's file is found where documented, and every step's batch is the one ``mobizo train`` uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_agent.batches import Shape
+from device_agent.local_data import find_train_file, program_shape, step_batches
+from shared.errors import DataError
+
+SST2_ROWS = [{"sentence": f"review number {i} was {'good' if i % 2 else 'bad'}", "label": i % 2} for i in range(11)]
+
+
+def test_train_file_lookup_order(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="custom-abc/train.jsonl, custom/train.jsonl, custom-abc.jsonl, custom.jsonl"):
+        find_train_file(tmp_path, "custom-abc", "custom")
+    (tmp_path / "custom.jsonl").touch()
+    assert find_train_file(tmp_path, "custom-abc", "custom") == tmp_path / "custom.jsonl"
+    (tmp_path / "custom-abc").mkdir()
+    (tmp_path / "custom-abc" / "train.jsonl").touch()
+    assert find_train_file(tmp_path, "custom-abc", "custom") == tmp_path / "custom-abc" / "train.jsonl"
+
+
+def test_program_shape_from_manifest_config() -> None:
+    assert program_shape({"batch_size": 8, "seq_len": 16, "answer_len": 2, "q": 4}) == Shape(8, 16, 2)
+
+
+def test_steps_are_mobizo_trains_batches_padded_to_the_program(tiny_model_dir: Path) -> None:
+    """Same examples (batch_indices), same truncation (encode to seq_len), same seeds as shared.train."""
+    from shared.data import batch_indices, encode, pad_token_id, training_batch
+    from shared.models import load_model
+    from shared.noise import step_seed
+    from shared.tasks import get_task
+
+    _, tokenizer = load_model(tiny_model_dir)
+    rendered = [get_task("sst2").render(row) for row in SST2_ROWS]
+    shape = Shape(rows=4, seq_len=10, answer_len=2)
+    steps = list(step_batches(rendered, tokenizer, shape, seed=5, steps=6))  # 24 rows: more than one epoch
+    encoded = encode(rendered, tokenizer, shape.seq_len)
+    for k, got in enumerate(steps):
+        chosen = [encoded[i] for i in batch_indices(len(encoded), 4, 5, k)]
+        loose = training_batch(chosen, pad_token_id(tokenizer))  # padded to its own longest row, as train does
+        width, answers = loose.input_ids.shape[1], loose.targets.shape[1]
+        assert got.seed == step_seed(5, k)
+        assert got.input_ids.shape == (4, 10) and got.targets.shape == (4, 2)
+        np.testing.assert_array_equal(got.input_ids[:, -width:], loose.input_ids.numpy())
+        np.testing.assert_array_equal(got.attention_mask[:, :-width], 0)
+        np.testing.assert_array_equal(got.targets[:, -answers:], loose.targets.numpy())
+        np.testing.assert_array_equal(got.targets[:, :-answers], -100)
+
+
+def test_an_answer_longer_than_the_program_allows_is_an_error(tiny_model_dir: Path) -> None:
+    from shared.models import load_model
+    from shared.tasks import get_task
+
+    _, tokenizer = load_model(tiny_model_dir)
+    lm = get_task("lm")
+    rendered = [lm.render({"prompt": "Say", "completion": " a long answer of many many tokens"})]
+    with pytest.raises(DataError, match="step 0: .*answer_len 2"):
+        list(step_batches(rendered, tokenizer, Shape(rows=1, seq_len=32, answer_len=2), seed=0, steps=1))

@@ -1,0 +1,71 @@
+"""Resuming: the log is cut back to the checkpoint, a torn last line is dropped, a checkpoint ahead of the log gives
+way to the replay of the log, one of another run is not used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_agent.checkpoint import Checkpoint, save_checkpoint
+import torch
+
+from device_agent.trainlog import LogWriter, read_complete, resume_point
+from shared.replay import log_record, parse_log, replay
+
+B = np.arange(6, dtype=np.float32)
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    path = tmp_path / "train_log.jsonl"
+    with LogWriter(path) as writer:
+        for step in range(5):
+            writer.write(log_record(step, 100 + step, 0.5, 0.01, [0.25 * step], [1.0, 2.0]))
+    return path
+
+
+def test_written_log_is_a_valid_training_log(log: Path) -> None:
+    assert [r["seed"] for r in parse_log(log.read_text())] == [100, 101, 102, 103, 104]
+
+
+def test_checkpoint_behind_the_log_cuts_the_log_back(log: Path, tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / "c", Checkpoint("run", 3, B))
+    start, b = resume_point(log, tmp_path / "c", "run", B)
+    assert start == 3 and b.tobytes() == B.tobytes()
+    assert [r["step"] for r in read_complete(log)] == [0, 1, 2]
+
+
+def test_torn_last_line_is_dropped(log: Path, tmp_path: Path) -> None:
+    with open(log, "a") as f:
+        f.write('{"step": 5, "seed": 1')  # a kill in the middle of a write
+    assert len(read_complete(log)) == 5
+    save_checkpoint(tmp_path / "c", Checkpoint("run", 5, B))
+    assert resume_point(log, tmp_path / "c", "run", B)[0] == 5
+    assert log.read_text().count("\n") == 5 and log.read_text().endswith("}\n")
+
+
+def test_checkpoint_ahead_of_the_log_gives_way_to_the_replay_of_the_log(log: Path, tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / "c", Checkpoint("run", 7, B))  # a runner that outlived the agent by two steps
+    expected = replay(torch.from_numpy(B), read_complete(log)).numpy()
+    start, b = resume_point(log, tmp_path / "c", "run", B)
+    assert start == 5 and b.tobytes() == expected.tobytes() and not np.array_equal(b, B)
+    assert len(read_complete(log)) == 5
+
+
+@pytest.mark.parametrize(
+    "checkpoint, init_b",
+    [(Checkpoint("run", 7, B), None), (Checkpoint("other-run", 2, B), B), (None, B)],
+    ids=["ahead, start unknown", "another run's", "none"],
+)
+def test_unusable_or_missing_checkpoint_starts_over(log: Path, tmp_path: Path, checkpoint, init_b) -> None:
+    if checkpoint is not None:
+        save_checkpoint(tmp_path / "c", checkpoint)
+    assert resume_point(log, tmp_path / "c", "run", init_b) == (0, None)
+    assert log.read_text() == ""
+
+
+def test_no_log_yet(tmp_path: Path) -> None:
+    assert read_complete(tmp_path / "none.jsonl") == []
+    assert resume_point(tmp_path / "none.jsonl", tmp_path / "c", "run", B) == (0, None)
