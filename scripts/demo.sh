@@ -34,7 +34,7 @@ fi
 say "starting the server on $MOBIZO_SERVER (SQLite under $MOBIZO_DATA_DIR)"
 mobizo server --port "$PORT" --log-level warning > "$WORK/server.log" 2>&1 &
 SERVER_PID=$!
-trap 'kill $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null' EXIT
+trap 'status=$?; kill $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null; exit $status' EXIT
 for _ in $(seq 1 120); do curl -sf "$MOBIZO_SERVER/healthz" >/dev/null && break; sleep 0.5; done
 curl -sf "$MOBIZO_SERVER/healthz"; echo
 
