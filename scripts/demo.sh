@@ -13,7 +13,7 @@ source scripts/setup.sh
 
 WORK=$(realpath -m "${MOBIZO_DEMO_DIR:-runs/demo}")
 DATA=$(realpath ../shared/data)
-STEPS=${MOBIZO_DEMO_STEPS:-300}
+STEPS=${MOBIZO_DEMO_STEPS:-150}
 rm -rf "$WORK" && mkdir -p "$WORK"
 export MOBIZO_DATA_DIR="$WORK/server" MOBIZO_ADMIN_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')
 PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
