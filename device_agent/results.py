@@ -13,22 +13,6 @@ from typing import Any
 import numpy as np
 
 
-def save_program_adapter(out_dir: Path, manifest: dict[str, Any], b_flat: np.ndarray, base_model: str) -> Path:
-    """Write the PEFT adapter (A from the seed, B from ``b_flat``) of a program's LoRA layout."""
-    import torch
-
-    from shared.adapter import save_adapter
-    from shared.lora import lora_a_init, unflatten_b
-
-    config = manifest["config"]
-    rank = int(config["rank"])
-    a_seed = int(config["a_seed"])
-    lora_a = {m["name"]: lora_a_init(a_seed, m["name"], rank, m["in_features"]) for m in manifest["lora"]}
-    shapes = {m["name"]: (m["out_features"], rank) for m in manifest["lora"]}
-    lora_b = unflatten_b(torch.from_numpy(np.asarray(b_flat, dtype=np.float32).copy()), shapes)
-    return save_adapter(out_dir, lora_a, lora_b, rank, float(config["alpha"]), tuple(config["targets"]), base_model)
-
-
 def training_metrics(
     manifest: dict[str, Any], log: list[dict], step_seconds: list[float], run: dict[str, Any]
 ) -> dict[str, Any]:

@@ -111,7 +111,8 @@ def _train(run: _Run, batches: list, lr: float, eps: float) -> None:
 
 
 def _write(run: _Run, args: argparse.Namespace, init_b, n_train: int) -> dict[str, Any]:
-    from device_agent.results import save_program_adapter, training_metrics
+    from device_agent.results import training_metrics
+    from shared.adapter import save_program_adapter
     from shared.files import atomic_write_bytes
     from shared.replay import log_line
 

@@ -160,17 +160,10 @@ def _zip_dir(src: Path, archive: Path) -> None:
 
 def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:
     """Write the PEFT archive (A regenerated from the seed, B from the upload) → path of the zip."""
-    from shared.adapter import save_adapter
-    from shared.lora import lora_a_init
+    from shared.adapter import save_program_adapter
 
-    spec, b_flat = job["spec"], _load_b(b_path, job["d"])
-    rank, lora_a, lora_b = spec["rank"], {}, {}
-    for m in job["manifest"]["lora"]:
-        lora_a[m["name"]] = lora_a_init(spec["a_seed"], m["name"], rank, m["in_features"])
-        piece = b_flat[m["offset"] : m["offset"] + m["out_features"] * rank]
-        lora_b[m["name"]] = piece.reshape(m["out_features"], rank)
     adapter_dir = Path(out_dir) / "adapter"
-    save_adapter(adapter_dir, lora_a, lora_b, rank, spec["alpha"], tuple(spec["targets"]), job["base_model"])
+    save_program_adapter(adapter_dir, job["manifest"], _load_b(b_path, job["d"]), job["base_model"])
     archive = Path(out_dir) / "adapter.zip"
     _zip_dir(adapter_dir, archive)
     return str(archive)

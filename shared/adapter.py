@@ -72,6 +72,21 @@ def save_lora(out_dir: Path, lora: MPLoRA, b_flat: torch.Tensor, base_model: str
     return save_adapter(out_dir, lora.lora_a(), lora.split(b_flat), lora.rank, lora.alpha, lora.targets, base_model)
 
 
+def save_program_adapter(out_dir: Path, manifest: dict, b_flat: torch.Tensor, base_model: str) -> Path:
+    """Write the adapter of a program (its manifest's LoRA layout): A regenerated from the seed, B from ``b_flat``.
+
+    What the server packages for apps and what a device keeps locally, without the model.
+    """
+    from shared.lora import lora_a_init, unflatten_b
+
+    config = manifest["config"]
+    rank, a_seed = int(config["rank"]), int(config["a_seed"])
+    lora_a = {m["name"]: lora_a_init(a_seed, m["name"], rank, m["in_features"]) for m in manifest["lora"]}
+    lora_b = unflatten_b(torch.as_tensor(b_flat, dtype=torch.float32),
+                         {m["name"]: (m["out_features"], rank) for m in manifest["lora"]})
+    return save_adapter(out_dir, lora_a, lora_b, rank, float(config["alpha"]), tuple(config["targets"]), base_model)
+
+
 def read_adapter(adapter_dir: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(config, {module: A}, {module: B}) of a PEFT adapter directory."""
     adapter_dir = Path(adapter_dir)
