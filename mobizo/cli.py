@@ -1,4 +1,4 @@
-"""The ``mobizo`` command line.
+"""mobizo: personalize LLMs on the user's own device with parallel zeroth-order fine-tuning (MobiZO).
 
 Each subcommand lives in the package that owns it (``shared.commands``, ``server.commands``,
 ``device_agent.commands``) as a module with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
