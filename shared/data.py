@@ -145,6 +145,11 @@ class Batch:
     targets: torch.Tensor  # [N, L] long, IGNORE_INDEX where the column is not part of the answer
 
 
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions of left-padded rows: 0 at each row's first real token (also computed in-graph by the program)."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
 def answer_len(examples: list[Encoded]) -> int:
     """Length of the longest correct answer (the L of a batch of these examples)."""
     return max(len(e.candidate_ids[e.label]) for e in examples)
@@ -183,7 +188,7 @@ def training_batch(
         input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
         mask[i, width - len(row) :] = 1
         targets[i, cols - len(answer) :] = torch.tensor(answer, dtype=torch.long)
-    return Batch(input_ids, mask, (mask.cumsum(dim=1) - 1).clamp(min=0), targets)
+    return Batch(input_ids, mask, position_ids(mask), targets)
 
 
 def pad_token_id(tokenizer: Any) -> int:

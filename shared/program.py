@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from shared.data import Batch
+from shared.data import Batch, position_ids
 from shared.lora import DEFAULT_TARGETS, MPLoRA
 from shared.zo import forward_losses, zo_step
 
@@ -59,11 +59,6 @@ class ProgramConfig:
     @classmethod
     def from_json(cls, data: dict) -> "ProgramConfig":
         return cls(**(data | {"targets": tuple(data["targets"])}))
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions of left-padded rows: 0 at each row's first real token."""
-    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
 class MobileMPLoRA(nn.Module):
