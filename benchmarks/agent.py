@@ -82,8 +82,9 @@ def sst2_batches(manifest: dict, tokenizer_file: Path, steps: int, folder: Path)
     with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
         rows.write_text("".join(itertools.islice(f, 2000)))
     tokenizer = load_tokenizer_file(tokenizer_file)
-    return list(step_batches(load_examples(get_task("sst2"), rows), tokenizer, program_shape(manifest["config"]),
-                             SEED, steps))  # fmt: skip
+    return list(
+        step_batches(load_examples(get_task("sst2"), rows), tokenizer, program_shape(manifest["config"]), SEED, steps)
+    )
 
 
 def stub_server() -> api.DeviceAPI:
@@ -95,12 +96,31 @@ def stub_server() -> api.DeviceAPI:
 
 def lease_for(manifest: dict, steps: int) -> LeasePublic:
     cfg = manifest["config"]
-    spec = JobSpec(task="sst2", q=cfg["q"], batch_size=cfg["batch_size"], steps=steps, lr=LR, eps=EPS,
-                   rank=cfg["rank"], alpha=cfg["alpha"], seq_len=cfg["seq_len"], seed=SEED,
-                   answer_len=cfg["answer_len"])  # fmt: skip
+    spec = JobSpec(
+        task="sst2",
+        q=cfg["q"],
+        batch_size=cfg["batch_size"],
+        steps=steps,
+        lr=LR,
+        eps=EPS,
+        rank=cfg["rank"],
+        alpha=cfg["alpha"],
+        seq_len=cfg["seq_len"],
+        seed=SEED,
+        answer_len=cfg["answer_len"],
+    )
     ref = FileRef(url="/unused", size=manifest["pte"]["size"], sha256=manifest["pte"]["sha256"])
-    return LeasePublic(job_id=1, attempt=1, spec=spec, manifest=manifest, program=ref, weights=ref, tokenizer=ref,
-                       expires_at="2030-01-01T00:00:00Z", heartbeat_s=60)  # fmt: skip
+    return LeasePublic(
+        job_id=1,
+        attempt=1,
+        spec=spec,
+        manifest=manifest,
+        program=ref,
+        weights=ref,
+        tokenizer=ref,
+        expires_at="2030-01-01T00:00:00Z",
+        heartbeat_s=60,
+    )
 
 
 class NullProgram:
@@ -149,12 +169,27 @@ def main() -> None:
         session = ProgramSession(pte, store / manifest["ptd"]["file"])
         jobs = JobDir(folder / "job")
         jobs.root.mkdir()
-        ctx = AgentContext(stub_server(), LocalBackend("executorch", lambda run: session), folder, folder,
-                           Reporter(io.StringIO(), tty=False), checkpoint_every=args.checkpoint_every,
-                           heartbeat_s=args.heartbeat_s)  # fmt: skip
-        run = TrainRun("bench", pte, store / manifest["ptd"]["file"], manifest, folder / "b.mzb",
-                       float(np.float32(LR)), float(np.float32(EPS)), np.zeros_like(session.get_b()),
-                       jobs.checkpoint, args.checkpoint_every)  # fmt: skip
+        ctx = AgentContext(
+            stub_server(),
+            LocalBackend("executorch", lambda run: session),
+            folder,
+            folder,
+            Reporter(io.StringIO(), tty=False),
+            checkpoint_every=args.checkpoint_every,
+            heartbeat_s=args.heartbeat_s,
+        )
+        run = TrainRun(
+            "bench",
+            pte,
+            store / manifest["ptd"]["file"],
+            manifest,
+            folder / "b.mzb",
+            float(np.float32(LR)),
+            float(np.float32(EPS)),
+            np.zeros_like(session.get_b()),
+            jobs.checkpoint,
+            args.checkpoint_every,
+        )
         lease = lease_for(manifest, args.steps)
         time_bare(session, batches[:5])  # warm-up
         bare, agent, null = [], [], []
@@ -174,12 +209,21 @@ def report(args: argparse.Namespace, manifest: dict, bare: list[float], agent: l
     b, a, n = (statistics.median(times) / args.steps for times in (bare, agent, null))
     overhead = statistics.median(x / y - 1 for x, y in zip(agent, bare))
     result = {
-        "program": str(args.program or args.model or "tiny"), "model": manifest.get("model"),
-        "config": manifest["config"], "steps": args.steps, "repeats": args.repeats,
-        "checkpoint_every": args.checkpoint_every, "heartbeat_s": args.heartbeat_s,
-        "bare_step_ms": 1000 * b, "agent_step_ms": 1000 * a, "overhead": overhead,
-        "bookkeeping_step_ms": 1000 * n, "bookkeeping_share": n / b,
-        "bare_s": bare, "agent_s": agent, "null_s": null,
+        "program": str(args.program or args.model or "tiny"),
+        "model": manifest.get("model"),
+        "config": manifest["config"],
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "checkpoint_every": args.checkpoint_every,
+        "heartbeat_s": args.heartbeat_s,
+        "bare_step_ms": 1000 * b,
+        "agent_step_ms": 1000 * a,
+        "overhead": overhead,
+        "bookkeeping_step_ms": 1000 * n,
+        "bookkeeping_share": n / b,
+        "bare_s": bare,
+        "agent_s": agent,
+        "null_s": null,
     }
     print(f"{'':>34}{'ms/step':>10}   (median of {args.repeats} runs of {args.steps} steps)")
     print(f"{'bare program step':>34}{1000 * b:>10.3f}")

@@ -69,23 +69,28 @@ def benchmark(
             cfg = ProgramConfig(q=q, batch_size=q * per_query, seq_len=seq_len, answer_len=1, backend=backend)
             start = time.perf_counter()
             manifest, peak_mb = export_measured(model_dir, cfg, workdir / f"q{q}-{backend}.pte")
-            info[backend] = {"export_s": time.perf_counter() - start, "export_peak_rss_mb": peak_mb,
-                             "pte_bytes": manifest["pte"]["size"], "ptd_bytes": manifest["ptd"]["size"]}
-            program = Runtime.get().load_program(workdir / f"q{q}-{backend}.pte",
-                                                 data_path=workdir / manifest["ptd"]["file"])
+            info[backend] = {
+                "export_s": time.perf_counter() - start,
+                "export_peak_rss_mb": peak_mb,
+                "pte_bytes": manifest["pte"]["size"],
+                "ptd_bytes": manifest["ptd"]["size"],
+            }
+            program = Runtime.get().load_program(
+                workdir / f"q{q}-{backend}.pte", data_path=workdir / manifest["ptd"]["file"]
+            )
             method = program.load_method("forward")
             runners[backend] = method.execute
         model, _ = load_model(model_dir)
         eager = build_step_module(model, cfg)
 
-        def run_eager(args):
+        def run_eager(args, step_module=eager):
             with torch.no_grad():
-                eager(*args)
+                step_module(*args)
 
         runners["eager"] = run_eager
         vocab = model.config.vocab_size
         times: dict[str, list[float]] = {name: [] for name in runners}
-        for name, fn in runners.items():  # warm-up
+        for fn in runners.values():  # warm-up
             fn(_inputs(cfg, vocab, 0))
         for k in range(steps):  # interleaved: every runner sees the same machine state, round after round
             for name, fn in runners.items():
@@ -93,17 +98,34 @@ def benchmark(
         eager_median = statistics.median(times["eager"])
         for name, samples in times.items():
             median = statistics.median(samples)
-            rows.append({"q": q, "E": per_query, "seq_len": seq_len, "runner": name, "step_s": median,
-                         "ratio_to_eager": median / eager_median, **info.get(name, {})})
+            rows.append(
+                {
+                    "q": q,
+                    "E": per_query,
+                    "seq_len": seq_len,
+                    "runner": name,
+                    "step_s": median,
+                    "ratio_to_eager": median / eager_median,
+                    **info.get(name, {}),
+                }
+            )
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'q':>3} {'E':>3} {'runner':>9} {'step s':>9} {'vs eager':>9} {'export s':>9} {'export MB':>10}"
-          f" {'.pte KB':>9} {'.ptd MB':>9}")
+    print(
+        f"{'q':>3} {'E':>3} {'runner':>9} {'step s':>9} {'vs eager':>9} {'export s':>9} {'export MB':>10}"
+        f" {'.pte KB':>9} {'.ptd MB':>9}"
+    )
     for r in rows:
-        extra = (f"{r['export_s']:9.1f} {r['export_peak_rss_mb']:10.0f} {r['pte_bytes'] / 1e3:9.1f}"
-                 f" {r['ptd_bytes'] / 1e6:9.1f}") if "export_s" in r else ""
+        extra = (
+            (
+                f"{r['export_s']:9.1f} {r['export_peak_rss_mb']:10.0f} {r['pte_bytes'] / 1e3:9.1f}"
+                f" {r['ptd_bytes'] / 1e6:9.1f}"
+            )
+            if "export_s" in r
+            else ""
+        )
         print(f"{r['q']:>3} {r['E']:>3} {r['runner']:>9} {r['step_s']:9.4f} {r['ratio_to_eager']:9.2f} {extra}")
 
 
@@ -115,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per runner")
     parser.add_argument("--backends", nargs="+", default=["xnnpack", "portable"], choices=["xnnpack", "portable"])
-    parser.add_argument("--threads", type=int, default=1,
-                        help="threads of both torch and ExecuTorch's threadpool (default 1: on a small shared machine "
-                             "two torch threads were 25x slower than one)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="threads of both torch and ExecuTorch's threadpool (default 1: on a small shared machine "
+        "two torch threads were 25x slower than one)",
+    )
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
@@ -125,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     _unsafe_reset_threadpool(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = benchmark(args.model, args.q, args.examples_per_query, args.seq_len, args.steps, Path(tmp),
-                         args.backends)
+        rows = benchmark(
+            args.model, args.q, args.examples_per_query, args.seq_len, args.steps, Path(tmp), args.backends
+        )
     print_table(rows)
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))

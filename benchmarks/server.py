@@ -38,11 +38,22 @@ def running_server(db_url: str, data_dir: Path, log: Path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DATABASE_URL": db_url, "MOBIZO_DATA_DIR": str(data_dir),
-           "MOBIZO_ADMIN_TOKEN": ADMIN, "MOBIZO_LEASE_S": "600"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "DATABASE_URL": db_url,
+        "MOBIZO_DATA_DIR": str(data_dir),
+        "MOBIZO_ADMIN_TOKEN": ADMIN,
+        "MOBIZO_LEASE_S": "600",
+    }
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "mobizo", "server", "--port", str(port), "--log-level",
-                                 "warning"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mobizo", "server", "--port", str(port), "--log-level", "warning"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -155,8 +166,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=400, help="jobs queued for the load phase (bounds its length)")
     parser.add_argument("--heartbeats", type=int, default=5, help="heartbeats per lease")
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of load at most")
-    parser.add_argument("--database-url", default=os.environ.get("MOBIZO_TEST_DATABASE_URL"),
-                        help="PostgreSQL to compare with (a private schema is used and dropped)")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("MOBIZO_TEST_DATABASE_URL"),
+        help="PostgreSQL to compare with (a private schema is used and dropped)",
+    )
     parser.add_argument("--model", type=Path, help="model directory (default: a fresh tiny model)")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args()
@@ -178,12 +192,26 @@ def main() -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["db", "devices", "compile_new_s", "compile_cached_s", "requests", "requests_per_s",
-            "lease_p50_ms", "lease_p95_ms", "heartbeat_p50_ms", "heartbeat_p95_ms"]
+    cols = [
+        "db",
+        "devices",
+        "compile_new_s",
+        "compile_cached_s",
+        "requests",
+        "requests_per_s",
+        "lease_p50_ms",
+        "lease_p95_ms",
+        "heartbeat_p50_ms",
+        "heartbeat_p95_ms",
+    ]
     print(" | ".join(cols))
     for row in rows:
-        print(" | ".join(f"{row.get(c):.3f}" if isinstance(row.get(c), float) and c.startswith("compile")
-                         else str(row.get(c)) for c in cols))
+        print(
+            " | ".join(
+                f"{row.get(c):.3f}" if isinstance(row.get(c), float) and c.startswith("compile") else str(row.get(c))
+                for c in cols
+            )
+        )
     base = rows[0]
     print(f"compile: cached config is {base['compile_new_s'] / base['compile_cached_s']:.0f}x faster than a new one")
     if len(rows) > 1:

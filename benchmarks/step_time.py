@@ -220,8 +220,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def table(results: dict[str, dict]) -> str:
-    lines = [f"| method | s/step (median) | time × {REFERENCE} | step memory MB | memory × {REFERENCE} | peak MB |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| method | s/step (median) | time × {REFERENCE} | step memory MB | memory × {REFERENCE} | peak MB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for label, r in results.items():
         lines.append(
             f"| {label} | {r['median_s']:.4f} | {r['time_ratio']:.2f} | {_fmt(r['step_mb'], '.1f')} | "
@@ -231,8 +233,13 @@ def table(results: dict[str, dict]) -> str:
 
 
 def environment(device: torch.device) -> dict:
-    env = {"torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or
-           platform.machine(), "threads": torch.get_num_threads(), "device": str(device)}
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+    }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     return env
@@ -242,8 +249,10 @@ def report(args: argparse.Namespace, name: str, device: torch.device, results: d
     """Print the header line and the table; write the JSON file if asked."""
     env = environment(device)
     where = env.get("gpu", f"threads={env['threads']}")
-    print(f"{name} | {args.dtype} | {env['device']} ({where}) | q={args.q} batch={args.batch_size} "
-          f"(E={args.batch_size // args.q}) seq={args.seq_len} | median of {args.steps} interleaved steps")
+    print(
+        f"{name} | {args.dtype} | {env['device']} ({where}) | q={args.q} batch={args.batch_size} "
+        f"(E={args.batch_size // args.q}) seq={args.seq_len} | median of {args.steps} interleaved steps"
+    )
     print(table(results))
     if args.json_out is not None:
         setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
@@ -262,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     except MobizoError as exc:  # unknown --arch, --dtype, --targets, unloadable --model, ...
         print(f"step_time.py: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
-    measure(items, args.steps, args.warmup, CudaMemory(device) if device.type == "cuda" else CpuMemory(), device,
-            args.seed)
+    measure(
+        items, args.steps, args.warmup, CudaMemory(device) if device.type == "cuda" else CpuMemory(), device, args.seed
+    )
     report(args, name, device, summarize(items))
     return 0
 

@@ -14,9 +14,18 @@ from typing import Any
 import httpx
 
 from shared.schemas import (
-    B_FLAT_KEY, DeviceCreate, DeviceEnrolled, HeartbeatCreate, HeartbeatPublic, JobFailureCreate, LeaseCreate,
-    LeasePublic, ModelsPublic, ResultPublic, describe_error,
-)  # fmt: skip
+    B_FLAT_KEY,
+    DeviceCreate,
+    DeviceEnrolled,
+    HeartbeatCreate,
+    HeartbeatPublic,
+    JobFailureCreate,
+    LeaseCreate,
+    LeasePublic,
+    ModelsPublic,
+    ResultPublic,
+    describe_error,
+)
 
 USER_AGENT = "mobizo-agent"
 
@@ -24,13 +33,15 @@ USER_AGENT = "mobizo-agent"
 def _checked(response: httpx.Response) -> httpx.Response:
     """``response`` when it succeeded; ``HTTPStatusError`` carrying the server's detail otherwise."""
     if response.is_error:
-
-        raise httpx.HTTPStatusError(describe_error(response.status_code, response.text), request=response.request, response=response)
+        raise httpx.HTTPStatusError(
+            describe_error(response.status_code, response.text), request=response.request, response=response
+        )
     return response
 
 
-def client(server_url: str, token: str | None = None, transport: httpx.BaseTransport | None = None,
-           timeout: float = 60.0) -> httpx.Client:  # fmt: skip
+def client(
+    server_url: str, token: str | None = None, transport: httpx.BaseTransport | None = None, timeout: float = 60.0
+) -> httpx.Client:
     headers = {"User-Agent": USER_AGENT} | ({"Authorization": f"Bearer {token}"} if token else {})
     return httpx.Client(base_url=server_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
 

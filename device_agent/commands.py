@@ -31,8 +31,12 @@ def _runner_default() -> Path:
 def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", type=Path, help="torch backend: the base model (Hugging Face directory)")
     parser.add_argument("--device", help="torch backend: cpu or cuda (default: cuda when available)")
-    parser.add_argument("--runner", type=Path, default=None,
-                        help=f"adb backend: the native runner to push (default: {_runner_default()})")
+    parser.add_argument(
+        "--runner",
+        type=Path,
+        default=None,
+        help=f"adb backend: the native runner to push (default: {_runner_default()})",
+    )
     parser.add_argument("--serial", help="adb backend: the phone's serial (default: the only one attached)")
 
 
@@ -47,17 +51,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     enroll.add_argument("--serial", help="adb backend: the phone's serial (default: the only one attached)")
     run = sub.add_parser("run", help="the daemon: lease → download → train → upload, until stopped")
     run.add_argument("--once", action="store_true", help="exit after one job has ended (waits for one)")
-    run.add_argument("--data-dir", type=Path, help="local training data: <task>/train.jsonl or <task>.jsonl "
-                     "(default: the project's shared data folder)")
+    run.add_argument(
+        "--data-dir",
+        type=Path,
+        help="local training data: <task>/train.jsonl or <task>.jsonl (default: the project's shared data folder)",
+    )
     run.add_argument("--backend", choices=_BACKENDS, help="override the enrolled backend for this run")
     run.add_argument("--config", type=Path, help="the agent config (default: ~/.config/mobizo/agent.json)")
-    run.add_argument("--work-dir", type=Path, help="downloads, checkpoints and results in progress "
-                     "(default: ~/.cache/mobizo/agent-<device id>)")
+    run.add_argument(
+        "--work-dir",
+        type=Path,
+        help="downloads, checkpoints and results in progress (default: ~/.cache/mobizo/agent-<device id>)",
+    )
     run.add_argument("--checkpoint-every", type=int, default=50, metavar="K", help="checkpoint every K steps (50)")
     run.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between heartbeats at most (5)")
     run.add_argument("--poll-s", type=float, default=5.0, help="seconds between lease requests when idle (5)")
-    run.add_argument("--retry-cap-s", type=float, default=30.0,
-                     help="longest wait between retries while the server is unreachable (30)")
+    run.add_argument(
+        "--retry-cap-s",
+        type=float,
+        default=30.0,
+        help="longest wait between retries while the server is unreachable (30)",
+    )
     _add_backend_options(run)
 
 
@@ -68,8 +82,14 @@ def run(args: argparse.Namespace) -> int:
 def _backend(args: argparse.Namespace, name: str, registered):
     from device_agent.backends import make_backend
 
-    return make_backend(name, model_dir=args.model_dir, registered=registered, device=args.device,
-                        runner=args.runner or _runner_default(), serial=args.serial)  # fmt: skip
+    return make_backend(
+        name,
+        model_dir=args.model_dir,
+        registered=registered,
+        device=args.device,
+        runner=args.runner or _runner_default(),
+        serial=args.serial,
+    )
 
 
 def _memory_mb(args: argparse.Namespace) -> int | None:
@@ -95,8 +115,13 @@ def _enroll(args: argparse.Namespace) -> int:
     from shared.schemas import DeviceCreate
 
     system = "android (adb)" if args.backend == "adb" else platform.platform(terse=True)
-    body = DeviceCreate(code=args.code, name=args.name or socket.gethostname(), platform=system[:128],
-                        backend=args.backend, memory_mb=_memory_mb(args))  # fmt: skip
+    body = DeviceCreate(
+        code=args.code,
+        name=args.name or socket.gethostname(),
+        platform=system[:128],
+        backend=args.backend,
+        memory_mb=_memory_mb(args),
+    )
     with api.client(args.server) as http:
         try:
             enrolled = api.enroll(http, body)
@@ -113,8 +138,12 @@ def _data_dir(args: argparse.Namespace) -> Path:
     from shared.errors import UsageError
     from shared.models import shared_data_dir
 
-    for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--heartbeat-s", args.heartbeat_s),
-                        ("--poll-s", args.poll_s), ("--retry-cap-s", args.retry_cap_s)):  # fmt: skip
+    for flag, value in (
+        ("--checkpoint-every", args.checkpoint_every),
+        ("--heartbeat-s", args.heartbeat_s),
+        ("--poll-s", args.poll_s),
+        ("--retry-cap-s", args.retry_cap_s),
+    ):
         if value <= 0:
             raise UsageError(flag, f"must be positive, got {value}")
     data_dir = args.data_dir or shared_data_dir()
@@ -143,9 +172,15 @@ def _run(args: argparse.Namespace) -> int:
             return call_with_retry(retry_policy(stop, backoff, reporter), device_api.registered_models)
 
         ctx = AgentContext(
-            api=device_api, backend=_backend(args, args.backend or cfg.backend, registered),
-            work_dir=args.work_dir or default_work_dir(cfg.device_id), data_dir=data_dir, reporter=reporter,
-            stop=stop, checkpoint_every=args.checkpoint_every, heartbeat_s=args.heartbeat_s, backoff=backoff,
+            api=device_api,
+            backend=_backend(args, args.backend or cfg.backend, registered),
+            work_dir=args.work_dir or default_work_dir(cfg.device_id),
+            data_dir=data_dir,
+            reporter=reporter,
+            stop=stop,
+            checkpoint_every=args.checkpoint_every,
+            heartbeat_s=args.heartbeat_s,
+            backoff=backoff,
         )
         ctx.reporter.event("started", device_id=cfg.device_id, backend=ctx.backend.name, server=cfg.server_url)
         return serve(ctx, RunOptions(once=args.once, poll_s=args.poll_s))

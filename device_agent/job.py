@@ -119,9 +119,16 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
         init_b = load_file(str(get(lease.init, ".safetensors")))[B_FLAT_KEY].astype(np.float32)
     spec = lease.spec
     run = TrainRun(
-        key=run_key(lease), program=program, weights=weights, manifest=lease.manifest, batches=jobs.batches,
-        lr=float(np.float32(spec.lr)), eps=float(np.float32(spec.eps)),
-        init_b=init_b, checkpoint=jobs.checkpoint, checkpoint_every=ctx.checkpoint_every,
+        key=run_key(lease),
+        program=program,
+        weights=weights,
+        manifest=lease.manifest,
+        batches=jobs.batches,
+        lr=float(np.float32(spec.lr)),
+        eps=float(np.float32(spec.eps)),
+        init_b=init_b,
+        checkpoint=jobs.checkpoint,
+        checkpoint_every=ctx.checkpoint_every,
     )
     return run, tokenizer
 
@@ -180,8 +187,15 @@ def train(ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, be
     if outcome.b is None:
         return "cancelled" if beat.cancelled.is_set() else "lost" if beat.lost.is_set() else "stopped"
     log_bytes = jobs.log.read_bytes()
-    extra = {"seed": lease.spec.seed, "lr": lease.spec.lr, "eps": lease.spec.eps, "task": lease.spec.task_key,
-             "backend": ctx.backend.name, "job_id": lease.job_id, "log_sha256": hashlib.sha256(log_bytes).hexdigest()}
+    extra = {
+        "seed": lease.spec.seed,
+        "lr": lease.spec.lr,
+        "eps": lease.spec.eps,
+        "task": lease.spec.task_key,
+        "backend": ctx.backend.name,
+        "job_id": lease.job_id,
+        "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
+    }
     metrics = training_metrics(lease.manifest, read_complete(jobs.log), seconds, extra)
     atomic_write_bytes(jobs.b_flat, b_flat_bytes(outcome.b))
     atomic_write_bytes(jobs.metrics, json.dumps(metrics, indent=2).encode())
@@ -213,8 +227,9 @@ def run_job(ctx: AgentContext, lease: LeasePublic) -> str:
     jobs.save_lease(lease)
     ctx.reporter.event("leased", job_id=lease.job_id, attempt=lease.attempt, steps=lease.spec.steps)
     try:
-        with Heartbeat(ctx.api, lease.job_id, min(ctx.heartbeat_s, lease.heartbeat_s), ctx.reporter.event,
-                       jobs.steps_logged()) as beat:  # fmt: skip
+        with Heartbeat(
+            ctx.api, lease.job_id, min(ctx.heartbeat_s, lease.heartbeat_s), ctx.reporter.event, jobs.steps_logged()
+        ) as beat:
             state = _run(ctx, lease, jobs, beat)
     except Exception as error:  # noqa: BLE001 - one job's failure (bad data, a runtime error) must not end the daemon
         state = "stopped" if ctx.stop.is_set() else "failed"

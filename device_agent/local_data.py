@@ -57,7 +57,9 @@ def step_batches(examples: list, tokenizer: Any, shape: Shape, seed: int, steps:
         try:
             batch = training_batch([encoded[i] for i in indices], pad, shape.seq_len, shape.answer_len)
         except DataError as exc:
-            raise DataError(f"step {k}: {exc} (the program fixes seq_len {shape.seq_len}, "
-                            f"answer_len {shape.answer_len})") from None  # fmt: skip
-        yield StepBatch(step_seed(seed, k), batch.input_ids.numpy(), batch.attention_mask.numpy(),
-                        batch.targets.numpy())  # fmt: skip
+            raise DataError(
+                f"step {k}: {exc} (the program fixes seq_len {shape.seq_len}, answer_len {shape.answer_len})"
+            ) from None
+        yield StepBatch(
+            step_seed(seed, k), batch.input_ids.numpy(), batch.attention_mask.numpy(), batch.targets.numpy()
+        )

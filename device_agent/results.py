@@ -7,7 +7,6 @@ alpha, targets and the A seed, so A is regenerated with ``shared.lora.lora_a_ini
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,13 +21,22 @@ def training_metrics(
 
     config = manifest["config"]
     metrics = {
-        "method": "mobizo", "q": config["q"], "batch_size": config["batch_size"],
-        "examples_per_query": config["batch_size"] // config["q"], "steps": len(log),
+        "method": "mobizo",
+        "q": config["q"],
+        "batch_size": config["batch_size"],
+        "examples_per_query": config["batch_size"] // config["q"],
+        "steps": len(log),
         "losses": [float(np.mean(record["losses"])) for record in log],  # per step: the mean of its path losses
         "step_time_s": statistics.median(step_seconds) if step_seconds else None,
-        "train_time_s": sum(step_seconds), "peak_rss_mb": peak_rss_mb(), "eval": [],
-        "seq_len": config["seq_len"], "answer_len": config["answer_len"], "rank": config["rank"],
-        "alpha": config["alpha"], "targets": list(config["targets"]), "a_seed": config["a_seed"],
+        "train_time_s": sum(step_seconds),
+        "peak_rss_mb": peak_rss_mb(),
+        "eval": [],
+        "seq_len": config["seq_len"],
+        "answer_len": config["answer_len"],
+        "rank": config["rank"],
+        "alpha": config["alpha"],
+        "targets": list(config["targets"]),
+        "a_seed": config["a_seed"],
         "program_sha256": manifest["pte"]["sha256"],
     }
     return metrics | run

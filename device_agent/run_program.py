@@ -121,8 +121,16 @@ def _write(run: _Run, args: argparse.Namespace, init_b, n_train: int) -> dict[st
     save_program_adapter(args.out / "init_adapter", run.manifest, init_b, base_model)
     save_program_adapter(args.out / "adapter", run.manifest, run.session.get_b(), base_model)
     atomic_write_bytes(args.out / "train_log.jsonl", "".join(map(log_line, run.log)).encode())
-    extra = {"seed": args.seed, "lr": args.lr, "eps": args.eps, "task": args.task, "backend": "executorch",
-             "eval": run.evals, "n_train": n_train, "program": str(args.program)}
+    extra = {
+        "seed": args.seed,
+        "lr": args.lr,
+        "eps": args.eps,
+        "task": args.task,
+        "backend": "executorch",
+        "eval": run.evals,
+        "n_train": n_train,
+        "program": str(args.program),
+    }
     metrics = training_metrics(run.manifest, run.log, run.seconds, extra)
     atomic_write_bytes(args.out / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
     return metrics
@@ -154,9 +162,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(metrics: dict[str, Any], out: Path) -> str:
-    lines = [f"mobizo q={metrics['q']} E={metrics['examples_per_query']} on executorch: {metrics['steps']} steps, "
-             f"last loss {metrics['losses'][-1]:.4f}, {metrics['step_time_s']:.4f} s/step (median), "
-             f"peak RSS {metrics['peak_rss_mb']:.0f} MB"]  # fmt: skip
+    lines = [
+        f"mobizo q={metrics['q']} E={metrics['examples_per_query']} on executorch: {metrics['steps']} steps, "
+        f"last loss {metrics['losses'][-1]:.4f}, {metrics['step_time_s']:.4f} s/step (median), "
+        f"peak RSS {metrics['peak_rss_mb']:.0f} MB"
+    ]
     for entry in metrics["eval"]:
         accuracy = "" if entry["accuracy"] is None else f"accuracy {entry['accuracy']:.4f}, "
         lines.append(f"eval at step {entry['step']}: {accuracy}loss {entry['loss']:.4f}")

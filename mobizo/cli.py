@@ -33,8 +33,10 @@ COMMANDS: dict[str, str] = {
 # Groups whose subcommands come from more than one package: each module has ``add_subcommands(subparsers)`` and
 # sets ``_run``/``_parser`` on the subcommands it adds.
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "models": ("base models: import a GGUF checkpoint; register and list models on a server",
-               ("shared.commands.models", "server.commands.models")),
+    "models": (
+        "base models: import a GGUF checkpoint; register and list models on a server",
+        ("shared.commands.models", "server.commands.models"),
+    ),
 }
 
 

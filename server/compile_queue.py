@@ -76,8 +76,12 @@ class LocalCompileQueue:
             return
         try:
             built = self._pool.run(
-                self._build, work.model_dir, work.model_sha256, work.spec,
-                str(self._store.programs_dir), str(self._store.blobs_dir),
+                self._build,
+                work.model_dir,
+                work.model_sha256,
+                work.spec,
+                str(self._store.programs_dir),
+                str(self._store.blobs_dir),
             )
         except Exception as exc:  # any failure of the export is the job's error text
             log.warning("job %d: compile failed: %s", job_id, exc)

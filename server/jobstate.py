@@ -119,8 +119,11 @@ def expire_leases(session: Session, max_attempts: int, now: datetime | None = No
         update(Job)
         .where(expired, Job.attempts >= max_attempts)
         .values(
-            status="failed", error=f"lease expired {max_attempts} times without a result",
-            leased_device_id=None, lease_expires_at=None, updated_at=now,
+            status="failed",
+            error=f"lease expired {max_attempts} times without a result",
+            leased_device_id=None,
+            lease_expires_at=None,
+            updated_at=now,
         )
     )
     session.execute(
@@ -148,7 +151,8 @@ def lease_next(session: Session, device: Device, lease_s: int) -> Job | None:
     job = session.scalars(
         select(Job)
         .where(
-            Job.user_id == device.user_id, Job.status == "ready",
+            Job.user_id == device.user_id,
+            Job.status == "ready",
             or_(Job.device_id.is_(None), Job.device_id == device.id),
             or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
             _fits_memory(device.memory_mb),
@@ -173,11 +177,16 @@ def heartbeat(session: Session, job: Job, device: Device, lease_s: int, progress
     moved = session.execute(
         update(Job)
         .where(
-            Job.id == job.id, Job.status == "running", Job.leased_device_id == device.id,
+            Job.id == job.id,
+            Job.status == "running",
+            Job.leased_device_id == device.id,
             Job.lease_expires_at >= now,
         )
         .values(
-            lease_expires_at=expires, updated_at=now, progress_step=progress["step"], progress_loss=progress["loss"],
+            lease_expires_at=expires,
+            updated_at=now,
+            progress_step=progress["step"],
+            progress_loss=progress["loss"],
             progress_steps_per_s=progress["steps_per_s"],
         )
         .execution_options(synchronize_session=False)

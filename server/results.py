@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from shared.model_files import read_safetensors_header
 from shared.errors import DataError
+from shared.model_files import read_safetensors_header
 from shared.schemas import B_FLAT_KEY, JobSpec
 
 METRICS_LIMIT = 1 << 20

@@ -37,9 +37,15 @@ def replay_tolerance(max_abs_b: float) -> float:
 def program_config(spec: dict[str, Any], answer_len: int) -> dict[str, Any]:
     """The ``ProgramConfig`` fields (``to_json`` form) of a job spec (``JobCreate`` as JSON)."""
     return {
-        "q": spec["q"], "batch_size": spec["batch_size"], "seq_len": spec["seq_len"], "answer_len": answer_len,
-        "rank": spec["rank"], "alpha": float(spec["alpha"]), "targets": list(spec["targets"]),
-        "a_seed": spec["a_seed"], "backend": spec["program_backend"],
+        "q": spec["q"],
+        "batch_size": spec["batch_size"],
+        "seq_len": spec["seq_len"],
+        "answer_len": answer_len,
+        "rank": spec["rank"],
+        "alpha": float(spec["alpha"]),
+        "targets": list(spec["targets"]),
+        "a_seed": spec["a_seed"],
+        "backend": spec["program_backend"],
     }
 
 
@@ -66,8 +72,13 @@ def build_program(model_dir: str, model_sha256: str, spec: dict[str, Any], progr
     if not manifest_path(final / "program.pte").is_file():
         tmp = Path(programs_dir) / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
-        export_program(Path(model_dir), ProgramConfig.from_json(config), tmp / "program.pte", Path(blobs_dir),
-                       progress=lambda _: None)
+        export_program(
+            Path(model_dir),
+            ProgramConfig.from_json(config),
+            tmp / "program.pte",
+            Path(blobs_dir),
+            progress=lambda _: None,
+        )
         try:
             os.rename(tmp, final)
         except OSError:  # another worker published the same key first

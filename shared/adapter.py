@@ -46,8 +46,13 @@ def adapter_config(rank: int, alpha: float, targets: tuple[str, ...], base_model
 
 
 def save_adapter(
-    out_dir: Path, lora_a: dict[str, torch.Tensor], lora_b: dict[str, torch.Tensor],
-    rank: int, alpha: float, targets: tuple[str, ...], base_model: str,
+    out_dir: Path,
+    lora_a: dict[str, torch.Tensor],
+    lora_b: dict[str, torch.Tensor],
+    rank: int,
+    alpha: float,
+    targets: tuple[str, ...],
+    base_model: str,
 ) -> Path:
     """Write a PEFT adapter directory atomically (temp dir, fsync, rename)."""
     out_dir = Path(out_dir)
@@ -82,8 +87,9 @@ def save_program_adapter(out_dir: Path, manifest: dict, b_flat: torch.Tensor, ba
     config = manifest["config"]
     rank, a_seed = int(config["rank"]), int(config["a_seed"])
     lora_a = {m["name"]: lora_a_init(a_seed, m["name"], rank, m["in_features"]) for m in manifest["lora"]}
-    lora_b = unflatten_b(torch.as_tensor(b_flat, dtype=torch.float32),
-                         {m["name"]: (m["out_features"], rank) for m in manifest["lora"]})
+    lora_b = unflatten_b(
+        torch.as_tensor(b_flat, dtype=torch.float32), {m["name"]: (m["out_features"], rank) for m in manifest["lora"]}
+    )
     return save_adapter(out_dir, lora_a, lora_b, rank, float(config["alpha"]), tuple(config["targets"]), base_model)
 
 

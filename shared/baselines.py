@@ -16,8 +16,13 @@ from shared.zo import forward_losses, path_losses, step_noise
 
 
 def mezo_lora_step(
-    model: nn.Module, lora: MPLoRA, batch: Batch, b: torch.Tensor,
-    seed: torch.Tensor, lr: torch.Tensor, eps: torch.Tensor,
+    model: nn.Module,
+    lora: MPLoRA,
+    batch: Batch,
+    b: torch.Tensor,
+    seed: torch.Tensor,
+    lr: torch.Tensor,
+    eps: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MeZO on the LoRA-B vector ``b`` (updated in place); q = 1. Returns (losses [2], g [1])."""
     size = b.shape[0]
@@ -56,7 +61,9 @@ def mezo_step(model: nn.Module, batch: Batch, seed: int, lr: float, eps: float) 
     return torch.stack([plus, minus]), g.reshape(1)
 
 
-def fo_lora_loss_and_grad(model: nn.Module, lora: MPLoRA, batch: Batch, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fo_lora_loss_and_grad(
+    model: nn.Module, lora: MPLoRA, batch: Batch, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss at ``b`` and its gradient with respect to ``b`` by backpropagation."""
     leaf = b.detach().clone().requires_grad_(True)
     with torch.enable_grad():

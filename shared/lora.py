@@ -5,9 +5,9 @@ to end (rows ``j*E .. (j+1)*E-1`` are path j). W and A are shared by all paths a
 per-path B_j differ, so running the 2q perturbed copies of a ZO step costs one pass over the weights.
 
 A is frozen and regenerated from a seed (PEFT's kaiming-uniform init); B is not owned by the layers: the trainer
-keeps the master B as one flat float32 vector (``MPLoRA.size`` elements, modules in natural name order (``layout_order``), each
-``[out, r]`` row-major, PEFT's ``lora_B.weight`` layout) and hands each forward the paths it should run with
-``MPLoRA.apply``. ``apply(None)`` makes every layer its plain base layer again (B = 0, exactly).
+keeps the master B as one flat float32 vector (``MPLoRA.size`` elements, modules in natural name order
+(``layout_order``), each ``[out, r]`` row-major, PEFT's ``lora_B.weight`` layout) and hands each forward the paths
+it should run with ``MPLoRA.apply``. ``apply(None)`` makes every layer its plain base layer again (B = 0, exactly).
 """
 
 from __future__ import annotations

@@ -27,19 +27,40 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.flo
 _LLAMA_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "vocab_size": 32000, "rope_theta": 10000.0}
 ARCHS: dict[str, dict[str, object]] = {
     "tinyllama-1.1b": {  # TinyLlama/TinyLlama-1.1B-Chat-v1.0
-        **_LLAMA_TOKENS, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
-        "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+        **_LLAMA_TOKENS,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
     },
     "llama2-7b": {  # meta-llama/Llama-2-7b-hf
-        **_LLAMA_TOKENS, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+        **_LLAMA_TOKENS,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
     },
     "smollm2-135m": {  # HuggingFaceTB/SmolLM2-135M-Instruct
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "vocab_size": 49152, "rope_theta": 100000.0,
-        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-        "num_key_value_heads": 3, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
+        "vocab_size": 49152,
+        "rope_theta": 100000.0,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
         "tie_word_embeddings": True,
     },
 }
@@ -114,10 +135,19 @@ def _check_tiny_args(layers: int, hidden: int, vocab: int) -> None:
 
 def _tiny_config(layers: int, hidden: int, vocab: int) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,  # TinyLlama's MLP ratio
-        num_hidden_layers=layers, num_attention_heads=TINY_HEADS, num_key_value_heads=TINY_KV_HEADS,
-        max_position_embeddings=TINY_MAX_POSITIONS, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,  # TinyLlama's MLP ratio
+        num_hidden_layers=layers,
+        num_attention_heads=TINY_HEADS,
+        num_key_value_heads=TINY_KV_HEADS,
+        max_position_embeddings=TINY_MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
 
 
@@ -129,8 +159,10 @@ def _train_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=list(TINY_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab,
+        special_tokens=list(TINY_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(_tokenizer_corpus(), trainer)
     pad, bos, eos = TINY_SPECIAL_TOKENS

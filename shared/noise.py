@@ -55,12 +55,7 @@ def noise(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     k1, k2 = _keys(seed)
     a = mix32(torch.bitwise_xor(index, k1))
     b = mix32(torch.bitwise_xor(a, k2))
-    total = (
-        torch.bitwise_and(a, _HALF - 1)
-        + _shr(a, 16)
-        + torch.bitwise_and(b, _HALF - 1)
-        + _shr(b, 16)
-    )
+    total = torch.bitwise_and(a, _HALF - 1) + _shr(a, 16) + torch.bitwise_and(b, _HALF - 1) + _shr(b, 16)
     return (total - _CENTRE).to(torch.float32) * SCALE
 
 
@@ -72,6 +67,7 @@ def noise_range(seed: torch.Tensor, count: int) -> torch.Tensor:
 
 
 # --- NumPy twin (server-side replay and tests): the same operations in the same order ---------------------------
+
 
 def _mix32_np(x: np.ndarray) -> np.ndarray:
     x = x ^ (x >> 16)

@@ -15,7 +15,6 @@ users: it is stored once, content-addressed, and every program of the model shar
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import tempfile
@@ -57,7 +56,7 @@ class ProgramConfig:
         return dataclasses.asdict(self) | {"targets": list(self.targets)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "ProgramConfig":
+    def from_json(cls, data: dict) -> ProgramConfig:
         return cls(**(data | {"targets": tuple(data["targets"])}))
 
 
@@ -182,7 +181,7 @@ def lower(step: MobileMPLoRA, cfg: ProgramConfig):
 
 
 def _tokenizer_file(tokenizer, store: Path) -> tuple[Path, str]:
-    from shared.files import atomic_write_bytes, sha256_file, store_by_content
+    from shared.files import atomic_write_bytes, store_by_content
     from shared.models import tokenizer_bytes
 
     tmp = atomic_write_bytes(store / f".tokenizer.{os.getpid()}.tmp", tokenizer_bytes(tokenizer))
@@ -203,8 +202,12 @@ def _initial_b(step_lora: MPLoRA, cfg: ProgramConfig, init_adapter: Path | None)
 
 
 def export_program(
-    model_dir: Path, cfg: ProgramConfig, out_pte: Path, store: Path | None = None,
-    init_adapter: Path | None = None, progress=print,
+    model_dir: Path,
+    cfg: ProgramConfig,
+    out_pte: Path,
+    store: Path | None = None,
+    init_adapter: Path | None = None,
+    progress=print,
 ) -> dict:
     """Compile a Mobile MP-LoRA training program for the model in ``model_dir``.
 
@@ -247,8 +250,10 @@ def export_program(
         "export_seconds": round(time.perf_counter() - started, 2),
     }
     atomic_write_bytes(manifest_path(out_pte), json.dumps(manifest, indent=2).encode())
-    progress(f"wrote {out_pte} ({manifest['pte']['size']} B), {ptd_path.name} ({manifest['ptd']['size']} B) "
-             f"in {manifest['export_seconds']} s")
+    progress(
+        f"wrote {out_pte} ({manifest['pte']['size']} B), {ptd_path.name} ({manifest['ptd']['size']} B) "
+        f"in {manifest['export_seconds']} s"
+    )
     return manifest
 
 
@@ -274,7 +279,13 @@ def manifest_path(pte: Path) -> Path:
 def _input_spec(cfg: ProgramConfig) -> dict:
     rows = cfg.q * cfg.examples_per_query
     return {
-        "forward": {"input_ids": [rows, cfg.seq_len], "attention_mask": [rows, cfg.seq_len],
-                    "targets": [rows, cfg.answer_len], "seed": [1], "lr": [1], "eps": [1]},
+        "forward": {
+            "input_ids": [rows, cfg.seq_len],
+            "attention_mask": [rows, cfg.seq_len],
+            "targets": [rows, cfg.answer_len],
+            "seed": [1],
+            "lr": [1],
+            "eps": [1],
+        },
         "padding": "left; answers end at the last column; targets hold the last answer_len tokens or -100",
     }

@@ -174,12 +174,18 @@ _BUILTINS: dict[str, Task] = {
     "sst2": _classification("sst2", ("sentence",), _sst2_prompt, [" terrible", " great"], [("0",), ("1",)]),
     # GLUE RTE: 0 = entailment → "Yes", 1 = not_entailment → "No".
     "rte": _classification(
-        "rte", ("premise", "hypothesis"), _nli_prompt("premise", "hypothesis"), ["Yes", "No"],
+        "rte",
+        ("premise", "hypothesis"),
+        _nli_prompt("premise", "hypothesis"),
+        ["Yes", "No"],
         [("0", "entailment"), ("1", "not_entailment")],
     ),
     # GLUE WNLI is the other way round: 1 = entailment.
     "wnli": _classification(
-        "wnli", ("sentence1", "sentence2"), _nli_prompt("sentence1", "sentence2"), ["No", "Yes"],
+        "wnli",
+        ("sentence1", "sentence2"),
+        _nli_prompt("sentence1", "sentence2"),
+        ["No", "Yes"],
         [("0", "not_entailment"), ("1", "entailment")],
     ),
     "boolq": _classification("boolq", ("passage", "question"), _boolq_prompt, [" No", " Yes"], _BOOL),

@@ -109,9 +109,13 @@ def _check_method(config: TrainConfig) -> None:
 
 def _check_numbers(config: TrainConfig) -> None:
     at_least = (
-        ("--batch-size", config.batch_size, 1), ("--steps", config.steps, 1), ("--rank", config.rank, 1),
-        ("--eval-every", config.eval_every, 1), ("--limit-train", config.limit_train, 1),
-        ("--limit-eval", config.limit_eval, 1), ("--seq-len", config.seq_len, 2),
+        ("--batch-size", config.batch_size, 1),
+        ("--steps", config.steps, 1),
+        ("--rank", config.rank, 1),
+        ("--eval-every", config.eval_every, 1),
+        ("--limit-train", config.limit_train, 1),
+        ("--limit-eval", config.limit_eval, 1),
+        ("--seq-len", config.seq_len, 2),
     )
     for flag, value, least in at_least:
         if value is not None and value < least:
@@ -166,8 +170,14 @@ class MethodStep:
     """
 
     def __init__(
-        self, method: str, model: nn.Module, lora: MPLoRA | None,
-        q: int = 1, parallel: str = "both", lr: float = 1e-4, eps: float = 1e-2,
+        self,
+        method: str,
+        model: nn.Module,
+        lora: MPLoRA | None,
+        q: int = 1,
+        parallel: str = "both",
+        lr: float = 1e-4,
+        eps: float = 1e-2,
     ) -> None:
         self.method, self.model, self.lora, self.q, self.parallel = method, model, lora, q, parallel
         self.device = next(model.parameters()).device
@@ -284,8 +294,14 @@ def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
     """interfaces.md §1's keys first; then the rest of the configuration (files as ``*_file``) and the outputs."""
     cfg = run.config
     metrics = {
-        "method": cfg.method, "q": cfg.q, "batch_size": cfg.batch_size, "examples_per_query": cfg.batch_size // cfg.q,
-        "steps": cfg.steps, "lr": cfg.lr, "eps": cfg.eps, "seed": cfg.seed,
+        "method": cfg.method,
+        "q": cfg.q,
+        "batch_size": cfg.batch_size,
+        "examples_per_query": cfg.batch_size // cfg.q,
+        "steps": cfg.steps,
+        "lr": cfg.lr,
+        "eps": cfg.eps,
+        "seed": cfg.seed,
         "parallel": cfg.parallel if cfg.method == "mobizo" else None,
         "losses": history["losses"],  # per step: the mean of that step's path losses
         "step_time_s": statistics.median(history["times"]),
@@ -295,9 +311,13 @@ def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
     }
     rest = {k: v for k, v in asdict(cfg).items() if k not in metrics and k not in ("train", "eval", "targets")}
     metrics |= rest | {
-        "model": str(cfg.model), "out": str(cfg.out), "train_file": str(cfg.train),
-        "eval_file": None if cfg.eval is None else str(cfg.eval), "targets": list(cfg.targets),
-        "device": str(run.step.device), "n_train": len(run.train),
+        "model": str(cfg.model),
+        "out": str(cfg.out),
+        "train_file": str(cfg.train),
+        "eval_file": None if cfg.eval is None else str(cfg.eval),
+        "targets": list(cfg.targets),
+        "device": str(run.step.device),
+        "n_train": len(run.train),
         "adapter": None if run.lora is None else ADAPTER_DIR,
         "train_log": LOG_FILE if history["log"] else None,
     }

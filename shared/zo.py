@@ -106,7 +106,9 @@ def _query(batch: Batch, start: int, stop: int) -> Batch:
     mask = batch.attention_mask[start:stop]
     first = int(mask.any(dim=0).nonzero()[0])
     return Batch(
-        batch.input_ids[start:stop, first:], mask[:, first:], batch.position_ids[start:stop, first:],
+        batch.input_ids[start:stop, first:],
+        mask[:, first:],
+        batch.position_ids[start:stop, first:],
         batch.targets[start:stop],
     )
 

@@ -66,8 +66,9 @@ class Backend(Protocol):
     def recover(self, run: TrainRun) -> None:
         """Bring the newest checkpoint of ``run`` to ``run.checkpoint`` on this machine, if it lives elsewhere."""
 
-    def train(self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep,
-              should_stop: ShouldStop) -> Outcome:  # fmt: skip
+    def train(
+        self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep, should_stop: ShouldStop
+    ) -> Outcome:
         """Run steps ``[start, N)`` from ``start_b`` (None: ``run.init_b``)."""
 
     def forget(self, run: TrainRun) -> None:
@@ -75,9 +76,14 @@ class Backend(Protocol):
 
 
 def make_backend(
-    name: str, *, model_dir: Path | None = None, registered: Callable[[], set[str]] | None = None,
-    device: str | None = None, runner: Path | None = None, serial: str | None = None,
-) -> Backend:  # fmt: skip
+    name: str,
+    *,
+    model_dir: Path | None = None,
+    registered: Callable[[], set[str]] | None = None,
+    device: str | None = None,
+    runner: Path | None = None,
+    serial: str | None = None,
+) -> Backend:
     """The backend called ``name``. torch: ``model_dir`` is the base model on this device, ``registered()`` the
     content hashes of the server's models (None: not checked), ``device`` cpu or cuda. adb: ``runner`` is the
     native runner built for the phone, ``serial`` the phone (None: the only one attached)."""

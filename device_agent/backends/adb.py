@@ -119,25 +119,47 @@ class AdbBackend:
 
     def _command(self, run: TrainRun, paths: dict[str, str]) -> str:
         job = paths["job"]
-        args = [paths["runner"], "--program", paths["program"], "--data", paths["weights"],
-                "--batches", f"{job}/batches.mzb", "--lr", repr(run.lr), "--eps", repr(run.eps),
-                "--out-b", f"{job}/b.f32", "--checkpoint", f"{job}/checkpoint.ckpt", "--job-id", run.key,
-                "--stop-file", f"{job}/STOP"]  # fmt: skip
+        args = [
+            paths["runner"],
+            "--program",
+            paths["program"],
+            "--data",
+            paths["weights"],
+            "--batches",
+            f"{job}/batches.mzb",
+            "--lr",
+            repr(run.lr),
+            "--eps",
+            repr(run.eps),
+            "--out-b",
+            f"{job}/b.f32",
+            "--checkpoint",
+            f"{job}/checkpoint.ckpt",
+            "--job-id",
+            run.key,
+            "--stop-file",
+            f"{job}/STOP",
+        ]
         if run.checkpoint_every:
             args += ["--checkpoint-every", str(run.checkpoint_every)]
         if "init" in paths:
             args += ["--init-b", paths["init"]]
         return " ".join(shlex.quote(a) for a in args)
 
-    def train(self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep,
-              should_stop: ShouldStop) -> Outcome:  # fmt: skip
+    def train(
+        self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep, should_stop: ShouldStop
+    ) -> Outcome:
         paths = self._stage(run, start, start_b)
         stop_file = f"touch {paths['job']}/STOP"
         done = threading.Event()
         watcher = threading.Thread(target=_watch, args=(should_stop, lambda: self.phone.shell(stop_file), done))
         with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: nobody reads stderr while steps stream
-            proc = subprocess.Popen([*self.phone.prefix, "shell", self._command(run, paths)],
-                                    stdout=subprocess.PIPE, stderr=errors, text=True)  # fmt: skip
+            proc = subprocess.Popen(
+                [*self.phone.prefix, "shell", self._command(run, paths)],
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+            )
             watcher.start()
             try:
                 last = _stream_steps(proc, on_step, start)

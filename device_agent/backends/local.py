@@ -28,9 +28,16 @@ class Engine(Protocol):
 
 
 def run_steps(
-    engine: Engine, batches: Sequence[StepBatch], lr: float, eps: float, start: int, on_step: OnStep,
-    should_stop: ShouldStop, checkpoint: Callable[[int], None] | None = None, every: int = 0,
-) -> int:  # fmt: skip
+    engine: Engine,
+    batches: Sequence[StepBatch],
+    lr: float,
+    eps: float,
+    start: int,
+    on_step: OnStep,
+    should_stop: ShouldStop,
+    checkpoint: Callable[[int], None] | None = None,
+    every: int = 0,
+) -> int:
     """Run steps ``[start, len(batches))``; returns the next step (``len(batches)`` when all ran).
 
     ``checkpoint(next_step)`` is called every ``every`` steps and when a stop is requested (after the step).
@@ -67,8 +74,9 @@ class LocalBackend:
     def forget(self, run: TrainRun) -> None:
         """Nothing to delete: the run's files are the caller's."""
 
-    def train(self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep,
-              should_stop: ShouldStop) -> Outcome:  # fmt: skip
+    def train(
+        self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep, should_stop: ShouldStop
+    ) -> Outcome:
         engine = self.open_engine(run)
         b = start_b if start_b is not None else run.init_b
         if b is not None:
@@ -78,8 +86,9 @@ class LocalBackend:
             save_checkpoint(run.checkpoint, Checkpoint(run.key, next_step, engine.get_b()))
 
         batches = BatchesFile(run.batches)
-        done = run_steps(engine, batches, run.lr, run.eps, start, on_step, should_stop, checkpoint,
-                         run.checkpoint_every)  # fmt: skip
+        done = run_steps(
+            engine, batches, run.lr, run.eps, start, on_step, should_stop, checkpoint, run.checkpoint_every
+        )
         return Outcome(done, engine.get_b() if done == len(batches) else None)
 
 

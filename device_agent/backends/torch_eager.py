@@ -59,9 +59,12 @@ class TorchSession:
         torch = self._torch
         with torch.no_grad():
             losses, g = self.module(
-                self._tensor(batch.input_ids, torch.long), self._tensor(batch.attention_mask, torch.long),
-                self._tensor(batch.targets, torch.long), self._tensor([batch.seed], torch.long),
-                self._tensor([lr], torch.float32), self._tensor([eps], torch.float32),
+                self._tensor(batch.input_ids, torch.long),
+                self._tensor(batch.attention_mask, torch.long),
+                self._tensor(batch.targets, torch.long),
+                self._tensor([batch.seed], torch.long),
+                self._tensor([lr], torch.float32),
+                self._tensor([eps], torch.float32),
             )
         return losses.cpu().numpy().copy(), g.cpu().numpy().copy()
 
@@ -80,8 +83,9 @@ def _content_hash(model_dir: Path) -> str:
     return model_sha256(model_dir)
 
 
-def torch_backend(model_dir: Path, device: str | None = None,
-                  registered: Callable[[], set[str]] | None = None) -> LocalBackend:  # fmt: skip
+def torch_backend(
+    model_dir: Path, device: str | None = None, registered: Callable[[], set[str]] | None = None
+) -> LocalBackend:
     """The eager backend on the base model in ``model_dir``; ``registered()``: the server's model hashes."""
     model_dir = Path(model_dir).resolve()
     if not (model_dir / "config.json").is_file():

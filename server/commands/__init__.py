@@ -18,10 +18,14 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 def add_connection_args(parser: argparse.ArgumentParser, admin: bool = False) -> None:
     env = "MOBIZO_ADMIN_TOKEN" if admin else "MOBIZO_TOKEN"
-    parser.add_argument("--server", default=os.environ.get("MOBIZO_SERVER", DEFAULT_SERVER),
-                        help=f"server URL (env MOBIZO_SERVER, default {DEFAULT_SERVER})")
-    parser.add_argument("--token", default=os.environ.get(env),
-                        help=f"{'admin token' if admin else 'your API key'} (env {env})")
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("MOBIZO_SERVER", DEFAULT_SERVER),
+        help=f"server URL (env MOBIZO_SERVER, default {DEFAULT_SERVER})",
+    )
+    parser.add_argument(
+        "--token", default=os.environ.get(env), help=f"{'admin token' if admin else 'your API key'} (env {env})"
+    )
 
 
 def client_from_args(args: argparse.Namespace):

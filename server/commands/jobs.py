@@ -13,8 +13,26 @@ from server.commands import add_connection_args, client_from_args, print_json, p
 HELP = "submit, list, show and cancel fine-tuning jobs"
 
 # option → JobCreate field, for options whose value is used as given
-_FIELDS = ("model", "task", "template", "q", "batch_size", "steps", "lr", "eps", "rank", "alpha", "seq_len",
-           "answer_len", "seed", "a_seed", "program_backend", "device_id", "device_backend", "init_adapter_id")
+_FIELDS = (
+    "model",
+    "task",
+    "template",
+    "q",
+    "batch_size",
+    "steps",
+    "lr",
+    "eps",
+    "rank",
+    "alpha",
+    "seq_len",
+    "answer_len",
+    "seed",
+    "a_seed",
+    "program_backend",
+    "device_id",
+    "device_backend",
+    "init_adapter_id",
+)
 # JobCreate fields whose option has another name
 _OPTIONS = {"program_backend": "backend", "device_id": "device", "init_adapter_id": "init-adapter"}
 
@@ -25,9 +43,19 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="built-in task (sst2, rte, ..., lm) or custom")
     p.add_argument("--template", help='custom task template, e.g. "{text} It was"')
     p.add_argument("--verbalizer", help='custom task verbalizer as JSON, e.g. \'{"0": " bad", "1": " good"}\'')
-    for name, kind in (("q", int), ("batch-size", int), ("steps", int), ("lr", float), ("eps", float),
-                       ("rank", int), ("alpha", float), ("seq-len", int), ("answer-len", int), ("seed", int),
-                       ("a-seed", int)):
+    for name, kind in (
+        ("q", int),
+        ("batch-size", int),
+        ("steps", int),
+        ("lr", float),
+        ("eps", float),
+        ("rank", int),
+        ("alpha", float),
+        ("seq-len", int),
+        ("answer-len", int),
+        ("seed", int),
+        ("a-seed", int),
+    ):
         p.add_argument(f"--{name}", type=kind)
     p.add_argument("--targets", help="comma-separated module names (default q_proj,v_proj)")
     p.add_argument("--backend", dest="program_backend", choices=["xnnpack", "portable"])

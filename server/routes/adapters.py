@@ -19,9 +19,19 @@ router = Router(prefix="/v1/adapters", tags=["adapters"])
 
 def public(adapter: Adapter, model_name: str) -> AdapterPublic:
     return AdapterPublic(
-        id=adapter.id, model=model_name, task=adapter.task, version=adapter.version, job_id=adapter.job_id,
-        parent_adapter_id=adapter.parent_id, rank=adapter.rank, alpha=adapter.alpha, targets=adapter.targets,
-        a_seed=adapter.a_seed, b_sha256=adapter.b_sha256, metrics=adapter.metrics, created_at=adapter.created_at,
+        id=adapter.id,
+        model=model_name,
+        task=adapter.task,
+        version=adapter.version,
+        job_id=adapter.job_id,
+        parent_adapter_id=adapter.parent_id,
+        rank=adapter.rank,
+        alpha=adapter.alpha,
+        targets=adapter.targets,
+        a_seed=adapter.a_seed,
+        b_sha256=adapter.b_sha256,
+        metrics=adapter.metrics,
+        created_at=adapter.created_at,
     )
 
 

@@ -34,7 +34,11 @@ def enroll(body: DeviceCreate, session: SessionDep) -> DeviceEnrolled:
     user_id = _redeem(session, body.code)
     secret = new_secret()
     device = Device(
-        user_id=user_id, name=body.name, platform=body.platform, backend=body.backend, memory_mb=body.memory_mb,
+        user_id=user_id,
+        name=body.name,
+        platform=body.platform,
+        backend=body.backend,
+        memory_mb=body.memory_mb,
         token_hash=hash_secret(secret),
     )
     session.add(device)

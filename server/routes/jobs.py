@@ -19,8 +19,15 @@ router = Router(prefix="/v1/jobs", tags=["jobs"])
 
 def public(job: Job, model_name: str, adapter_id: int | None) -> JobPublic:
     return JobPublic(
-        id=job.id, status=job.status, model=model_name, task=job.task, spec=JobCreate.model_validate(job.spec),
-        error=job.error, attempts=job.attempts, adapter_id=adapter_id, created_at=job.created_at,
+        id=job.id,
+        status=job.status,
+        model=model_name,
+        task=job.task,
+        spec=JobCreate.model_validate(job.spec),
+        error=job.error,
+        attempts=job.attempts,
+        adapter_id=adapter_id,
+        created_at=job.created_at,
         updated_at=job.updated_at,
         progress=JobProgress(step=job.progress_step, loss=job.progress_loss, steps_per_s=job.progress_steps_per_s),
     )
@@ -83,8 +90,14 @@ def submit(body: JobCreate, user: CurrentUser, session: SessionDep, queue: Queue
     _check_init_adapter(session, user, model, body)
     _check_answer_len(body)
     job = Job(
-        user_id=user.id, model_id=model.id, task=body.task_key, spec=body.model_dump(mode="json"), status="queued",
-        device_id=body.device_id, device_backend=body.device_backend, init_adapter_id=body.init_adapter_id,
+        user_id=user.id,
+        model_id=model.id,
+        task=body.task_key,
+        spec=body.model_dump(mode="json"),
+        status="queued",
+        device_id=body.device_id,
+        device_backend=body.device_backend,
+        init_adapter_id=body.init_adapter_id,
     )
     session.add(job)
     session.commit()

@@ -18,7 +18,14 @@ from server.routes.base import Router
 from server.routes.errors import not_found
 from server.store import ArtifactStore
 from shared.schemas import (
-    FileRef, HeartbeatCreate, HeartbeatPublic, JobCreate, JobFailureCreate, JobSpec, LeaseCreate, LeasePublic,
+    FileRef,
+    HeartbeatCreate,
+    HeartbeatPublic,
+    JobCreate,
+    JobFailureCreate,
+    JobSpec,
+    LeaseCreate,
+    LeasePublic,
 )
 
 router = Router(tags=["leases"])
@@ -53,11 +60,16 @@ def _file_ref(job: Job, manifest: dict, entry: str, path: str) -> FileRef:
 def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -> LeasePublic:
     manifest = session.get_one(Program, job.program_id).manifest
     return LeasePublic(
-        job_id=job.id, attempt=job.attempts, spec=job_spec(job),
+        job_id=job.id,
+        attempt=job.attempts,
+        spec=job_spec(job),
         manifest={k: v for k, v in manifest.items() if k != "model"},  # the server's path is none of its business
-        program=_file_ref(job, manifest, "pte", "program"), weights=_file_ref(job, manifest, "ptd", "weights"),
-        tokenizer=_file_ref(job, manifest, "tokenizer", "tokenizer"), init=_init_ref(session, store, job),
-        expires_at=job.lease_expires_at, heartbeat_s=heartbeat_s,
+        program=_file_ref(job, manifest, "pte", "program"),
+        weights=_file_ref(job, manifest, "ptd", "weights"),
+        tokenizer=_file_ref(job, manifest, "tokenizer", "tokenizer"),
+        init=_init_ref(session, store, job),
+        expires_at=job.lease_expires_at,
+        heartbeat_s=heartbeat_s,
     )
 
 
@@ -92,7 +104,9 @@ def heartbeat(
 
 
 @router.post(
-    "/v1/jobs/{job_id}/fail", status_code=status.HTTP_204_NO_CONTENT, tags=["leases"],
+    "/v1/jobs/{job_id}/fail",
+    status_code=status.HTTP_204_NO_CONTENT,
+    tags=["leases"],
     responses={409: {"description": "this device holds no lease on the job"}},
 )
 def fail(job_id: int, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:

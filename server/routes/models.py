@@ -8,11 +8,11 @@ from fastapi import HTTPException, status
 from sqlalchemy import select
 
 from server.deps import AdminDep, AnyAuth, SessionDep
-from shared.model_files import inspect_model
 from server.models import Model
 from server.routes.base import Router
 from server.routes.errors import field_error
 from shared.errors import DataError
+from shared.model_files import inspect_model
 from shared.schemas import ModelCreate, ModelPublic, ModelsPublic
 
 router = Router(prefix="/v1/models", tags=["models"])
@@ -20,8 +20,12 @@ router = Router(prefix="/v1/models", tags=["models"])
 
 def public(model: Model) -> ModelPublic:
     return ModelPublic(
-        id=model.id, name=model.name, sha256=model.sha256, architecture=model.architecture,
-        modules=sorted({name.rsplit(".", 1)[-1] for name in model.modules}), created_at=model.created_at,
+        id=model.id,
+        name=model.name,
+        sha256=model.sha256,
+        architecture=model.architecture,
+        modules=sorted({name.rsplit(".", 1)[-1] for name in model.modules}),
+        created_at=model.created_at,
     )
 
 

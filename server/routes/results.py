@@ -29,8 +29,8 @@ from server.routes.base import Router
 from server.routes.errors import field_error
 from server.routes.leases import device_job, job_spec
 from server.store import ArtifactStore
-from shared.files import sha256_file
 from server.worker_tasks import verify_and_package
+from shared.files import sha256_file
 from shared.schemas import ResultPublic
 
 router = Router(tags=["results"])
@@ -58,7 +58,9 @@ def _context(session: Session, job: Job) -> dict[str, Any]:
     """What checking and packaging need to know about the job (plain data, for the worker)."""
     program = session.get_one(Program, job.program_id)
     return {
-        "spec": job_spec(job).model_dump(mode="json"), "manifest": program.manifest, "d": b_size(program.manifest),
+        "spec": job_spec(job).model_dump(mode="json"),
+        "manifest": program.manifest,
+        "d": b_size(program.manifest),
         "base_model": session.get_one(Model, job.model_id).name,
     }
 
@@ -111,8 +113,9 @@ def _publish(store: ArtifactStore, upload: Upload, archive: Path) -> None:
     store.keep(archive, "archives", ".zip")
 
 
-def _record(session: Session, store: ArtifactStore, job: Job, device: Device, ctx: dict, upload: Upload,
-            outcome: dict) -> ResultPublic:
+def _record(
+    session: Session, store: ArtifactStore, job: Job, device: Device, ctx: dict, upload: Upload, outcome: dict
+) -> ResultPublic:
     """running → succeeded and the new adapter version, in one transaction; files published before commit."""
     archive, archive_sha, archive_size = outcome["archive"]
     done = session.execute(
@@ -126,10 +129,21 @@ def _record(session: Session, store: ArtifactStore, job: Job, device: Device, ct
         return _repeat(session, job, upload) or _lost(job)
     spec = ctx["spec"]
     adapter = Adapter(
-        user_id=job.user_id, model_id=job.model_id, task=job.task, version=_next_version(session, job), job_id=job.id,
-        parent_id=job.init_adapter_id, rank=spec["rank"], alpha=spec["alpha"], targets=spec["targets"],
-        a_seed=spec["a_seed"], b_sha256=upload.b_sha256, log_sha256=upload.log_sha256, archive_sha256=archive_sha,
-        archive_size=archive_size, metrics={**upload.metrics, "server": outcome["checks"]},
+        user_id=job.user_id,
+        model_id=job.model_id,
+        task=job.task,
+        version=_next_version(session, job),
+        job_id=job.id,
+        parent_id=job.init_adapter_id,
+        rank=spec["rank"],
+        alpha=spec["alpha"],
+        targets=spec["targets"],
+        a_seed=spec["a_seed"],
+        b_sha256=upload.b_sha256,
+        log_sha256=upload.log_sha256,
+        archive_sha256=archive_sha,
+        archive_size=archive_size,
+        metrics={**upload.metrics, "server": outcome["checks"]},
     )
     session.add(adapter)
     session.flush()
@@ -147,7 +161,12 @@ def _verify(pool: WorkerPool, timeout: float, ctx: dict, upload: Upload, init: P
     """Replay and package in a worker → ``{"archive": (path, sha256, size), "checks": {...}}``."""
     try:
         checks = pool.run(
-            verify_and_package, ctx, str(upload.b_path), str(upload.log_path), init and str(init), str(tmp),
+            verify_and_package,
+            ctx,
+            str(upload.b_path),
+            str(upload.log_path),
+            init and str(init),
+            str(tmp),
             timeout=timeout,
         )
     except ResultRejected as exc:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.program import ProgramConfig
 
 HELP = "compile a Mobile MP-LoRA training program for the ExecuTorch runtime"
 
@@ -27,14 +31,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="the program file to write (FILE.pte)")
 
 
-def config_from_args(args: argparse.Namespace, tokenizer) -> "ProgramConfig":
+def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
     """Validate the arguments (UsageError naming the flag) and build the program config."""
     from shared.errors import UsageError
     from shared.program import ProgramConfig
-    from shared.tasks import answer_len_for, parse_verbalizer, get_task
+    from shared.tasks import answer_len_for, get_task, parse_verbalizer
 
-    for flag, value in (("--q", args.q), ("--batch-size", args.batch_size), ("--seq-len", args.seq_len),
-                        ("--rank", args.rank)):
+    for flag, value in (
+        ("--q", args.q),
+        ("--batch-size", args.batch_size),
+        ("--seq-len", args.seq_len),
+        ("--rank", args.rank),
+    ):
         if value < 1:
             raise UsageError(flag, f"must be >= 1 (got {value})")
     if args.batch_size % args.q:
@@ -44,8 +52,9 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> "ProgramConfig":
     if answer_len >= args.seq_len:
         raise UsageError("--seq-len", f"{args.seq_len} leaves no room for a prompt before {answer_len} answer tokens")
     targets = tuple(t for t in args.targets.split(",") if t)
-    return ProgramConfig(args.q, args.batch_size, args.seq_len, answer_len, args.rank, args.alpha, targets,
-                         args.a_seed, args.backend)
+    return ProgramConfig(
+        args.q, args.batch_size, args.seq_len, answer_len, args.rank, args.alpha, targets, args.a_seed, args.backend
+    )
 
 
 def run(args: argparse.Namespace) -> int:

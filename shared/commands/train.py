@@ -27,11 +27,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", required=True, type=Path, metavar="DIR", help="Hugging Face model folder")
     add("--task", required=True, help="sst2, rte, wnli, boolq, wic, wsc, cb, copa, lm, or custom")
     add("--train", required=True, type=Path, metavar="FILE", help="training examples (JSON Lines)")
-    add("--eval", default=_KEEP, type=Path, metavar="FILE", help="held-out examples: accuracy and loss before, "
-        "during (--eval-every) and after training")
+    add(
+        "--eval",
+        default=_KEEP,
+        type=Path,
+        metavar="FILE",
+        help="held-out examples: accuracy and loss before, during (--eval-every) and after training",
+    )
     add("--out", required=True, type=Path, metavar="DIR", help="output folder: adapter/, metrics.json, train_log.jsonl")
-    add("--method", default=_KEEP, help="mobizo (default), mezo-lora, mezo (full parameters, no adapter), or "
-        "fo-lora (backprop); all but mobizo need --q 1")
+    add(
+        "--method",
+        default=_KEEP,
+        help="mobizo (default), mezo-lora, mezo (full parameters, no adapter), or "
+        "fo-lora (backprop); all but mobizo need --q 1",
+    )
     add("--q", default=_KEEP, type=int, help="queries per step (default 1); must divide --batch-size")
     add("--batch-size", default=_KEEP, type=int, help="examples per step, E = batch-size / q per query (default 16)")
     add("--steps", default=_KEEP, type=int, help="training steps (default 100)")

@@ -45,11 +45,26 @@ def random_steps(shape: Shape, vocab: int, count: int, seed: int = 0) -> list[St
     return steps
 
 
-def runner_args(binary: Path | str, program: tuple[Path | str, Path | str], batches: Path | str, out_b: Path | str,
-                *extra: str) -> list[str]:  # fmt: skip
+def runner_args(
+    binary: Path | str, program: tuple[Path | str, Path | str], batches: Path | str, out_b: Path | str, *extra: str
+) -> list[str]:
     pte, ptd = program
-    return [str(binary), "--program", str(pte), "--data", str(ptd), "--batches", str(batches),
-            "--lr", LR, "--eps", EPS, "--out-b", str(out_b), *extra]  # fmt: skip
+    return [
+        str(binary),
+        "--program",
+        str(pte),
+        "--data",
+        str(ptd),
+        "--batches",
+        str(batches),
+        "--lr",
+        LR,
+        "--eps",
+        EPS,
+        "--out-b",
+        str(out_b),
+        *extra,
+    ]
 
 
 def run_runner(args: list[str]) -> tuple[int, list[dict], str]:

@@ -21,8 +21,19 @@ from tests.server.factories import ADMIN_TOKEN, bearer
 from tests.server.live import REPO
 
 # Every job has the program config TINY_Q4 (q=4, E=2, 16 columns, 2 answer columns), the suite's shared program.
-SPEC = {"model": "tiny", "task": "sst2", "q": 4, "batch_size": 8, "seq_len": 16, "answer_len": 2, "rank": 4,
-        "alpha": 8.0, "lr": 0.5, "eps": 0.05, "seed": 3}  # fmt: skip
+SPEC = {
+    "model": "tiny",
+    "task": "sst2",
+    "q": 4,
+    "batch_size": 8,
+    "seq_len": 16,
+    "answer_len": 2,
+    "rank": 4,
+    "alpha": 8.0,
+    "lr": 0.5,
+    "eps": 0.05,
+    "seed": 3,
+}
 AGENT_FLAGS = ["--checkpoint-every", "7", "--heartbeat-s", "0.5", "--poll-s", "0.2", "--retry-cap-s", "1"]
 
 
@@ -31,9 +42,9 @@ def seed_program_cache(artifacts: Path, model_dir: Path, pte: Path, manifest: di
     at once instead of a minute later (the compile worker itself is the server tests' subject)."""
     import shutil
 
-    from shared.model_files import model_sha256
     from server.store import ArtifactStore
     from server.worker_tasks import program_config, program_key
+    from shared.model_files import model_sha256
     from shared.program import FORMAT_VERSION
     from shared.schemas import JobCreate
 
@@ -50,8 +61,12 @@ def seed_program_cache(artifacts: Path, model_dir: Path, pte: Path, manifest: di
 
 
 def server_env(artifacts: Path, db: Path) -> dict[str, str]:
-    return {"MOBIZO_DATA_DIR": str(artifacts), "MOBIZO_ADMIN_TOKEN": ADMIN_TOKEN, "MOBIZO_LEASE_S": "60",
-            "DATABASE_URL": f"sqlite:///{db}"}  # fmt: skip
+    return {
+        "MOBIZO_DATA_DIR": str(artifacts),
+        "MOBIZO_ADMIN_TOKEN": ADMIN_TOKEN,
+        "MOBIZO_LEASE_S": "60",
+        "DATABASE_URL": f"sqlite:///{db}",
+    }
 
 
 def ok(response: httpx.Response, code: int = 200) -> Any:
@@ -99,10 +114,28 @@ class Stack:
         code = ok(self.user.post("/v1/enrollment-codes", json={}), 201)["code"]
         config = self.tmp / f"agent-{code}.json"
         done = subprocess.run(
-            [sys.executable, "-m", "mobizo", "agent", "enroll", "--server", self.url, "--code", code,
-             "--backend", backend, "--name", f"test-{backend}", "--config", str(config)],
-            env=agent_env(env), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "mobizo",
+                "agent",
+                "enroll",
+                "--server",
+                self.url,
+                "--code",
+                code,
+                "--backend",
+                backend,
+                "--name",
+                f"test-{backend}",
+                "--config",
+                str(config),
+            ],
+            env=agent_env(env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         return config
 
@@ -138,8 +171,22 @@ class Agent:
     proc: subprocess.Popen | None = None
 
     def start(self, once: bool = True) -> Agent:
-        args = [sys.executable, "-m", "mobizo", "agent", "run", "--config", str(self.config), "--data-dir",
-                str(self.data), "--work-dir", str(self.work), *AGENT_FLAGS, *self.extra, *(["--once"] if once else [])]
+        args = [
+            sys.executable,
+            "-m",
+            "mobizo",
+            "agent",
+            "run",
+            "--config",
+            str(self.config),
+            "--data-dir",
+            str(self.data),
+            "--work-dir",
+            str(self.work),
+            *AGENT_FLAGS,
+            *self.extra,
+            *(["--once"] if once else []),
+        ]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(args, env=agent_env(self.env), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         return self

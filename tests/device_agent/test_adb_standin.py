@@ -78,9 +78,13 @@ def test_killing_adb_hangs_up_the_phone_command(phone: Path, tmp_path: Path) -> 
 def test_a_killed_agent_takes_the_phone_command_with_it(phone: Path, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     agent = subprocess.Popen(
-        [sys.executable, "-c", f"import subprocess, time; subprocess.Popen(['adb', 'shell', 'echo $$ > {pid_file}; "
-         "exec sleep 60']); time.sleep(60)"]
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, time; subprocess.Popen(['adb', 'shell', 'echo $$ > {pid_file}; "
+            "exec sleep 60']); time.sleep(60)",
+        ]
+    )
     pid = wait_for_pid(pid_file)
     agent.kill()  # SIGKILL: no chance to clean up, as in a crash
     agent.wait(timeout=10)

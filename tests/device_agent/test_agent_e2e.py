@@ -78,11 +78,32 @@ def assert_adapter_is_replay_of_uploaded_log(stack: Stack, job_id: int, tmp_path
     downloaded = stack.download_adapter(job_id, tmp_path / "downloaded")
     config, lora_a, lora_b = read_adapter(downloaded)
     assert max(float(b.abs().max()) for b in lora_b.values()) > 0  # training moved B
-    init = save_adapter(tmp_path / "init", lora_a, {n: b * 0 for n, b in lora_b.items()}, config["r"],
-                        config["lora_alpha"], tuple(config["target_modules"]), "tiny")  # fmt: skip
+    init = save_adapter(
+        tmp_path / "init",
+        lora_a,
+        {n: b * 0 for n, b in lora_b.items()},
+        config["r"],
+        config["lora_alpha"],
+        tuple(config["target_modules"]),
+        "tiny",
+    )
     log = stack.uploaded_log(job_id)
-    assert main(["replay", "--init", str(init), "--log", str(log), "--out", str(tmp_path / "replayed"),
-                 "--compare", str(downloaded)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "replay",
+                "--init",
+                str(init),
+                "--log",
+                str(log),
+                "--out",
+                str(tmp_path / "replayed"),
+                "--compare",
+                str(downloaded),
+            ]
+        )
+        == 0
+    )
 
 
 @pytest.mark.parametrize("backend", ["executorch", "torch", "adb"])
@@ -230,9 +251,13 @@ def test_no_request_carries_the_training_text(stack: Stack, local_data: Path, tm
     leaked = [t for t in texts for body in bodies if t.encode() in body or json.dumps(t)[1:-1].encode() in body]
     assert leaked == []
     paths = {(r.method, r.url.path.replace(f"/{job_id}/", "/ID/").replace(f"/{first}/", "/ID/")) for r in sent}
-    assert paths == {("POST", "/v1/leases"), ("GET", "/v1/jobs/ID/program"), ("GET", "/v1/jobs/ID/weights"),
-                     ("GET", "/v1/jobs/ID/tokenizer"), ("POST", "/v1/jobs/ID/result")} | (
-        {("POST", "/v1/jobs/ID/heartbeat")} & paths)  # fmt: skip
+    assert paths == {
+        ("POST", "/v1/leases"),
+        ("GET", "/v1/jobs/ID/program"),
+        ("GET", "/v1/jobs/ID/weights"),
+        ("GET", "/v1/jobs/ID/tokenizer"),
+        ("POST", "/v1/jobs/ID/result"),
+    } | ({("POST", "/v1/jobs/ID/heartbeat")} & paths)
 
 
 def test_a_job_the_device_cannot_run_fails_with_its_reason(stack: Stack, tmp_path: Path) -> None:

@@ -27,9 +27,18 @@ LR, EPS = float(np.float32(0.05)), float(np.float32(0.01))
 
 
 def train_run(program: Program, batches: Path, tmp_path: Path, every: int = 3) -> TrainRun:
-    return TrainRun(key="job-1-test", program=program.pte, weights=program.ptd, manifest=program.manifest,
-                    batches=batches, lr=LR, eps=EPS, init_b=None, checkpoint=tmp_path / "ckpt",
-                    checkpoint_every=every)  # fmt: skip
+    return TrainRun(
+        key="job-1-test",
+        program=program.pte,
+        weights=program.ptd,
+        manifest=program.manifest,
+        batches=batches,
+        lr=LR,
+        eps=EPS,
+        init_b=None,
+        checkpoint=tmp_path / "ckpt",
+        checkpoint_every=every,
+    )
 
 
 def train(backend: Backend, run: TrainRun, start: int = 0, b=None, stop_after: int | None = None):

@@ -20,8 +20,14 @@ from tests.device_agent.test_job import FILES, LEASE, NoBackend, trained_job
 def agent(tmp_path: Path, handler) -> tuple[AgentContext, io.StringIO]:
     http = api.client("http://server", "token", transport=httpx.MockTransport(handler))
     out = io.StringIO()
-    ctx = AgentContext(api.DeviceAPI(http), NoBackend(), tmp_path / "work", tmp_path / "data", Reporter(out, tty=False),
-                       backoff=Backoff(base=0.01, cap=0.01))  # fmt: skip
+    ctx = AgentContext(
+        api.DeviceAPI(http),
+        NoBackend(),
+        tmp_path / "work",
+        tmp_path / "data",
+        Reporter(out, tty=False),
+        backoff=Backoff(base=0.01, cap=0.01),
+    )
     return ctx, out
 
 

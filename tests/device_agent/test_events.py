@@ -17,6 +17,9 @@ def test_reporter_writes_json_lines_off_a_terminal_and_throttles_progress() -> N
     reporter.event("uploaded", job_id=5, adapter_id=1)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(r["event"], r.get("step")) for r in lines] == [
-        ("training", None), ("progress", 1), ("progress", 3), ("uploaded", None)
+        ("training", None),
+        ("progress", 1),
+        ("progress", 3),
+        ("uploaded", None),
     ]  # the first step, then nothing until the last
     assert all("ts" in r for r in lines)

@@ -28,8 +28,9 @@ class Events:
 
 
 def answer(cancelled: bool = False) -> httpx.Response:
-    return httpx.Response(200, json={"cancelled": cancelled, "status": "cancelled" if cancelled else "running",
-                                     "expires_at": EXPIRES})  # fmt: skip
+    return httpx.Response(
+        200, json={"cancelled": cancelled, "status": "cancelled" if cancelled else "running", "expires_at": EXPIRES}
+    )
 
 
 def test_progress_is_sent_with_the_device_token() -> None:

@@ -19,8 +19,12 @@ from device_agent.retry import Backoff
 from shared.schemas import FileRef, JobSpec, LeasePublic
 
 FILES = {"program": b"pte bytes", "weights": b"ptd bytes" * 100, "tokenizer": b"{}"}
-MANIFEST = {"config": {"q": 1, "batch_size": 2, "seq_len": 16, "answer_len": 1}, "lora_size": 4,
-            "pte": {"size": 9, "sha256": "0" * 64}, "ptd": {"size": 900, "sha256": "1" * 64}}  # fmt: skip
+MANIFEST = {
+    "config": {"q": 1, "batch_size": 2, "seq_len": 16, "answer_len": 1},
+    "lora_size": 4,
+    "pte": {"size": 9, "sha256": "0" * 64},
+    "ptd": {"size": 900, "sha256": "1" * 64},
+}
 
 
 def ref(name: str) -> FileRef:
@@ -29,10 +33,16 @@ def ref(name: str) -> FileRef:
 
 
 LEASE = LeasePublic(
-    job_id=5, attempt=1, manifest=MANIFEST, program=ref("program"), weights=ref("weights"), tokenizer=ref("tokenizer"),
-    spec=JobSpec(task="sst2", q=1, batch_size=2, seq_len=16, answer_len=1, steps=3), expires_at="2030-01-01T00:00:00Z",
+    job_id=5,
+    attempt=1,
+    manifest=MANIFEST,
+    program=ref("program"),
+    weights=ref("weights"),
+    tokenizer=ref("tokenizer"),
+    spec=JobSpec(task="sst2", q=1, batch_size=2, seq_len=16, answer_len=1, steps=3),
+    expires_at="2030-01-01T00:00:00Z",
     heartbeat_s=60,
-)  # fmt: skip
+)
 
 
 class Server:
@@ -52,8 +62,9 @@ class Server:
             self.failure = json.loads(request.content)["error"]
             return httpx.Response(204)
         if name == "heartbeat":
-            return httpx.Response(200, json={"cancelled": self.cancelled, "status": "running",
-                                             "expires_at": "2030-01-01T00:00:00Z"})  # fmt: skip
+            return httpx.Response(
+                200, json={"cancelled": self.cancelled, "status": "running", "expires_at": "2030-01-01T00:00:00Z"}
+            )
         if self.calls.count("result") <= self.unavailable:
             return httpx.Response(503, json={"detail": "try later"})
         return httpx.Response(self.result_status, json={"adapter_id": 1, "version": 1, "detail": "job cancelled"})
@@ -69,8 +80,14 @@ class NoBackend(LocalBackend):
 def context(tmp_path: Path, server: Server, backend: NoBackend) -> tuple[AgentContext, io.StringIO]:
     http = api.client("http://server", "token", transport=httpx.MockTransport(server))
     out = io.StringIO()
-    ctx = AgentContext(api.DeviceAPI(http), backend, tmp_path / "work", tmp_path / "data", Reporter(out, tty=False),
-                       backoff=Backoff(base=0.01, cap=0.01))  # fmt: skip
+    ctx = AgentContext(
+        api.DeviceAPI(http),
+        backend,
+        tmp_path / "work",
+        tmp_path / "data",
+        Reporter(out, tty=False),
+        backoff=Backoff(base=0.01, cap=0.01),
+    )
     return ctx, out
 
 

@@ -41,8 +41,27 @@ def sst2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def device_run(program_factory, sst2, tmp_path_factory: pytest.TempPathFactory) -> Path:
     pte, _ = program_factory(TINY_Q4)
     out = tmp_path_factory.mktemp("run")
-    args = ["run-program", "--program", str(pte), "--task", "sst2", "--train", str(sst2[0]), "--eval", str(sst2[1]),
-            "--steps", str(STEPS), "--lr", LR, "--eps", EPS, "--seed", str(SEED), "--out", str(out)]  # fmt: skip
+    args = [
+        "run-program",
+        "--program",
+        str(pte),
+        "--task",
+        "sst2",
+        "--train",
+        str(sst2[0]),
+        "--eval",
+        str(sst2[1]),
+        "--steps",
+        str(STEPS),
+        "--lr",
+        LR,
+        "--eps",
+        EPS,
+        "--seed",
+        str(SEED),
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     return out
 
@@ -59,18 +78,56 @@ def test_outputs_and_metrics(device_run: Path) -> None:
 
 
 def test_replay_of_the_log_is_the_adapter(device_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["replay", "--init", str(device_run / "init_adapter"), "--log", str(device_run / "train_log.jsonl"),
-            "--out", str(tmp_path / "replayed"), "--compare", str(device_run / "adapter")]  # fmt: skip
+    args = [
+        "replay",
+        "--init",
+        str(device_run / "init_adapter"),
+        "--log",
+        str(device_run / "train_log.jsonl"),
+        "--out",
+        str(tmp_path / "replayed"),
+        "--compare",
+        str(device_run / "adapter"),
+    ]
     assert main(args) == 0
     assert "identical to" in capsys.readouterr().out
 
 
 def test_losses_match_mobizo_train(device_run: Path, sst2, tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = TINY_Q4
-    args = ["train", "--model", str(tiny_model_dir), "--task", "sst2", "--train", str(sst2[0]), "--method", "mobizo",
-            "--q", str(cfg.q), "--batch-size", str(cfg.batch_size), "--steps", str(STEPS), "--lr", LR, "--eps", EPS,
-            "--rank", str(cfg.rank), "--alpha", str(cfg.alpha), "--seed", str(SEED), "--seq-len", str(cfg.seq_len),
-            "--device", "cpu", "--out", str(tmp_path / "train")]  # fmt: skip
+    args = [
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--task",
+        "sst2",
+        "--train",
+        str(sst2[0]),
+        "--method",
+        "mobizo",
+        "--q",
+        str(cfg.q),
+        "--batch-size",
+        str(cfg.batch_size),
+        "--steps",
+        str(STEPS),
+        "--lr",
+        LR,
+        "--eps",
+        EPS,
+        "--rank",
+        str(cfg.rank),
+        "--alpha",
+        str(cfg.alpha),
+        "--seed",
+        str(SEED),
+        "--seq-len",
+        str(cfg.seq_len),
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "train"),
+    ]
     assert main(args) == 0
     ours = [json.loads(line) for line in (device_run / "train_log.jsonl").read_text().splitlines()]
     theirs = [json.loads(line) for line in (tmp_path / "train" / "train_log.jsonl").read_text().splitlines()]
@@ -90,8 +147,9 @@ def test_evaluation_is_mobizo_evals(device_run: Path, sst2, tiny_model_dir: Path
     device_eval = json.loads((device_run / "metrics.json").read_text())["eval"][-1]
     model, tokenizer = load_model(tiny_model_dir)
     load_adapter(model, device_run / "adapter")
-    reference = evaluate(model, tokenizer, get_task("sst2"), load_examples(get_task("sst2"), sst2[1]),
-                         max_len=TINY_Q4.seq_len)  # fmt: skip
+    reference = evaluate(
+        model, tokenizer, get_task("sst2"), load_examples(get_task("sst2"), sst2[1]), max_len=TINY_Q4.seq_len
+    )
     assert device_eval["accuracy"] == reference["accuracy"]
     assert device_eval["loss"] == pytest.approx(reference["loss"], rel=1e-5)
 
@@ -109,7 +167,22 @@ def test_evaluation_is_mobizo_evals(device_run: Path, sst2, tiny_model_dir: Path
 )
 def test_bad_arguments_exit_2_naming_the_flag(program_factory, sst2, tmp_path: Path, capsys, edit, flag) -> None:
     pte, _ = program_factory(TINY_Q4)
-    base = ["run-program", "--program", str(pte), "--task", "sst2", "--train", str(sst2[0]), "--steps", "1",
-            "--lr", "0.1", "--eps", "0.01", "--out", str(tmp_path / "out")]  # fmt: skip
+    base = [
+        "run-program",
+        "--program",
+        str(pte),
+        "--task",
+        "sst2",
+        "--train",
+        str(sst2[0]),
+        "--steps",
+        "1",
+        "--lr",
+        "0.1",
+        "--eps",
+        "0.01",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(edit(base, tmp_path)) == 2
     assert f"argument {flag}" in capsys.readouterr().err

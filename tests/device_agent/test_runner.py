@@ -61,8 +61,20 @@ def test_stop_file_checkpoints_and_resume_is_bit_identical(
     assert status == 0
     ckpt, stop = tmp_path / "run.ckpt", tmp_path / "STOP"
     stop.touch()
-    args = runner_args(runner_binary, tiny_program.files, batches, tmp_path / "b.f32", "--checkpoint", str(ckpt),
-                       "--checkpoint-every", "3", "--job-id", "job-1", "--stop-file", str(stop))  # fmt: skip
+    args = runner_args(
+        runner_binary,
+        tiny_program.files,
+        batches,
+        tmp_path / "b.f32",
+        "--checkpoint",
+        str(ckpt),
+        "--checkpoint-every",
+        "3",
+        "--job-id",
+        "job-1",
+        "--stop-file",
+        str(stop),
+    )
     status, first, stderr = run_runner(args)
     assert (status, len(first)) == (EXIT_STOPPED, 1), stderr
     saved = load_checkpoint(ckpt, "job-1")
@@ -82,8 +94,9 @@ def test_sigterm_finishes_the_step_and_checkpoints(
 ) -> None:
     batches = make_batches(2000)
     ckpt = tmp_path / "run.ckpt"
-    args = runner_args(runner_binary, tiny_program.files, batches, tmp_path / "b.f32", "--checkpoint", str(ckpt),
-                       "--job-id", "j")  # fmt: skip
+    args = runner_args(
+        runner_binary, tiny_program.files, batches, tmp_path / "b.f32", "--checkpoint", str(ckpt), "--job-id", "j"
+    )
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = proc.stdout.readline()
     proc.send_signal(signal.SIGTERM)
@@ -99,8 +112,16 @@ def test_checkpoint_of_another_job_is_refused(
 ) -> None:
     batches = make_batches(2)
     save_checkpoint(tmp_path / "c", Checkpoint("job-old", 1, np.zeros(tiny_program.d, np.float32)))
-    args = runner_args(runner_binary, tiny_program.files, batches, tmp_path / "b.f32", "--checkpoint",
-                       str(tmp_path / "c"), "--job-id", "job-new")  # fmt: skip
+    args = runner_args(
+        runner_binary,
+        tiny_program.files,
+        batches,
+        tmp_path / "b.f32",
+        "--checkpoint",
+        str(tmp_path / "c"),
+        "--job-id",
+        "job-new",
+    )
     status, lines, stderr = run_runner(args)
     assert (status, lines) == (1, [])
     assert "belongs to job 'job-old'" in stderr

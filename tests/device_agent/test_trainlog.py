@@ -7,10 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from device_agent.checkpoint import Checkpoint, save_checkpoint
 import torch
 
+from device_agent.checkpoint import Checkpoint, save_checkpoint
 from device_agent.trainlog import LogWriter, read_complete, resume_point
 from shared.replay import log_record, parse_log, replay
 

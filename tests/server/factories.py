@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from server import jobstate
 from server.settings import Settings
 from server.store import ArtifactStore
-from shared.files import atomic_write_bytes as write_atomic, sha256_file
 from server.worker_tasks import program_config
+from shared.files import atomic_write_bytes as write_atomic
+from shared.files import sha256_file
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -171,6 +172,8 @@ def fake_training(
 
 def upload(client: TestClient, device: dict, job_id: int, b: bytes, log: str, metrics: bytes = b'{"steps": 3}'):
     files = {
-        "b_flat": ("b_flat.safetensors", b), "log": ("log.jsonl", log.encode()), "metrics": ("metrics.json", metrics)
+        "b_flat": ("b_flat.safetensors", b),
+        "log": ("log.jsonl", log.encode()),
+        "metrics": ("metrics.json", metrics),
     }
     return client.post(f"/v1/jobs/{job_id}/result", files=files, headers=device["headers"])

@@ -30,7 +30,10 @@ def server_process(env: dict[str, str], log_file: Path, timeout: float = 60.0) -
     with open(log_file, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mobizo", "server", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         url = f"http://127.0.0.1:{port}"
         try:

@@ -15,7 +15,13 @@ import uvicorn
 from mobizo.cli import main
 from server.app import create_app
 from tests.server.factories import (
-    ADMIN_TOKEN, FakeCompileQueue, InlinePool, b_flat_bytes, bearer, fake_training, make_fake_model,
+    ADMIN_TOKEN,
+    FakeCompileQueue,
+    InlinePool,
+    b_flat_bytes,
+    bearer,
+    fake_training,
+    make_fake_model,
 )
 
 
@@ -32,8 +38,11 @@ def server_url(settings, tmp_path) -> Iterator[str]:
     app.state.verify_pool.close()
     app.state.verify_pool = InlinePool()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    httpx.post(f"{url}/v1/models", json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))},
-               headers=bearer(ADMIN_TOKEN)).raise_for_status()
+    httpx.post(
+        f"{url}/v1/models",
+        json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))},
+        headers=bearer(ADMIN_TOKEN),
+    ).raise_for_status()
     yield url
     server.should_exit = True
     thread.join(timeout=10)
@@ -61,8 +70,26 @@ def test_user_job_and_adapter_commands(server_url, capsys, tmp_path):
     code, out, _ = _run(capsys, "enroll-code", "--json", *conn)
     assert code == 0 and len(json.loads(out)["code"]) == 14
 
-    code, out, _ = _run(capsys, "jobs", "submit", "--model", "tiny", "--task", "sst2", "--q", "2", "--batch-size",
-                        "4", "--steps", "2", "--rank", "2", "--targets", "q_proj,v_proj", *conn)
+    code, out, _ = _run(
+        capsys,
+        "jobs",
+        "submit",
+        "--model",
+        "tiny",
+        "--task",
+        "sst2",
+        "--q",
+        "2",
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--rank",
+        "2",
+        "--targets",
+        "q_proj,v_proj",
+        *conn,
+    )
     job = json.loads(out)
     assert code == 0 and job["status"] == "queued" and job["spec"]["targets"] == ["q_proj", "v_proj"]
 
@@ -96,11 +123,13 @@ def test_errors_from_the_server_exit_1_with_the_reason(server_url, capsys):
 
 
 def test_bad_options_exit_2_naming_them(capsys):
-    code, _, err = _run(capsys, "jobs", "submit", "--model", "m", "--task", "sst2", "--q", "3", "--batch-size", "4",
-                        "--token", "t")
+    code, _, err = _run(
+        capsys, "jobs", "submit", "--model", "m", "--task", "sst2", "--q", "3", "--batch-size", "4", "--token", "t"
+    )
     assert code == 2 and "--batch-size" in err
-    code, _, err = _run(capsys, "jobs", "submit", "--model", "m", "--template", "{x}", "--verbalizer", "{",
-                        "--token", "t")
+    code, _, err = _run(
+        capsys, "jobs", "submit", "--model", "m", "--template", "{x}", "--verbalizer", "{", "--token", "t"
+    )
     assert code == 2 and "--verbalizer" in err
     code, _, err = _run(capsys, "enroll-code", "--ttl", "5", "--token", "t")
     assert code == 2 and "--ttl" in err
@@ -108,11 +137,22 @@ def test_bad_options_exit_2_naming_them(capsys):
 
 def test_models_register_and_list(server_url, capsys, tmp_path):
     model_dir = make_fake_model(tmp_path / "second")
-    code, out, _ = _run(capsys, "models", "register", "second", "--path", str(model_dir),
-                        "--server", server_url, "--token", ADMIN_TOKEN)
+    code, out, _ = _run(
+        capsys, "models", "register", "second", "--path", str(model_dir), "--server", server_url, "--token", ADMIN_TOKEN
+    )
     assert code == 0 and json.loads(out)["name"] == "second"
     code, out, _ = _run(capsys, "models", "list", "--json", "--server", server_url, "--token", ADMIN_TOKEN)
     assert code == 0 and {m["name"] for m in json.loads(out)["data"]} == {"tiny", "second"}
-    code, _, err = _run(capsys, "models", "register", "third", "--path", str(tmp_path / "missing"),
-                        "--server", server_url, "--token", ADMIN_TOKEN)
+    code, _, err = _run(
+        capsys,
+        "models",
+        "register",
+        "third",
+        "--path",
+        str(tmp_path / "missing"),
+        "--server",
+        server_url,
+        "--token",
+        ADMIN_TOKEN,
+    )
     assert code == 1 and "HTTP 4" in err

@@ -20,8 +20,11 @@ def build_fake(model_dir: str, model_sha: str, spec: dict, programs_dir: str, bl
         raise RuntimeError("export ran out of memory")
     key = hashlib.sha256(f"{model_sha}{spec['q']}".encode()).hexdigest()
     files = {}
-    for entry, path in (("pte", Path(programs_dir) / key / "program.pte"), ("ptd", Path(blobs_dir) / "w.ptd"),
-                        ("tokenizer", Path(blobs_dir) / "t.json")):
+    for entry, path in (
+        ("pte", Path(programs_dir) / key / "program.pte"),
+        ("ptd", Path(blobs_dir) / "w.ptd"),
+        ("tokenizer", Path(blobs_dir) / "t.json"),
+    ):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(entry.encode())
         files[entry] = {"file": path.name, "sha256": hashlib.sha256(entry.encode()).hexdigest(), "size": len(entry)}

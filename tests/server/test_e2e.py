@@ -26,8 +26,19 @@ from tests.server.live import server_process
 
 pytestmark = pytest.mark.slow
 
-SPEC = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 4, "lr": 0.5, "eps": 0.05,
-        "rank": 4, "alpha": 8.0, "seq_len": 48, "seed": 3}
+SPEC = {
+    "model": "tiny",
+    "task": "sst2",
+    "q": 2,
+    "batch_size": 4,
+    "steps": 4,
+    "lr": 0.5,
+    "eps": 0.05,
+    "rank": 4,
+    "alpha": 8.0,
+    "seq_len": 48,
+    "seed": 3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +166,11 @@ def test_full_flow(server, tiny_model_dir, tmp_path):
 
     b, log = _train_on_device(device, tiny_model_dir, lease, tmp_path)
     assert np.abs(b).max() > 0
-    files = {"b_flat": ("b_flat.safetensors", _safetensors(b)), "log": ("log.jsonl", log.encode()),
-             "metrics": ("metrics.json", json.dumps({"steps": SPEC["steps"]}).encode())}
+    files = {
+        "b_flat": ("b_flat.safetensors", _safetensors(b)),
+        "log": ("log.jsonl", log.encode()),
+        "metrics": ("metrics.json", json.dumps({"steps": SPEC["steps"]}).encode()),
+    }
     result = _ok(device.post(f"/v1/jobs/{job['id']}/result", files=files), 201)
     assert result["version"] == 1
     assert _ok(user.get(f"/v1/jobs/{job['id']}"))["status"] == "succeeded"

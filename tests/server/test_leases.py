@@ -10,7 +10,12 @@ from sqlalchemy import update
 from server import jobstate
 from server.models import Job, utcnow
 from tests.server.factories import (
-    FAKE_PROGRAM_MB, create_user, enroll_device, make_fake_model, register_model, submit_job,
+    FAKE_PROGRAM_MB,
+    create_user,
+    enroll_device,
+    make_fake_model,
+    register_model,
+    submit_job,
 )
 
 
@@ -81,8 +86,9 @@ def test_heartbeat_records_progress_and_extends_the_lease(client, user):
     phone = enroll_device(client, user)
     job = submit_job(client, user)
     lease = client.post("/v1/leases", headers=phone["headers"]).json()
-    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 2, "loss": 0.7, "steps_per_s": 1.5},
-                    headers=phone["headers"])
+    r = client.post(
+        f"/v1/jobs/{job['id']}/heartbeat", json={"step": 2, "loss": 0.7, "steps_per_s": 1.5}, headers=phone["headers"]
+    )
     assert r.status_code == 200 and r.json()["cancelled"] is False
     assert r.json()["expires_at"] >= lease["expires_at"]
     progress = client.get(f"/v1/jobs/{job['id']}", headers=user).json()["progress"]

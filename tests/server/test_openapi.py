@@ -5,13 +5,27 @@ from __future__ import annotations
 import pytest
 
 CONTRACT = [
-    ("post", "/v1/users"), ("post", "/v1/models"), ("get", "/v1/models"), ("post", "/v1/enrollment-codes"),
-    ("post", "/v1/devices"), ("get", "/v1/devices"), ("post", "/v1/jobs"), ("get", "/v1/jobs"),
-    ("get", "/v1/jobs/{job_id}"), ("post", "/v1/jobs/{job_id}/cancel"), ("post", "/v1/leases"),
-    ("get", "/v1/jobs/{job_id}/program"), ("get", "/v1/jobs/{job_id}/weights"), ("get", "/v1/jobs/{job_id}/tokenizer"),
-    ("get", "/v1/jobs/{job_id}/init"), ("post", "/v1/jobs/{job_id}/heartbeat"), ("post", "/v1/jobs/{job_id}/fail"),
+    ("post", "/v1/users"),
+    ("post", "/v1/models"),
+    ("get", "/v1/models"),
+    ("post", "/v1/enrollment-codes"),
+    ("post", "/v1/devices"),
+    ("get", "/v1/devices"),
+    ("post", "/v1/jobs"),
+    ("get", "/v1/jobs"),
+    ("get", "/v1/jobs/{job_id}"),
+    ("post", "/v1/jobs/{job_id}/cancel"),
+    ("post", "/v1/leases"),
+    ("get", "/v1/jobs/{job_id}/program"),
+    ("get", "/v1/jobs/{job_id}/weights"),
+    ("get", "/v1/jobs/{job_id}/tokenizer"),
+    ("get", "/v1/jobs/{job_id}/init"),
+    ("post", "/v1/jobs/{job_id}/heartbeat"),
+    ("post", "/v1/jobs/{job_id}/fail"),
     ("post", "/v1/jobs/{job_id}/result"),
-    ("get", "/v1/adapters"), ("get", "/v1/adapters/{adapter_id}"), ("get", "/v1/adapters/{adapter_id}/download"),
+    ("get", "/v1/adapters"),
+    ("get", "/v1/adapters/{adapter_id}"),
+    ("get", "/v1/adapters/{adapter_id}/download"),
     ("get", "/healthz"),
 ]
 

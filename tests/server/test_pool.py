@@ -45,6 +45,11 @@ def test_the_server_process_does_not_import_torch():
         "import sys; from server.app import create_app; from server.settings import Settings; "
         "create_app(Settings(database_url='sqlite://')); print('torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     assert out.stdout.strip() == "False"

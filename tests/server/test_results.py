@@ -11,7 +11,14 @@ import pytest
 from safetensors.numpy import load
 
 from tests.server.factories import (
-    b_flat_bytes, create_user, enroll_device, fake_training, make_fake_model, register_model, submit_job, upload,
+    b_flat_bytes,
+    create_user,
+    enroll_device,
+    fake_training,
+    make_fake_model,
+    register_model,
+    submit_job,
+    upload,
 )
 
 
@@ -86,11 +93,16 @@ BAD_UPLOADS = {
     "B that the log does not give": (lambda b, log: (b_flat_bytes(b * 1.01), log), 422, "replay"),
     "log with a step missing": (lambda b, log: (b_flat_bytes(b), "".join(log.splitlines(True)[:-1])), 422, "steps"),
     "log with another lr": (
-        lambda b, log: (b_flat_bytes(b), _log_lines(log, lambda rs: rs[0].update(lr=1.0))), 422, "lr"),
+        lambda b, log: (b_flat_bytes(b), _log_lines(log, lambda rs: rs[0].update(lr=1.0))),
+        422,
+        "lr",
+    ),
     "log with forged seeds": (
-        lambda b, log: (b_flat_bytes(b), _log_lines(log, lambda rs: [r.update(seed=7) for r in rs])), 422, "seed"),
-    "log with a non-finite g": (
-        lambda b, log: (b_flat_bytes(b), log.replace('"g":[', '"g":[NaN,', 1)), 422, "log"),
+        lambda b, log: (b_flat_bytes(b), _log_lines(log, lambda rs: [r.update(seed=7) for r in rs])),
+        422,
+        "seed",
+    ),
+    "log with a non-finite g": (lambda b, log: (b_flat_bytes(b), log.replace('"g":[', '"g":[NaN,', 1)), 422, "log"),
     "log that is not JSON": (lambda b, log: (b_flat_bytes(b), "step 1\n"), 422, "JSON"),
 }
 
@@ -117,8 +129,11 @@ def test_bad_metrics_and_missing_parts(client, leased):
 
 def test_request_over_the_body_limit_is_413_before_reading_it(client, leased):
     limit = int(client.app.state.settings.max_upload_mb * 1024 * 1024)
-    r = client.post(f"/v1/jobs/{leased['job']['id']}/result", content=b"x" * 10,
-                    headers={**leased["phone"]["headers"], "Content-Length": str(limit + 1)})
+    r = client.post(
+        f"/v1/jobs/{leased['job']['id']}/result",
+        content=b"x" * 10,
+        headers={**leased["phone"]["headers"], "Content-Length": str(limit + 1)},
+    )
     assert r.status_code == 413
 
 

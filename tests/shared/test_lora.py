@@ -63,8 +63,15 @@ def test_split_and_join_round_trip():
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_qwen_configs(family):
-    kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)
+    kw = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = (Qwen2ForCausalLM(Qwen2Config(**kw)) if family == "qwen2" else Qwen3ForCausalLM(Qwen3Config(**kw))).eval()
     batch = random_batch(2, vocab=64)

@@ -113,8 +113,10 @@ def test_refuses_to_replace_a_folder_that_is_not_a_model(tmp_path: Path) -> None
 
 def test_cli_make_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m"
-    assert main(["make-tiny-model", "--out", str(out), "--seed", "3", "--layers", "1", "--hidden", "32",
-                 "--vocab", "300"]) == 0
+    assert (
+        main(["make-tiny-model", "--out", str(out), "--seed", "3", "--layers", "1", "--hidden", "32", "--vocab", "300"])
+        == 0
+    )
     config = json.loads((out / "config.json").read_text())
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (1, 32, 300)
     model, _ = load_model(out)
@@ -163,8 +165,9 @@ def test_load_model_errors_name_the_folder(tmp_path: Path) -> None:
         load_model(broken)
 
 
-@pytest.mark.parametrize(("name", "dtype"), [("float32", torch.float32), ("float16", torch.float16),
-                                             ("bfloat16", torch.bfloat16)])
+@pytest.mark.parametrize(
+    ("name", "dtype"), [("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16)]
+)
 def test_resolve_dtype(name: str, dtype: torch.dtype) -> None:
     assert resolve_dtype(name) is dtype
 
@@ -188,8 +191,15 @@ ARCH_TABLE = [
 @pytest.mark.parametrize(("name", "shape", "n_params"), ARCH_TABLE)
 def test_arch_config_matches_the_real_models(name: str, shape: tuple, n_params: int) -> None:
     c = arch_config(name)
-    got = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-           c.intermediate_size, c.vocab_size, c.tie_word_embeddings)
+    got = (
+        c.hidden_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.intermediate_size,
+        c.vocab_size,
+        c.tie_word_embeddings,
+    )
     assert got == shape
     assert count_params(random_model(name, seed=0, device="meta")) == n_params
 

@@ -31,13 +31,20 @@ class Device:
     def __init__(self, manifest: dict, folder: Path, store: Path | None = None) -> None:
         from executorch.runtime import Runtime
 
-        program = Runtime.get().load_program(folder / manifest["pte"]["file"],
-                                              data_path=(store or folder) / manifest["ptd"]["file"])
+        program = Runtime.get().load_program(
+            folder / manifest["pte"]["file"], data_path=(store or folder) / manifest["ptd"]["file"]
+        )
         self.methods = {m: program.load_method(m) for m in manifest["methods"]}
 
     def step(self, batch, seed: int):
-        args = [batch.input_ids, batch.attention_mask, batch.targets, torch.tensor([seed]),
-                torch.tensor([LR]), torch.tensor([EPS])]
+        args = [
+            batch.input_ids,
+            batch.attention_mask,
+            batch.targets,
+            torch.tensor([seed]),
+            torch.tensor([LR]),
+            torch.tensor([EPS]),
+        ]
         return [t.clone() for t in self.methods["forward"].execute(args)]
 
     def b(self) -> torch.Tensor:
@@ -69,8 +76,14 @@ def test_pte_losses_equal_eager_step_by_step_and_replay_is_bit_exact(programs, t
     for k, batch in enumerate(_batches(q, 2, vocab)):
         with torch.no_grad():
             eager.lora_b.copy_(device.b())  # same starting B each step: compare the step itself
-            eager_losses, _ = eager(batch.input_ids, batch.attention_mask, batch.targets, torch.tensor([k]),
-                                    torch.tensor([LR]), torch.tensor([EPS]))
+            eager_losses, _ = eager(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.targets,
+                torch.tensor([k]),
+                torch.tensor([LR]),
+                torch.tensor([EPS]),
+            )
         losses, g = device.step(batch, seed=k)
         assert losses.shape == (2 * q,) and g.shape == (q,)
         assert _within_ulps(losses.numpy(), eager_losses.numpy(), 2), (k, losses, eager_losses)
@@ -88,8 +101,14 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
     with torch.no_grad():
         for k, batch in enumerate(_batches(4, 2, eager.model.config.vocab_size)):
             device.step(batch, seed=k)
-            eager(batch.input_ids, batch.attention_mask, batch.targets, torch.tensor([k]), torch.tensor([LR]),
-                  torch.tensor([EPS]))
+            eager(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.targets,
+                torch.tensor([k]),
+                torch.tensor([LR]),
+                torch.tensor([EPS]),
+            )
     torch.testing.assert_close(device.b(), eager.lora_b, rtol=0, atol=1e-4 * float(eager.lora_b.abs().max()))
 
 
@@ -116,15 +135,27 @@ def test_program_started_from_an_adapter_continues_from_it(programs, tiny_model_
     eager = _eager(tiny_model_dir, cfg)
     previous = torch.randn(eager.lora.size, generator=torch.Generator().manual_seed(3)) * 0.05
     save_lora(tmp_path / "previous", eager.lora, previous, str(tiny_model_dir))
-    manifest = export_program(tiny_model_dir, cfg, tmp_path / "cont.pte", store=folder,
-                              init_adapter=tmp_path / "previous", progress=lambda _: None)
+    manifest = export_program(
+        tiny_model_dir,
+        cfg,
+        tmp_path / "cont.pte",
+        store=folder,
+        init_adapter=tmp_path / "previous",
+        progress=lambda _: None,
+    )
     assert manifest["ptd"] == by_q[1][1]["ptd"]  # same base weights file, reused
     device = Device(manifest, tmp_path, store=folder)
     assert torch.equal(device.b(), previous)
     batch = _batches(1, 2, eager.model.config.vocab_size)[0]
     with torch.no_grad():
         eager.lora_b.copy_(previous)
-        expected, _ = eager(batch.input_ids, batch.attention_mask, batch.targets, torch.tensor([0]),
-                            torch.tensor([LR]), torch.tensor([EPS]))
+        expected, _ = eager(
+            batch.input_ids,
+            batch.attention_mask,
+            batch.targets,
+            torch.tensor([0]),
+            torch.tensor([LR]),
+            torch.tensor([EPS]),
+        )
     losses, _ = device.step(batch, seed=0)
     assert _within_ulps(losses.numpy(), expected.numpy(), 2)

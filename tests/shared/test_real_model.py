@@ -30,8 +30,19 @@ def test_zero_shot_sst2_is_between_chance_and_fine_tuned(smollm2_dir):
 
 def test_a_few_mobizo_steps_on_cpu(smollm2_dir, tmp_path):
     config = TrainConfig(
-        model=smollm2_dir, task="sst2", train=SST2 / "train.jsonl", out=tmp_path, method="mobizo", q=2,
-        batch_size=4, steps=3, lr=1e-4, eps=1e-2, seq_len=64, limit_train=64, device="cpu",
+        model=smollm2_dir,
+        task="sst2",
+        train=SST2 / "train.jsonl",
+        out=tmp_path,
+        method="mobizo",
+        q=2,
+        batch_size=4,
+        steps=3,
+        lr=1e-4,
+        eps=1e-2,
+        seq_len=64,
+        limit_train=64,
+        device="cpu",
     )
     metrics = train(config, progress=False)
     assert len(metrics["losses"]) == 3 and all(math.isfinite(x) and x > 0 for x in metrics["losses"])

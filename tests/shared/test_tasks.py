@@ -243,7 +243,6 @@ def test_get_task_rejects_unknown_names_and_misplaced_options(name, template, ve
     assert info.value.argument == argument
 
 
-
 def test_parse_verbalizer() -> None:
     assert parse_verbalizer('{"0": " no", "1": " yes"}') == {"0": " no", "1": " yes"}
     assert parse_verbalizer(None) is None

@@ -23,7 +23,17 @@ from shared.train import ADAPTER_DIR, LOG_FILE, METRICS_FILE, TrainConfig, train
 SST2 = shared_data_dir() / "sst2"
 TRAIN, HELD_OUT = SST2 / "train.jsonl", SST2 / "validation.jsonl"
 REQUIRED_METRICS = {  # interfaces.md §1
-    "method", "q", "batch_size", "steps", "lr", "eps", "seed", "losses", "step_time_s", "peak_rss_mb", "eval",
+    "method",
+    "q",
+    "batch_size",
+    "steps",
+    "lr",
+    "eps",
+    "seed",
+    "losses",
+    "step_time_s",
+    "peak_rss_mb",
+    "eval",
 }
 
 
@@ -47,8 +57,16 @@ def adapter_flat_b(out: Path) -> torch.Tensor:
 )
 def test_short_seeded_run_lowers_held_out_loss(tiny_model_dir, tmp_path, method, q, lr, steps, margin):
     config = _config(
-        tiny_model_dir, tmp_path, method=method, q=q, lr=lr, steps=steps, batch_size=16,
-        limit_train=400, eval=HELD_OUT, limit_eval=100,
+        tiny_model_dir,
+        tmp_path,
+        method=method,
+        q=q,
+        lr=lr,
+        steps=steps,
+        batch_size=16,
+        limit_train=400,
+        eval=HELD_OUT,
+        limit_eval=100,
     )
     metrics = train(config, progress=False)
     before, after = metrics["eval"][0], metrics["eval"][-1]
@@ -92,16 +110,42 @@ def test_mezo_full_writes_metrics_only(tiny_model_dir, tmp_path):
 
 
 def _cli(model_dir: Path, out: Path, *extra: str) -> int:
-    return main([
-        "train", "--model", str(model_dir), "--task", "sst2", "--train", str(TRAIN), "--out", str(out),
-        "--device", "cpu", "--limit-train", "64", *extra,
-    ])
+    return main(
+        [
+            "train",
+            "--model",
+            str(model_dir),
+            "--task",
+            "sst2",
+            "--train",
+            str(TRAIN),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--limit-train",
+            "64",
+            *extra,
+        ]
+    )
 
 
 def test_cli_writes_adapter_metrics_and_a_replayable_log(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    args = ("--eval", str(HELD_OUT), "--limit-eval", "20", "--q", "2", "--batch-size", "4", "--steps", "3",
-            "--lr", "1e-2")
+    args = (
+        "--eval",
+        str(HELD_OUT),
+        "--limit-eval",
+        "20",
+        "--q",
+        "2",
+        "--batch-size",
+        "4",
+        "--steps",
+        "3",
+        "--lr",
+        "1e-2",
+    )
     assert _cli(tiny_model_dir, out, *args) == 0
     assert "wrote adapter/, train_log.jsonl, metrics.json" in capsys.readouterr().out
     metrics = json.loads((out / METRICS_FILE).read_text())
@@ -120,12 +164,48 @@ def test_cli_writes_adapter_metrics_and_a_replayable_log(tiny_model_dir, tmp_pat
 def test_trained_adapter_evaluates_as_during_training(tiny_model_dir, tmp_path, capsys):
     """``mobizo eval --adapter`` on the written adapter (A and B) reproduces the final in-training evaluation."""
     out = tmp_path / "run"
-    assert _cli(tiny_model_dir, out, "--eval", str(HELD_OUT), "--limit-eval", "20", "--steps", "2", "--lr", "0.05",
-                "--method", "fo-lora", "--batch-size", "4") == 0
+    assert (
+        _cli(
+            tiny_model_dir,
+            out,
+            "--eval",
+            str(HELD_OUT),
+            "--limit-eval",
+            "20",
+            "--steps",
+            "2",
+            "--lr",
+            "0.05",
+            "--method",
+            "fo-lora",
+            "--batch-size",
+            "4",
+        )
+        == 0
+    )
     final = json.loads((out / METRICS_FILE).read_text())["eval"][-1]
     capsys.readouterr()
-    assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(out / ADAPTER_DIR), "--task", "sst2",
-                 "--data", str(HELD_OUT), "--limit", "20", "--device", "cpu", "--json"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_model_dir),
+                "--adapter",
+                str(out / ADAPTER_DIR),
+                "--task",
+                "sst2",
+                "--data",
+                str(HELD_OUT),
+                "--limit",
+                "20",
+                "--device",
+                "cpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["loss"] == pytest.approx(final["loss"], rel=1e-5)
     assert result["accuracy"] == final["accuracy"]
@@ -168,8 +248,24 @@ def test_step_time_benchmark_times_every_method(tiny_model_dir, tmp_path, capsys
     from benchmarks.step_time import main as benchmark
 
     out = tmp_path / "bench.json"
-    args = ["--model", str(tiny_model_dir), "--device", "cpu", "--q", "2", "--batch-size", "2", "--seq-len", "16",
-            "--steps", "2", "--warmup", "1", "--json-out", str(out)]
+    args = [
+        "--model",
+        str(tiny_model_dir),
+        "--device",
+        "cpu",
+        "--q",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json-out",
+        str(out),
+    ]
     assert benchmark(args) == 0
     results = json.loads(out.read_text())["results"]
     labels = ["mezo", "mezo-lora", "mobizo-both", "mobizo-outer", "mobizo-inner", "mobizo-none", "fo-lora"]

@@ -21,8 +21,9 @@ def _run(parallel: str, q: int, steps: int = 3):
     history = []
     for step in range(steps):
         batch = random_batch(q * 2, seed=100 + step, max_len=10, answer_len=2)
-        losses, g, b = zo_step(model, lora, batch, b, torch.tensor([step + 7]), torch.tensor([0.05]),
-                               torch.tensor([1e-2]), q, parallel)
+        losses, g, b = zo_step(
+            model, lora, batch, b, torch.tensor([step + 7]), torch.tensor([0.05]), torch.tensor([1e-2]), q, parallel
+        )
         history.append((losses, g))
     return history, b
 

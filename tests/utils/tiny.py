@@ -14,8 +14,14 @@ def tiny_llama(seed: int = 0, layers: int = 2, hidden: int = 32, vocab: int = VO
     """A seeded random LlamaForCausalLM small enough for unit tests."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **config,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        **config,
     )
     model = LlamaForCausalLM(cfg).eval()
     model.config._attn_implementation = "sdpa"
