@@ -21,7 +21,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTr
 
 from shared.errors import DataError, MobizoError, UsageError
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# float64 is for eager exactness checks only (rounding ~5e8 times smaller than float32); programs are float32.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 
 # Public config.json values of the models the paper (and our benchmarks) use; shapes only, no weights.
 _LLAMA_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "vocab_size": 32000, "rope_theta": 10000.0}
@@ -175,13 +181,21 @@ def _train_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
 
 
 def _tokenizer_corpus() -> list[str]:
-    """The fixed training text; the prompt text alone when the data folder is missing."""
+    """The fixed training text: the prompt words plus the first lines of three task files.
+
+    All of them or none: a tokenizer trained on less text would silently be another tokenizer, and "same seed,
+    same bytes" would not hold.
+    """
     texts = [_PROMPT_TEXT] * _PROMPT_REPEATS
     data = shared_data_dir()
+    missing = [name for name, _, _ in _CORPUS if not (data / name).is_file()]
+    if missing:
+        raise MobizoError(
+            f"the tiny model's tokenizer is trained on the task data, and {data} lacks {', '.join(missing)} "
+            "(the read-only data folder beside the repository; set MOBIZO_SHARED_DIR to the folder that holds data/)"
+        )
     for name, fields, n_lines in _CORPUS:
-        path = data / name
-        if path.is_file():
-            texts.extend(_read_fields(path, fields, n_lines))
+        texts.extend(_read_fields(data / name, fields, n_lines))
     return texts
 
 
