@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,7 +272,36 @@ def load_model(
         raise MobizoError(f"cannot load the model in {model_dir}: {exc}") from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if torch_dtype == torch.float64:
+        float64_throughout(model)
     return _frozen(model), tokenizer
+
+
+def float64_throughout(model: torch.nn.Module) -> torch.nn.Module:
+    """Make a float64 model compute in float64 everywhere (in place).
+
+    Hugging Face runs RMSNorm and the rotary tables in float32 whatever the model's dtype (to protect half
+    precision), so a float64 model would still round like float32 there, and at kernel-dependent places. The
+    exactness checks need float64 end to end, so those modules get float64 forwards (same formulas).
+    """
+    for module in model.modules():
+        kind = type(module).__name__
+        if kind.endswith("RMSNorm"):
+            module.forward = types.MethodType(_rms_norm_float64, module)
+        elif kind.endswith("RotaryEmbedding"):
+            module.forward = types.MethodType(_rotary_float64, module)
+    return model
+
+
+def _rms_norm_float64(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _rotary_float64(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = position_ids[..., None].to(torch.float64) * self.inv_freq.to(device=x.device, dtype=torch.float64)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
 def import_gguf(gguf_file: Path, out_dir: Path) -> Path:

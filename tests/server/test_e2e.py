@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers import AutoConfig
 
 from tests.server.conftest import pg_schema
 from tests.server.factories import ADMIN_TOKEN, bearer
 from tests.server.live import server_process
+from tests.utils.tolerance import loss_rtol
 
 pytestmark = pytest.mark.slow
 
@@ -179,8 +181,10 @@ def test_full_flow(server, tiny_model_dir, tmp_path):
     ids = torch.tensor([[1, 17, 42, 99, 7, 256, 3, 11]])
     base_logits, peft_logits = _peft_logits(tiny_model_dir, archive, tmp_path, ids)
     expected = _logits_with_b(tiny_model_dir, {**lease["spec"]}, b, ids)
-    assert (peft_logits - base_logits).abs().max() > 1e-4  # the adapter changes the model ...
-    torch.testing.assert_close(peft_logits, expected, rtol=1e-4, atol=1e-5)  # ... exactly as the device's B says
+    # PEFT's LoRA and the MP-LoRA layers round differently: within the forward bound, relative to the logits' size
+    atol = loss_rtol(AutoConfig.from_pretrained(tiny_model_dir)) * float(expected.abs().max())
+    assert (peft_logits - base_logits).abs().max() > 10 * atol  # the adapter changes the model ...
+    torch.testing.assert_close(peft_logits, expected, rtol=0, atol=atol)  # ... exactly as the device's B says
 
 
 def test_cached_program_and_cancel_stops_the_device(server, tiny_model_dir):

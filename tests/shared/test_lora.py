@@ -8,6 +8,7 @@ from shared.errors import UsageError
 from shared.lora import MPLoRALinear, inject_lora, lora_a_init
 from shared.zo import forward_losses, path_losses
 from tests.utils.tiny import random_batch, tiny_llama
+from tests.utils.tolerance import loss_rtol
 
 
 def _logits(model, batch):
@@ -51,7 +52,7 @@ def test_paths_in_one_pass_equal_each_path_alone():
     paths = torch.randn(5, lora.size, generator=torch.Generator().manual_seed(0)) * 0.1
     together = path_losses(model, lora, batch, paths, copies=5)
     alone = torch.stack([path_losses(model, lora, batch, paths[j : j + 1], copies=1)[0] for j in range(5)])
-    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(together, alone, rtol=loss_rtol(model.config), atol=0)  # other batch shapes
     assert len(set(alone.tolist())) == 5  # the paths really differ
 
 
