@@ -16,8 +16,8 @@ import httpx
 
 from device_agent.heartbeat import Heartbeat
 from device_agent.job import ENDED, AgentContext, run_job
-from device_agent.retry import call_with_retry
-from shared.errors import MobizoError
+from shared.errors import ExitCode, MobizoError
+from shared.retry import call_with_retry
 from shared.schemas import LeasePublic
 
 POLL_S = 5.0
@@ -58,14 +58,14 @@ def next_lease(ctx: AgentContext) -> LeasePublic | None:
     return call_with_retry(ctx.policy(), ctx.api.lease, ctx.backend.name, ctx.backend.free_memory_mb())
 
 
-def serve(ctx: AgentContext, options: RunOptions) -> int:
+def serve(ctx: AgentContext, options: RunOptions) -> ExitCode:
     """Run jobs until stopped (``options.once``: until one has ended); the exit status of ``mobizo agent run``."""
     for lease in [lease for lease in unfinished(ctx) if still_mine(ctx, lease)]:  # forget the others first
         if ctx.stop.is_set():
-            return 0
+            return ExitCode.OK
         state = run_job(ctx, lease)
         if options.once and state in ENDED:
-            return 0 if state in ("succeeded", "cancelled") else 1
+            return ExitCode.OK if state in ("succeeded", "cancelled") else ExitCode.FAILURE
     while not ctx.stop.is_set():
         try:
             lease = next_lease(ctx)
@@ -78,9 +78,9 @@ def serve(ctx: AgentContext, options: RunOptions) -> int:
             continue
         state = run_job(ctx, lease)
         if options.once and state in ENDED:
-            return 0 if state in ("succeeded", "cancelled") else 1
+            return ExitCode.OK if state in ("succeeded", "cancelled") else ExitCode.FAILURE
     ctx.reporter.event("stopped")
-    return 0
+    return ExitCode.OK
 
 
 def stop_on_signals(stop: threading.Event) -> None:

@@ -4,7 +4,7 @@ A download goes to ``<dest>.part``; an interrupted one resumes with a ``Range`` 
 expected sha256, which is the server's ETag, so a changed file restarts from zero instead of splicing). The
 result is checked against its sha256 (and size) before it is renamed into place, so a file in the cache is
 always whole and correct. The cache is addressed by sha256: a model's ``.ptd`` shared by many jobs is fetched once.
-One call is one attempt; wrap it in ``device_agent.retry.call_with_retry`` (each retry resumes).
+One call is one attempt; wrap it in ``shared.retry.call_with_retry`` (each retry resumes).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import httpx
 
-from device_agent.retry import RetryPolicy, call_with_retry
 from shared.errors import MobizoError
 from shared.files import sha256_file
+from shared.http_client import checked
+from shared.retry import RetryPolicy, call_with_retry
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(?:\d+|\*)")
@@ -74,7 +75,7 @@ def download(
     with client.stream("GET", url, headers=headers) as response:
         if response.status_code == 416 and offset:  # the part already holds every byte the server has
             return _finish(part, dest, url, sha256, size)
-        response.raise_for_status()
+        checked(response)
         _receive(response, part, _resume_offset(response, offset), progress)
     return _finish(part, dest, url, sha256, size)
 

@@ -26,9 +26,9 @@ from device_agent.backends import Backend, StepRecord, TrainRun
 from device_agent.download import ContentCache
 from device_agent.events import Reporter
 from device_agent.heartbeat import Heartbeat
-from device_agent.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry
 from shared.errors import MobizoError
 from shared.files import atomic_write_bytes
+from shared.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry
 from shared.schemas import LeasePublic
 
 # What became of a job: it is over for this device (succeeded, cancelled, failed), or it may come back (stopped:
@@ -163,7 +163,7 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
 
 def train(ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, beat: Heartbeat) -> str:
     """Train from the last checkpoint; "trained" (result written), or why it stopped early."""
-    from device_agent.results import training_metrics
+    from device_agent.metrics import training_metrics
     from device_agent.trainlog import LogWriter, read_complete, resume_point
     from shared.replay import log_record
 

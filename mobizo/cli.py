@@ -1,10 +1,12 @@
 """mobizo: personalize LLMs on the user's own device with parallel zeroth-order fine-tuning (MobiZO).
 
-Each subcommand lives in the package that owns it (``shared.commands``, ``server.commands``,
-``device_agent.commands``) as a module with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
-Command modules only touch ``argparse`` at import time, so building the whole parser is cheap.
+Each subcommand lives in the ``commands`` package of the part that owns it (``shared.commands``,
+``server.commands``, ``device_agent.commands``) as a module with ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> ExitCode``; this module is the one table of them. Command modules only touch ``argparse`` at import
+time, so building the whole parser is cheap.
 
-Exit codes: 0 success, 2 bad arguments (message names the argument), 1 any other failure.
+Exit codes (``shared.errors.ExitCode``): 0 success, 2 bad arguments (message names the argument), 1 any other
+failure, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -13,21 +15,21 @@ import argparse
 import importlib
 import sys
 
-from shared.errors import MobizoError, UsageError
+from shared.errors import ExitCode, MobizoError, UsageError
 
 COMMANDS: dict[str, str] = {
     "make-tiny-model": "shared.commands.make_tiny_model",
     "train": "shared.commands.train",
     "eval": "shared.commands.eval",
     "export": "shared.commands.export",
-    "run-program": "device_agent.run_program",
+    "run-program": "device_agent.commands.run_program",
     "replay": "shared.commands.replay",
     "server": "server.commands.serve",
     "users": "server.commands.users",
     "enroll-code": "server.commands.enroll_code",
     "jobs": "server.commands.jobs",
     "adapters": "server.commands.adapters",
-    "agent": "device_agent.commands",
+    "agent": "device_agent.commands.agent",
 }
 
 # Groups whose subcommands come from more than one package: each module has ``add_subcommands(subparsers)`` and
@@ -41,16 +43,11 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Parser with every subcommand whose module is importable."""
+    """The parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="mobizo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # that part is not built yet
-            raise
+        module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run, _parser=cmd)
@@ -82,16 +79,16 @@ def quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # argparse exits with ExitCode.USAGE itself
     try:
-        return int(args._run(args) or 0)
+        return int(args._run(args))
     except UsageError as exc:
         args._parser.print_usage(sys.stderr)
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except MobizoError as exc:
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILURE
     except KeyboardInterrupt:
         print(f"{args._parser.prog}: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED

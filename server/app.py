@@ -2,7 +2,7 @@
 
 On start (lifespan) it migrates the database, resubmits jobs a previous run left queued or compiling, and starts
 the lease sweeper; on stop it shuts the worker pools down. Nothing here imports torch: compilation and replay run
-in worker processes (``server.worker_tasks``).
+in worker processes (``server.compile``, ``server.verify``).
 """
 
 from __future__ import annotations

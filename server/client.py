@@ -1,36 +1,54 @@
-"""A small httpx client for the REST API, shared by the ``mobizo users|enroll-code|jobs|adapters`` commands.
+"""The REST client of the user commands (``mobizo users|enroll-code|jobs|adapters|models``), on the shared client
+layer (``shared.http_client``, ``shared.retry``) that the device agent uses too.
 
-Errors come back as ``MobizoError`` carrying the server's ``detail`` (validation errors are flattened to
-``field: reason`` lines), so the command line prints them and exits 1.
+Reads (GET, downloads) are retried a few times on a transient failure (a dropped connection, 502/503/504, 429);
+writes are sent once, since a submit that timed out may still have been taken. Errors come back as
+``MobizoError`` (``ServerError`` carries the server's ``detail``, validation errors flattened to ``field: reason``
+lines), so the command line prints them and exits 1.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from shared import http_client
 from shared.errors import MobizoError
 from shared.files import atomic_write
-from shared.schemas import describe_error
+from shared.http_client import checked
+from shared.retry import Backoff, RetryPolicy, call_with_retry
+
+T = TypeVar("T")
+READ_TRIES = 3
 
 
 class ServerClient:
     def __init__(
-        self, server: str, token: str | None, timeout: float = 60.0, transport: httpx.BaseTransport | None = None
+        self,
+        server: str,
+        token: str | None,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
+        self._http = http_client.client(server, token, transport, timeout)
+        self._retry = retry or RetryPolicy(backoff=Backoff(base=0.5, cap=4.0), max_tries=READ_TRIES)
+
+    def _call(self, fn: Callable[..., T], *args: Any, retry: bool) -> T:
+        """``fn(*args)``, retried when ``retry``; a server it cannot reach is a ``MobizoError``."""
+        try:
+            return call_with_retry(self._retry, fn, *args) if retry else fn(*args)
+        except httpx.TransportError as exc:
+            raise MobizoError(f"cannot reach {self._http.base_url}: {exc}") from None
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise MobizoError(f"cannot reach {self._http.base_url}: {exc}") from None
-        if response.status_code >= 400:
-            raise MobizoError(describe_error(response.status_code, response.text))
-        return response
+        def once() -> httpx.Response:
+            return checked(self._http.request(method, path, **kwargs))
+
+        return self._call(once, retry=method == "GET")
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
@@ -43,13 +61,10 @@ class ServerClient:
 
         def stream(out) -> None:
             with self._http.stream("GET", path) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise MobizoError(describe_error(response.status_code, response.text))
-                for chunk in response.iter_bytes(1 << 20):
+                for chunk in checked(response).iter_bytes(1 << 20):
                     out.write(chunk)
 
-        return atomic_write(dest, stream)
+        return self._call(atomic_write, dest, stream, retry=True)
 
     def close(self) -> None:
         self._http.close()

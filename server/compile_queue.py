@@ -3,7 +3,7 @@
 ``CompileQueue`` is the whole interface the routes see (``submit``), so a distributed queue (Celery, RQ, a
 PostgreSQL ``SKIP LOCKED`` table) can replace ``LocalCompileQueue`` without touching them. The local queue runs
 one driver thread per worker process: the driver moves the job to ``compiling``, has a worker export the program
-(``server.worker_tasks.build_program``) and records ``ready`` or ``failed`` with the error text. A job is thus
+(``server.compile.build_program``) and records ``ready`` or ``failed`` with the error text. A job is thus
 ``compiling`` exactly while a process works on it.
 """
 
@@ -14,14 +14,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate
-from server.models import Job
+from server.compile import build_program
 from server.pool import WorkerPool
 from server.store import ArtifactStore
-from server.worker_tasks import build_program
 
 log = logging.getLogger(__name__)
 BuildFn = Callable[[str, str, dict[str, Any], str, str], dict[str, Any]]
@@ -62,9 +60,7 @@ class LocalCompileQueue:
     def recover(self) -> int:
         """Jobs a previous run left queued or compiling go (back) into the queue."""
         with self._sessions() as session:
-            ids = session.scalars(select(Job.id).where(Job.status.in_(("queued", "compiling"))).order_by(Job.id)).all()
-            session.execute(update(Job).where(Job.id.in_(ids)).values(status="queued"))
-            session.commit()
+            ids = jobstate.requeue_unfinished(session)
         for job_id in ids:
             self.submit(job_id)
         return len(ids)

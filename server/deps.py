@@ -1,7 +1,8 @@
-"""Request dependencies: a DB session, the settings, and who is calling (admin, user or device).
+"""Request dependencies: a DB session, the settings, the store and worker pools, who is calling (admin, user or
+device), and the job a device names in the path.
 
 Routes declare only what they need: ``session: SessionDep``, ``user: CurrentUser``, ``device: CurrentDevice``,
-``_: AdminDep``. A bad or missing token is 401; a valid token of the wrong kind is 403.
+``job: DeviceJob``, ``_: AdminDep``. A bad or missing token is 401; a valid token of the wrong kind is 403.
 
 The auth dependencies end their transaction before returning. FastAPI runs each sync dependency and the route in
 separate thread-pool calls; a transaction left open between them would hold SQLite's write lock while waiting for
@@ -20,10 +21,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from server.compile_queue import CompileQueue
-from server.models import Device, User, utcnow
+from server.pool import WorkerPool
+from server.responses import not_found
 from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_token, secret_matches
 from server.settings import Settings
 from server.store import ArtifactStore
+from server.tables import Device, Job, User, utcnow
 
 LAST_SEEN_EVERY = timedelta(seconds=30)
 _bearer = HTTPBearer(auto_error=False, description="admin token, user API key or device token")
@@ -46,10 +49,15 @@ async def get_queue(request: Request) -> CompileQueue:
     return request.app.state.compile_queue
 
 
+async def get_verify_pool(request: Request) -> WorkerPool:
+    return request.app.state.verify_pool
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 QueueDep = Annotated[CompileQueue, Depends(get_queue)]
+VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
@@ -132,3 +140,15 @@ AdminDep = Annotated[None, Depends(require_admin)]
 CurrentUser = Annotated[User, Depends(get_current_user)]
 CurrentDevice = Annotated[Device, Depends(get_current_device)]
 AnyAuth = Annotated[None, Depends(require_any)]
+
+
+def get_device_job(job_id: int, device: CurrentDevice, session: SessionDep) -> Job:
+    """The job ``job_id`` of the path if it belongs to the device's user; 404 for anyone else's."""
+    job = session.get(Job, job_id)
+    session.commit()  # see the module docstring
+    if job is None or job.user_id != device.user_id:
+        raise not_found("job", job_id)
+    return job
+
+
+DeviceJob = Annotated[Job, Depends(get_device_job)]

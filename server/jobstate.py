@@ -1,4 +1,5 @@
-"""The job state machine, as small database transitions shared by routes, the compile queue and the sweeper.
+"""The job state machine: the one module that writes ``Job.status``, as small database transitions shared by the
+routes, the compile queue and the lease sweeper (``tests/server/test_structure.py`` keeps it so).
 
     queued → compiling → ready → running → succeeded
                  ↘ failed       ↑   ↓ ↘ failed (lease expired max_attempts times)
@@ -19,8 +20,23 @@ from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.models import Device, Job, Model, Program, utcnow
-from shared.schemas import TERMINAL_STATUSES
+from server.tables import Device, Job, Model, Program, utcnow
+from shared.schemas import TERMINAL_STATUSES, JobCreate, JobSpec
+
+
+def submit(session: Session, **columns: Any) -> Job:
+    """A new job (``columns``: the ``Job`` fields but the state), queued for the compile queue."""
+    job = Job(**columns, status="queued")
+    session.add(job)
+    session.commit()
+    return job
+
+
+def device_spec(job: Job) -> JobSpec:
+    """What a device (and the result checks) learn of a job: its task and hyperparameters, ``answer_len`` resolved."""
+    fields = JobSpec.model_fields
+    spec = {k: v for k, v in JobCreate.model_validate(job.spec).model_dump().items() if k in fields}
+    return JobSpec(**{**spec, "answer_len": job.answer_len})
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,14 @@ class CompileInput:
     model_dir: str
     model_sha256: str
     spec: dict[str, Any]
+
+
+def requeue_unfinished(session: Session) -> list[int]:
+    """compiling → queued for jobs a previous run left mid-compile → the ids of every queued job, oldest first."""
+    ids = list(session.scalars(select(Job.id).where(Job.status.in_(("queued", "compiling"))).order_by(Job.id)))
+    session.execute(update(Job).where(Job.id.in_(ids)).values(status="queued"))
+    session.commit()
+    return ids
 
 
 def start_compiling(session: Session, job_id: int) -> CompileInput | None:
@@ -96,6 +120,16 @@ def device_failed(session: Session, job: Job, device: Device, error: str) -> boo
         .execution_options(synchronize_session=False)
     ).rowcount
     session.commit()
+    return bool(moved)
+
+
+def succeed(session: Session, job: Job, device: Device, steps: int) -> bool:
+    """running → succeeded if the device still holds the lease; the caller commits, together with the adapter."""
+    moved = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status == "running", Job.leased_device_id == device.id)
+        .values(status="succeeded", lease_expires_at=None, progress_step=steps, updated_at=utcnow())
+    ).rowcount
     return bool(moved)
 
 

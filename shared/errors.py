@@ -1,12 +1,23 @@
-"""Error types that the command line maps onto exit codes (2 for bad arguments, 1 for failures)."""
+"""Error types and the exit codes the command line maps them onto (``ExitCode``)."""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What ``mobizo`` exits with (interfaces.md §1)."""
+
+    OK = 0
+    FAILURE = 1  # a MobizoError: the message says what failed
+    USAGE = 2  # a UsageError (or argparse's own): the message names the argument
+    INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 
 
 class MobizoError(Exception):
-    """A failure the user should read (exit code 1)."""
+    """A failure the user should read (``ExitCode.FAILURE``)."""
 
 
 class UsageError(MobizoError):
-    """A bad argument or option: the message names it (exit code 2)."""
+    """A bad argument or option: the message names it (``ExitCode.USAGE``)."""
 
     def __init__(self, argument: str, reason: str) -> None:
         super().__init__(f"argument {argument}: {reason}")

@@ -307,16 +307,3 @@ class AdaptersPublic(BaseModel):
 class HealthPublic(BaseModel):
     status: Literal["ok", "degraded"]
     database: Literal["ok", "unreachable"]
-
-
-def describe_error(status_code: int, body: str) -> str:
-    """``HTTP 422: spec.q: ...`` from an error answer's body (FastAPI's ``{"detail": ...}``, or the raw text)."""
-    try:
-        detail = json.loads(body).get("detail", body)
-    except (json.JSONDecodeError, AttributeError):
-        detail = body
-    if isinstance(detail, list):
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in item.get('loc', [])[1:]) or 'request'}: {item.get('msg')}" for item in detail
-        )
-    return f"HTTP {status_code}: {detail}"

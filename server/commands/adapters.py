@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
+from shared.errors import ExitCode
 
 HELP = "list your adapters and download them in PEFT format"
 
@@ -47,7 +48,7 @@ def _unpack(archive: Path, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     client = client_from_args(args)
     if args.action == "list":
         adapters = client.get("/v1/adapters", model=args.model, task=args.task)
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             columns = ["id", "model", "task", "version", "job_id", "parent_adapter_id", "created_at"]
             print_table(adapters["data"], columns)
-        return 0
+        return ExitCode.OK
     out = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.zip:
@@ -68,4 +69,4 @@ def run(args: argparse.Namespace) -> int:
         finally:
             archive.unlink(missing_ok=True)
     print(out)
-    return 0
+    return ExitCode.OK

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json
+from shared.errors import ExitCode
 
 HELP = "create a one-time code that enrolls one device for you"
 
@@ -15,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_args(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     from shared.errors import UsageError
 
     if not 60 <= args.ttl <= 7 * 24 * 3600:
@@ -25,4 +26,4 @@ def run(args: argparse.Namespace) -> int:
         print_json(code)
     else:
         print(f"{code['code']}  (expires {code['expires_at']})")
-    return 0
+    return ExitCode.OK

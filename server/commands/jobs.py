@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
+from shared.errors import ExitCode
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
 
@@ -104,7 +105,7 @@ def job_body(args: argparse.Namespace) -> dict:
         raise UsageError(f"--{option.replace('_', '-')}", message.removeprefix(f"{field}: ")) from None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     if args.action == "submit":
         body = job_body(args)
         print_json(client_from_args(args).post("/v1/jobs", body))
@@ -119,4 +120,4 @@ def run(args: argparse.Namespace) -> int:
         client = client_from_args(args)
         path = f"/v1/jobs/{args.job_id}" + ("/cancel" if args.action == "cancel" else "")
         print_json(client.post(path) if args.action == "cancel" else client.get(path))
-    return 0
+    return ExitCode.OK

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
+from shared.errors import ExitCode
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -20,15 +21,15 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     listing.set_defaults(_run=run_list, _parser=listing)
 
 
-def run_register(args: argparse.Namespace) -> int:
+def run_register(args: argparse.Namespace) -> ExitCode:
     print_json(client_from_args(args).post("/v1/models", {"name": args.name, "path": str(args.path.resolve())}))
-    return 0
+    return ExitCode.OK
 
 
-def run_list(args: argparse.Namespace) -> int:
+def run_list(args: argparse.Namespace) -> ExitCode:
     models = client_from_args(args).get("/v1/models")
     if args.json:
         print_json(models)
     else:
         print_table(models["data"], ["id", "name", "architecture", "sha256"])
-    return 0
+    return ExitCode.OK

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from shared.errors import ExitCode
+
 HELP = "run the REST server (DATABASE_URL, MOBIZO_DATA_DIR, MOBIZO_ADMIN_TOKEN, ... from the environment)"
 
 
@@ -13,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     import logging
 
     import uvicorn
@@ -30,4 +32,4 @@ def run(args: argparse.Namespace) -> int:
     if settings.admin_token is None:
         logging.warning("MOBIZO_ADMIN_TOKEN is not set: admin endpoints (users, models) will refuse every request")
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    return ExitCode.OK

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json
+from shared.errors import ExitCode
 
 HELP = "create users (admin): prints the new user's API key once"
 
@@ -16,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_args(create, admin=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     client = client_from_args(args)
     print_json(client.post("/v1/users", {"name": args.name}))
-    return 0
+    return ExitCode.OK

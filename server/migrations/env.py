@@ -1,4 +1,4 @@
-"""Alembic environment: metadata from ``server.models``; the connection from the server, else from settings.
+"""Alembic environment: metadata from ``server.tables``; the connection from the server, else from settings.
 
 The server passes its own connection in ``config.attributes["connection"]`` (so that migrations run on the same
 engine, SQLite pragmas included); the ``alembic`` command line falls back to ``Settings().db_url``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from server.models import Base
+from server.tables import Base
 
 
 def _run(connection: Connection) -> None:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import Header, Query, Response
+from fastapi import Query, Response
 from fastapi.responses import FileResponse
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server.deps import CurrentUser, SessionDep, StoreDep
-from server.models import Adapter, Model
-from server.routes.base import Router
-from server.routes.errors import not_found
-from server.routes.programs import serve_file
+from server.responses import IfNoneMatch, not_found, serve_file
+from server.router import Router
+from server.tables import Adapter, Model
 from shared.schemas import AdapterPublic, AdaptersPublic
 
 router = Router(prefix="/v1/adapters", tags=["adapters"])
@@ -73,7 +72,7 @@ def show(adapter_id: int, user: CurrentUser, session: SessionDep) -> AdapterPubl
     responses={200: {"content": {"application/zip": {}}, "description": "a zipped PEFT adapter directory"}},
 )
 def download(
-    adapter_id: int, user: CurrentUser, session: SessionDep, store: StoreDep, if_none_match: str | None = Header(None)
+    adapter_id: int, user: CurrentUser, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch
 ) -> Response:
     """A zip that unpacks to a PEFT adapter directory: ``PeftModel.from_pretrained(base, that_dir)``."""
     adapter = user_adapter(session, user.id, adapter_id)

@@ -6,9 +6,9 @@ from fastapi import HTTPException, status
 from sqlalchemy import select, update
 
 from server.deps import CurrentUser, SessionDep
-from server.models import Device, EnrollmentCode, utcnow
-from server.routes.base import Router
+from server.router import Router
 from server.security import DEVICE_TOKEN, hash_secret, make_token, new_secret, normalize_code
+from server.tables import Device, EnrollmentCode, utcnow
 from shared.schemas import DeviceCreate, DeviceEnrolled, DevicePublic, DevicesPublic
 
 router = Router(prefix="/v1/devices", tags=["devices"])

@@ -7,9 +7,9 @@ from datetime import timedelta
 from fastapi import status
 
 from server.deps import CurrentUser, SessionDep
-from server.models import EnrollmentCode, utcnow
-from server.routes.base import Router
+from server.router import Router
 from server.security import hash_secret, new_enrollment_code
+from server.tables import EnrollmentCode, utcnow
 from shared.schemas import EnrollmentCodeCreate, EnrollmentCodePublic
 
 router = Router(prefix="/v1/enrollment-codes", tags=["devices"])

@@ -7,7 +7,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from server.deps import SessionDep
-from server.routes.base import Router
+from server.router import Router
 from shared.schemas import HealthPublic
 
 router = Router(tags=["health"])

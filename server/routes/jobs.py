@@ -6,11 +6,11 @@ from fastapi import HTTPException, Query, status
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server import jobstate
+from server import jobstate, registry
 from server.deps import CurrentUser, QueueDep, SessionDep
-from server.models import Adapter, Device, Job, Model, User
-from server.routes.base import Router
-from server.routes.errors import field_error, not_found
+from server.responses import field_error, not_found
+from server.router import Router
+from server.tables import Adapter, Device, Job, Model, User
 from shared.schemas import JobCreate, JobProgress, JobPublic, JobsPublic
 from shared.tasks import get_task
 
@@ -69,9 +69,7 @@ def _check_init_adapter(session: Session, user: User, model: Model, body: JobCre
     adapter = session.get(Adapter, body.init_adapter_id)
     if adapter is None or adapter.user_id != user.id:
         raise field_error("init_adapter_id", f"adapter {body.init_adapter_id} not found", status.HTTP_404_NOT_FOUND)
-    mine = (model.id, body.rank, body.alpha, sorted(body.targets), body.a_seed)
-    theirs = (adapter.model_id, adapter.rank, adapter.alpha, sorted(adapter.targets), adapter.a_seed)
-    if mine != theirs:
+    if not registry.fits_as_start(adapter, model.id, body.model_dump()):
         raise field_error(
             "init_adapter_id", "the starting adapter differs in model, rank, alpha, targets or a_seed from this job"
         )
@@ -89,18 +87,16 @@ def submit(body: JobCreate, user: CurrentUser, session: SessionDep, queue: Queue
     _check_device(session, user, body)
     _check_init_adapter(session, user, model, body)
     _check_answer_len(body)
-    job = Job(
+    job = jobstate.submit(
+        session,
         user_id=user.id,
         model_id=model.id,
         task=body.task_key,
         spec=body.model_dump(mode="json"),
-        status="queued",
         device_id=body.device_id,
         device_backend=body.device_backend,
         init_adapter_id=body.init_adapter_id,
     )
-    session.add(job)
-    session.commit()
     queue.submit(job.id)
     return public(job, model.name, None)
 

@@ -12,37 +12,13 @@ from fastapi import HTTPException, Response, status
 from sqlalchemy.orm import Session
 
 from server import jobstate
-from server.deps import CurrentDevice, SessionDep, SettingsDep, StoreDep
-from server.models import Adapter, Device, Job, Program, utcnow
-from server.routes.base import Router
-from server.routes.errors import not_found
+from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep
+from server.router import Router
 from server.store import ArtifactStore
-from shared.schemas import (
-    FileRef,
-    HeartbeatCreate,
-    HeartbeatPublic,
-    JobCreate,
-    JobFailureCreate,
-    JobSpec,
-    LeaseCreate,
-    LeasePublic,
-)
+from server.tables import Adapter, Job, Program, utcnow
+from shared.schemas import FileRef, HeartbeatCreate, HeartbeatPublic, JobFailureCreate, LeaseCreate, LeasePublic
 
 router = Router(tags=["leases"])
-
-
-def device_job(session: Session, device: Device, job_id: int) -> Job:
-    """A job of the device's user; 404 for anyone else's."""
-    job = session.get(Job, job_id)
-    if job is None or job.user_id != device.user_id:
-        raise not_found("job", job_id)
-    return job
-
-
-def job_spec(job: Job) -> JobSpec:
-    fields = JobSpec.model_fields
-    spec = {k: v for k, v in JobCreate.model_validate(job.spec).model_dump().items() if k in fields}
-    return JobSpec(**{**spec, "answer_len": job.answer_len})
 
 
 def _init_ref(session: Session, store: ArtifactStore, job: Job) -> FileRef | None:
@@ -62,7 +38,7 @@ def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -
     return LeasePublic(
         job_id=job.id,
         attempt=job.attempts,
-        spec=job_spec(job),
+        spec=jobstate.device_spec(job),
         manifest={k: v for k, v in manifest.items() if k != "model"},  # the server's path is none of its business
         program=_file_ref(job, manifest, "pte", "program"),
         weights=_file_ref(job, manifest, "ptd", "weights"),
@@ -91,15 +67,14 @@ def lease(
 
 @router.post("/v1/jobs/{job_id}/heartbeat", response_model=HeartbeatPublic, tags=["leases"])
 def heartbeat(
-    job_id: int, body: HeartbeatCreate, device: CurrentDevice, session: SessionDep, settings: SettingsDep
+    job: DeviceJob, body: HeartbeatCreate, device: CurrentDevice, session: SessionDep, settings: SettingsDep
 ) -> HeartbeatPublic:
-    job = device_job(session, device, job_id)
     if job.status == "cancelled" and job.leased_device_id == device.id:
         session.commit()  # last_seen_at
         return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
     expires = jobstate.heartbeat(session, job, device, settings.lease_s, body.model_dump())
     if expires is None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device does not hold its lease (expired?)")
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device does not hold its lease (expired?)")
     return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
 
 
@@ -109,8 +84,7 @@ def heartbeat(
     tags=["leases"],
     responses={409: {"description": "this device holds no lease on the job"}},
 )
-def fail(job_id: int, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:
-    job = device_job(session, device, job_id)
+def fail(job: DeviceJob, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:
     if not jobstate.device_failed(session, job, device, body.error):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device holds no lease on it")
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device holds no lease on it")
     return Response(status_code=status.HTTP_204_NO_CONTENT)

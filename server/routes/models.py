@@ -8,9 +8,9 @@ from fastapi import HTTPException, status
 from sqlalchemy import select
 
 from server.deps import AdminDep, AnyAuth, SessionDep
-from server.models import Model
-from server.routes.base import Router
-from server.routes.errors import field_error
+from server.responses import field_error
+from server.router import Router
+from server.tables import Model
 from shared.errors import DataError
 from shared.model_files import inspect_model
 from shared.schemas import ModelCreate, ModelPublic, ModelsPublic

@@ -16,31 +16,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-from fastapi import Depends, File, HTTPException, Request, Response, UploadFile, status
-from sqlalchemy import func, select, update
+from fastapi import File, HTTPException, Response, UploadFile, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.deps import CurrentDevice, SessionDep, SettingsDep, StoreDep
-from server.models import Adapter, Device, Job, Model, Program, utcnow
+from server import jobstate, registry
+from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, VerifyPoolDep
 from server.pool import WorkerPool
-from server.results import METRICS_LIMIT, ResultRejected, b_limit, b_size, check_b, log_limit, parse_metrics
-from server.routes.base import Router
-from server.routes.errors import field_error
-from server.routes.leases import device_job, job_spec
+from server.responses import field_error
+from server.router import Router
 from server.store import ArtifactStore
-from server.worker_tasks import verify_and_package
+from server.tables import Adapter, Device, Job, Model, Program
+from server.verify import (
+    METRICS_LIMIT,
+    ResultRejected,
+    b_limit,
+    b_size,
+    check_b,
+    log_limit,
+    parse_metrics,
+    verify_and_package,
+)
 from shared.files import sha256_file
-from shared.schemas import ResultPublic
+from shared.schemas import JobSpec, ResultPublic
 
 router = Router(tags=["results"])
-
-
-async def get_verify_pool(request: Request) -> WorkerPool:
-    return request.app.state.verify_pool
-
-
-VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _context(session: Session, job: Job) -> dict[str, Any]:
     """What checking and packaging need to know about the job (plain data, for the worker)."""
     program = session.get_one(Program, job.program_id)
     return {
-        "spec": job_spec(job).model_dump(mode="json"),
+        "spec": jobstate.device_spec(job).model_dump(mode="json"),
         "manifest": program.manifest,
         "d": b_size(program.manifest),
         "base_model": session.get_one(Model, job.model_id).name,
@@ -73,8 +73,6 @@ def _spool(store: ArtifactStore, tmp: Path, part: UploadFile, limit: int, name: 
 
 def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: tuple[UploadFile, UploadFile, UploadFile]) -> Upload:
     """Spool the three parts under their limits and run the checks that need no torch."""
-    from shared.schemas import JobSpec
-
     spec = JobSpec.model_validate(ctx["spec"])
     b_path = _spool(store, tmp, parts[0], b_limit(ctx["d"]), "b_flat")
     log_path = _spool(store, tmp, parts[1], log_limit(spec), "log")
@@ -89,21 +87,12 @@ def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: tuple[UploadFile
 
 def _repeat(session: Session, job: Job, upload: Upload) -> ResultPublic | None:
     """The stored result if this upload repeats it; 409 if the job holds a different one."""
-    adapter = session.scalar(select(Adapter).where(Adapter.job_id == job.id))
+    adapter = registry.job_adapter(session, job.id)
     if adapter is None:
         return None
     if (adapter.b_sha256, adapter.log_sha256) != (upload.b_sha256, upload.log_sha256):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} already has a different result")
     return ResultPublic(adapter_id=adapter.id, version=adapter.version)
-
-
-def _next_version(session: Session, job: Job) -> int:
-    latest = session.scalar(
-        select(func.max(Adapter.version)).where(
-            Adapter.user_id == job.user_id, Adapter.model_id == job.model_id, Adapter.task == job.task
-        )
-    )
-    return (latest or 0) + 1
 
 
 def _publish(store: ArtifactStore, upload: Upload, archive: Path) -> None:
@@ -118,35 +107,13 @@ def _record(
 ) -> ResultPublic:
     """running → succeeded and the new adapter version, in one transaction; files published before commit."""
     archive, archive_sha, archive_size = outcome["archive"]
-    done = session.execute(
-        update(Job)
-        .where(Job.id == job.id, Job.status == "running", Job.leased_device_id == device.id)
-        .values(status="succeeded", lease_expires_at=None, progress_step=ctx["spec"]["steps"], updated_at=utcnow())
-    ).rowcount
-    if not done:
+    spec = ctx["spec"]
+    if not jobstate.succeed(session, job, device, spec["steps"]):
         session.rollback()
         session.refresh(job)
         return _repeat(session, job, upload) or _lost(job)
-    spec = ctx["spec"]
-    adapter = Adapter(
-        user_id=job.user_id,
-        model_id=job.model_id,
-        task=job.task,
-        version=_next_version(session, job),
-        job_id=job.id,
-        parent_id=job.init_adapter_id,
-        rank=spec["rank"],
-        alpha=spec["alpha"],
-        targets=spec["targets"],
-        a_seed=spec["a_seed"],
-        b_sha256=upload.b_sha256,
-        log_sha256=upload.log_sha256,
-        archive_sha256=archive_sha,
-        archive_size=archive_size,
-        metrics={**upload.metrics, "server": outcome["checks"]},
-    )
-    session.add(adapter)
-    session.flush()
+    files = registry.StoredFiles(upload.b_sha256, upload.log_sha256, archive_sha, archive_size)
+    adapter = registry.add_version(session, job, spec, files, {**upload.metrics, "server": outcome["checks"]})
     _publish(store, upload, archive)
     session.commit()
     return ResultPublic(adapter_id=adapter.id, version=adapter.version)
@@ -187,7 +154,7 @@ def _verify(pool: WorkerPool, timeout: float, ctx: dict, upload: Upload, init: P
     },
 )
 def upload_result(
-    job_id: int,
+    job: DeviceJob,
     device: CurrentDevice,
     session: SessionDep,
     settings: SettingsDep,
@@ -198,7 +165,6 @@ def upload_result(
     log: Annotated[UploadFile, File(description="training log, JSON Lines, one record per step")],
     metrics: Annotated[UploadFile, File(description="metrics.json")],
 ) -> ResultPublic:
-    job = device_job(session, device, job_id)
     if job.program_id is None:
         _lost(job)
     ctx = _context(session, job)

@@ -6,9 +6,9 @@ from fastapi import HTTPException, status
 from sqlalchemy import select
 
 from server.deps import AdminDep, SessionDep
-from server.models import User
-from server.routes.base import Router
+from server.router import Router
 from server.security import USER_KEY, hash_secret, make_token, new_secret
+from server.tables import User
 from shared.schemas import UserCreate, UserCreated
 
 router = Router(prefix="/v1/users", tags=["users"])

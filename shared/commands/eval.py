@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from shared.errors import UsageError
+from shared.errors import ExitCode, UsageError
 from shared.tasks import parse_verbalizer  # light: stdlib only
 
 HELP = "accuracy (or loss) of a base model or base + adapter on a task's data"
@@ -59,7 +59,7 @@ def _summary(task: str, metrics: dict) -> str:
     return f"{task}: accuracy {metrics['accuracy']:.4f} ({loss}) on {metrics['n']} examples"
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     _check_paths(args)
     _check_numbers(args)
     import torch
@@ -79,4 +79,4 @@ def run(args: argparse.Namespace) -> int:
         load_adapter(model, Path(args.adapter))
     metrics = evaluate(model, tokenizer, task, rendered, args.batch_size, args.seq_len, progress=sys.stderr.isatty())
     print(json.dumps(metrics) if args.json else _summary(task.name, metrics))
-    return 0
+    return ExitCode.OK

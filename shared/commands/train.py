@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from shared.errors import ExitCode
 from shared.tasks import parse_verbalizer
 
 HELP = "fine-tune a model on a task with MobiZO or a baseline; writes OUT/adapter/ and OUT/metrics.json"
@@ -85,7 +86,7 @@ def _summary(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     from shared.train import TrainConfig, train
 
     given = {name: value for name, value in vars(args).items() if name in TrainConfig.__dataclass_fields__}
@@ -93,4 +94,4 @@ def run(args: argparse.Namespace) -> int:
         given["verbalizer"] = parse_verbalizer(given["verbalizer"])
     metrics = train(TrainConfig(**given), progress=sys.stderr.isatty())
     print(json.dumps(metrics) if args.json else _summary(metrics))
-    return 0
+    return ExitCode.OK

@@ -42,8 +42,8 @@ def seed_program_cache(artifacts: Path, model_dir: Path, pte: Path, manifest: di
     at once instead of a minute later (the compile worker itself is the server tests' subject)."""
     import shutil
 
+    from server.compile import program_config, program_key
     from server.store import ArtifactStore
-    from server.worker_tasks import program_config, program_key
     from shared.model_files import model_sha256
     from shared.program import FORMAT_VERSION
     from shared.schemas import JobCreate

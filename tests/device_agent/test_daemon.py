@@ -13,7 +13,7 @@ from device_agent import api
 from device_agent.daemon import RunOptions, serve
 from device_agent.events import Reporter
 from device_agent.job import AgentContext
-from device_agent.retry import Backoff
+from shared.retry import Backoff
 from tests.device_agent.test_job import FILES, LEASE, NoBackend, trained_job
 
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from device_agent.download import ContentCache, IntegrityError, download
-from device_agent.retry import RetryPolicy
 from shared.errors import MobizoError
+from shared.retry import RetryPolicy
 
 BODY = bytes(range(256)) * 5000  # 1.28 MB: several chunks
 SHA = hashlib.sha256(BODY).hexdigest()

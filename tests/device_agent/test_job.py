@@ -15,7 +15,7 @@ from device_agent import api
 from device_agent.backends.local import LocalBackend
 from device_agent.events import Reporter
 from device_agent.job import AgentContext, run_job
-from device_agent.retry import Backoff
+from shared.retry import Backoff
 from shared.schemas import FileRef, JobSpec, LeasePublic
 
 FILES = {"program": b"pte bytes", "weights": b"ptd bytes" * 100, "tokenizer": b"{}"}

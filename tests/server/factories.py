@@ -14,9 +14,9 @@ from safetensors.numpy import save, save_file
 from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate
+from server.compile import program_config
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.worker_tasks import program_config
 from shared.files import atomic_write_bytes as write_atomic
 from shared.files import sha256_file
 

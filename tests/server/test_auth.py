@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from server.models import Device, EnrollmentCode, User, utcnow
 from server.security import hash_secret, make_token, parse_token, secret_matches
+from server.tables import Device, EnrollmentCode, User, utcnow
 from tests.server.factories import ADMIN, bearer, create_user, enroll_device
 
 

@@ -60,7 +60,7 @@ def test_jobs_compile_in_a_worker_and_share_programs(real_queue_client):
     with client.app.state.sessionmaker() as session:
         from sqlalchemy import func, select
 
-        from server.models import Program
+        from server.tables import Program
 
         assert session.scalar(select(func.count(Program.id))) == 1  # same config, one program row
 

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import update
 
 from server import jobstate
-from server.models import Job, utcnow
+from server.tables import Job, utcnow
 from tests.server.factories import (
     FAKE_PROGRAM_MB,
     create_user,

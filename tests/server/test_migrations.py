@@ -1,4 +1,4 @@
-"""The Alembic migrations build exactly the schema of ``server.models``, on SQLite and PostgreSQL."""
+"""The Alembic migrations build exactly the schema of ``server.tables``, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from server.db import make_engine, migrate
-from server.models import Base
+from server.tables import Base
 
 
 def test_migrations_match_the_models_and_rerun_cleanly(db_url):

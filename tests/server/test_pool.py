@@ -7,7 +7,7 @@ import os
 import pytest
 
 from server.pool import WorkerDied, WorkerPool
-from server.results import ResultRejected
+from server.verify import ResultRejected
 
 
 def _square(x: int) -> int:

@@ -4,7 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-11-22
 
-Datetimes are stored as naive UTC (``server.models.UTCDateTime`` restores the zone on read).
+Datetimes are stored as naive UTC (``server.tables.UTCDateTime`` restores the zone on read).
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.errors import ExitCode
+
 HELP = "run a training program with the ExecuTorch runtime on local data, as a device would"
 
 
@@ -111,7 +113,7 @@ def _train(run: _Run, batches: list, lr: float, eps: float) -> None:
 
 
 def _write(run: _Run, args: argparse.Namespace, init_b, n_train: int) -> dict[str, Any]:
-    from device_agent.results import training_metrics
+    from device_agent.metrics import training_metrics
     from shared.adapter import save_program_adapter
     from shared.files import atomic_write_bytes
     from shared.replay import log_line
@@ -136,7 +138,7 @@ def _write(run: _Run, args: argparse.Namespace, init_b, n_train: int) -> dict[st
     return metrics
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     import numpy as np
 
     from device_agent.et_program import ProgramSession
@@ -158,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     state.evaluate(args.steps)
     metrics = _write(state, args, init_b, len(examples))
     print(json.dumps(metrics) if args.json else _summary(metrics, args.out))
-    return 0
+    return ExitCode.OK
 
 
 def _summary(metrics: dict[str, Any], out: Path) -> str:

@@ -1,4 +1,5 @@
-"""Retrying calls to the server: backoff as plain data, a give-up predicate, injectable sleep and clock.
+"""Retrying calls to the server, for the agent and the user commands alike: backoff as plain data, a give-up
+predicate, injectable sleep and clock.
 
 Modelled on Flower's ``retry_invoker``: a ``RetryPolicy`` says how long to wait between tries (exponential with
 full jitter, capped), when to stop (tries, total time, or an error that retrying cannot fix), and whom to tell.

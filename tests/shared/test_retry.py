@@ -8,7 +8,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from device_agent.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry, is_transient
+from shared.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry, is_transient
 
 
 def scripted(*answers: int | Exception) -> tuple[httpx.Client, list[httpx.Request]]:

@@ -1,8 +1,5 @@
-"""What a finished run leaves: PEFT adapters of a program's B, and ``metrics.json``.
-
-A program's manifest says everything an adapter file needs: the LoRA modules (name, in/out features), rank,
-alpha, targets and the A seed, so A is regenerated with ``shared.lora.lora_a_init`` exactly as the program built it.
-"""
+"""``metrics.json`` of a run on the device (``mobizo agent run`` and ``mobizo run-program``): the keys
+interfaces.md §1 promises, from the program's manifest, the training log and the measured step times."""
 
 from __future__ import annotations
 

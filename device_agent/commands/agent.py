@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shared.errors import ExitCode
+
 HELP = "the device agent: enroll this device, then run it (lease a job, train locally, upload only LoRA-B)"
 
 _BACKENDS = ("executorch", "torch", "adb")
@@ -23,7 +25,7 @@ _BACKENDS = ("executorch", "torch", "adb")
 
 def _runner_default() -> Path:
     """The runner built for a phone when there is one, else the one built for this machine (adb stand-in)."""
-    build = Path(__file__).resolve().parent / "runner" / "build"
+    build = Path(__file__).resolve().parents[1] / "runner" / "build"
     android = build / "android-arm64-v8a" / "mobizo_runner"
     return android if android.is_file() else build / "mobizo_runner"
 
@@ -75,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_backend_options(run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> ExitCode:
     return _enroll(args) if args.action == "enroll" else _run(args)
 
 
@@ -130,7 +132,7 @@ def _enroll(args: argparse.Namespace) -> int:
     cfg = AgentConfig(args.server.rstrip("/"), str(enrolled.device_id), enrolled.token, args.backend, body.name)
     path = save_config(cfg, config_path(args.config))
     print(f"enrolled device {enrolled.device_id} ({body.name}, {args.backend}); token saved in {path}")
-    return 0
+    return ExitCode.OK
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -160,7 +162,7 @@ def _run(args: argparse.Namespace) -> int:
     from device_agent.daemon import RunOptions, default_work_dir, serve, stop_on_signals
     from device_agent.events import Reporter
     from device_agent.job import AgentContext, retry_policy
-    from device_agent.retry import Backoff, call_with_retry
+    from shared.retry import Backoff, call_with_retry
 
     data_dir, cfg = _data_dir(args), load_config(config_path(args.config))
     stop, backoff, reporter = threading.Event(), Backoff(cap=args.retry_cap_s), Reporter()

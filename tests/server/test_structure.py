@@ -1,0 +1,63 @@
+"""The server's structure stays as designed: one module writes a job's state, and routes never import routes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SERVER = Path(__file__).resolve().parents[2] / "server"
+STATE_MACHINE = SERVER / "jobstate.py"
+
+
+def _status_writes(tree: ast.AST) -> list[int]:
+    """Lines that set a status: ``x.status = ...`` (also in a tuple), ``.values(status=...)`` or
+    ``.values({"status": ...})``, and ``Job(..., status=...)``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                lines += [node.lineno for t in names if isinstance(t, ast.Attribute) and t.attr == "status"]
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in ("values", "Job"):
+                lines += [node.lineno for k in node.keywords if k.arg == "status"]
+                for arg in node.args:
+                    if isinstance(arg, ast.Dict) and any(
+                        isinstance(k, ast.Constant) and k.value == "status" for k in arg.keys
+                    ):
+                        lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_state_machine_writes_job_status():
+    assert _status_writes(ast.parse(STATE_MACHINE.read_text())), "the scan no longer sees jobstate's own writes"
+    writes = {
+        str(path.relative_to(SERVER.parent)): lines
+        for path in sorted(SERVER.rglob("*.py"))
+        if path != STATE_MACHINE and (lines := _status_writes(ast.parse(path.read_text())))
+    }
+    assert writes == {}, f"Job.status is written outside server/jobstate.py: {writes}"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = "server.routes" if node.level else node.module or ""
+            modules |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return modules
+
+
+def test_no_route_module_imports_another():
+    routes = {path.stem for path in (SERVER / "routes").glob("*.py") if path.stem != "__init__"}
+    assert {"jobs", "leases", "results", "adapters"} <= routes
+    crossings = {
+        stem: sorted(m for m in _imported_modules(SERVER / "routes" / f"{stem}.py") if m.startswith("server.routes"))
+        for stem in routes
+    }
+    assert {stem: found for stem, found in crossings.items() if found} == {}
