@@ -13,49 +13,22 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import jobstate
 from server.compile_queue import CompileQueue, LocalCompileQueue
 from server.db import make_engine, make_sessionmaker, migrate
+from server.limits import BodyLimits, UploadSlots
 from server.pool import WorkerPool
+from server.responses import http_error, validation_error
 from server.routes import adapters, devices, enrollment, health, jobs, leases, models, programs, results, users
 from server.settings import Settings, get_settings
 from server.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 QueueFactory = Callable[[sessionmaker[Session], ArtifactStore, Settings], CompileQueue]
-
-
-class BodyLimit:
-    """413 before reading a body whose Content-Length is over the limit; 411 for uploads without one.
-
-    FastAPI parses a multipart body before any dependency runs, so the limit has to sit in front of the app;
-    the server (h11) never reads past a declared Content-Length, which makes the header check sufficient.
-    """
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
-            headers = dict(scope["headers"])
-            length = headers.get(b"content-length")
-            if length is None and b"chunked" in headers.get(b"transfer-encoding", b""):
-                return await _reject(send, 411, "Content-Length is required")
-            if length is not None and (not length.isdigit() or int(length) > self.limit):
-                return await _reject(send, 413, f"request body over the limit of {self.limit} bytes")
-        await self.app(scope, receive, send)
-
-
-async def _reject(send: Send, code: int, detail: str) -> None:
-    import json
-
-    body = json.dumps({"detail": detail}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": code, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _default_queue(sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> CompileQueue:
@@ -86,6 +59,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         queue = (queue_factory or _default_queue)(sessions, store, settings)
         app.state.settings, app.state.sessionmaker, app.state.store = settings, sessions, store
         app.state.compile_queue, app.state.verify_pool = queue, WorkerPool(settings.verify_workers)
+        app.state.upload_slots = UploadSlots(settings.max_uploads, settings.max_uploads_per_device)
         queue.recover()
         stop = threading.Event()
         sweeper = threading.Thread(target=_sweep_leases, args=(sessions, settings, stop), daemon=True)
@@ -107,5 +81,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
     )
     for module in (health, users, models, enrollment, devices, jobs, leases, programs, results, adapters):
         app.include_router(module.router)
-    app.add_middleware(BodyLimit, limit=int(settings.max_upload_mb * 1024 * 1024))
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_middleware(BodyLimits, upload_limit=int(settings.max_upload_mb * 1024 * 1024))
     return app

@@ -16,17 +16,19 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from server.compile_queue import CompileQueue
+from server.limits import UploadSlots
 from server.pool import WorkerPool
 from server.responses import not_found
 from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_token, secret_matches
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Device, Job, User, utcnow
+from shared.schemas import MAX_DB_INT
 
 LAST_SEEN_EVERY = timedelta(seconds=30)
 _bearer = HTTPBearer(auto_error=False, description="admin token, user API key or device token")
@@ -53,11 +55,17 @@ async def get_verify_pool(request: Request) -> WorkerPool:
     return request.app.state.verify_pool
 
 
+async def get_upload_slots(request: Request) -> UploadSlots:
+    return request.app.state.upload_slots
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 QueueDep = Annotated[CompileQueue, Depends(get_queue)]
 VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
+UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]
+ObjectId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="an id (ids are positive 32-bit integers)")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
@@ -142,7 +150,7 @@ CurrentDevice = Annotated[Device, Depends(get_current_device)]
 AnyAuth = Annotated[None, Depends(require_any)]
 
 
-def get_device_job(job_id: int, device: CurrentDevice, session: SessionDep) -> Job:
+def get_device_job(job_id: ObjectId, device: CurrentDevice, session: SessionDep) -> Job:
     """The job ``job_id`` of the path if it belongs to the device's user; 404 for anyone else's."""
     job = session.get(Job, job_id)
     session.commit()  # see the module docstring

@@ -1,15 +1,65 @@
 """What the routes answer besides their models: errors in FastAPI's own validation shape (so that clients read one
-format for every 4xx), and files by content (``serve_file``: ETag = sha256, Range and If-Range by Starlette)."""
+format for every 4xx), their documentation (``errors``), and files by content (``serve_file``: ETag = sha256,
+Range and If-Range by Starlette).
+
+Two exception handlers complete FastAPI's: ``validation_error`` answers 422 naming the field and the reason but
+never the input (a client's megabytes must not come back, nor a secret it mistyped), and ``http_error`` gives a
+405 the ``Allow`` header of every route on the path (Starlette names only the first route's methods).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from fastapi import Header, HTTPException, Response, status
-from fastapi.responses import FileResponse
+from fastapi import Header, HTTPException, Request, Response, status
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
-FILE_RESPONSE = {200: {"content": {"application/octet-stream": {}}, "description": "the file (or the requested range)"}}
+from shared.schemas import ErrorPublic
+
+_ERRORS = {
+    400: "the multipart body cannot be parsed",
+    401: "missing or invalid bearer token",
+    403: "a valid token of another kind (admin, user API key, device token)",
+    404: "not found, or not the caller's",
+    409: "conflicts with the current state",
+    413: "the request body is larger than this endpoint accepts",
+    422: "a field is invalid: the detail names it and why",
+    429: "too many requests in progress; retry after Retry-After seconds",
+}
+FILE_RESPONSE = {
+    200: {"content": {"application/octet-stream": {}}, "description": "the file (or the requested range)"},
+    304: {"description": "If-None-Match named this file's sha256: the client has it"},
+}
 IfNoneMatch = Header(None, description="a quoted sha256 the client already has")
+
+
+def errors(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for error ``codes``, with ``ErrorPublic``; ``e409="..."`` overrides a description."""
+    return {code: {"model": ErrorPublic, "description": descriptions.get(f"e{code}", _ERRORS[code])} for code in codes}
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with each error's place, message and type, without FastAPI's ``input`` and ``ctx`` (echoes of input)."""
+    detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's answer, but a 405 lists the methods of every route matching the path."""
+    if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+        methods = {
+            method
+            for route in request.app.router.routes
+            if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE
+            for method in route.methods
+        }
+        exc = StarletteHTTPException(exc.status_code, exc.detail, headers={"Allow": ", ".join(sorted(methods))})
+    return await http_exception_handler(request, exc)
 
 
 def field_error(field: str, message: str, code: int = status.HTTP_422_UNPROCESSABLE_CONTENT) -> HTTPException:

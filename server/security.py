@@ -14,6 +14,8 @@ import hmac
 import re
 import secrets
 
+from shared.schemas import MAX_DB_INT
+
 USER_KEY = "mbzu"
 DEVICE_TOKEN = "mbzd"
 _TOKEN = re.compile(r"^(mbz[ud])_([1-9][0-9]{0,18})_([A-Za-z0-9_-]{43})$")
@@ -33,9 +35,9 @@ def make_token(kind: str, row_id: int, secret: str) -> str:
 
 
 def parse_token(token: str) -> tuple[str, int, str] | None:
-    """(kind, row id, secret), or None when the token is not one of ours."""
+    """(kind, row id, secret), or None when the token is not one of ours (an id no row can have included)."""
     match = _TOKEN.match(token)
-    if match is None:
+    if match is None or int(match.group(2)) > MAX_DB_INT:
         return None
     return match.group(1), int(match.group(2)), match.group(3)
 

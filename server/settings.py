@@ -25,7 +25,9 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
     compile_workers: int = Field(default=1, ge=1, description="processes compiling programs")
     verify_workers: int = Field(default=1, ge=1, description="processes replaying uploaded results")
-    max_upload_mb: float = Field(default=256.0, gt=0, description="largest request body accepted")
+    max_upload_mb: float = Field(default=256.0, gt=0, description="largest result upload accepted")
+    max_uploads: int = Field(default=8, ge=1, description="result uploads received and verified at once, in all")
+    max_uploads_per_device: int = Field(default=2, ge=1, description="result uploads at once from one device")
     verify_timeout_s: float = Field(default=600.0, gt=0)
 
     @property

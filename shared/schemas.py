@@ -32,6 +32,7 @@ Method = Literal["mobizo"]
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _MAX_SEED = 2**31 - 1
+MAX_DB_INT = 2**31 - 1  # the largest value of an INTEGER column (PostgreSQL): ids, memory_mb, steps
 
 
 class _Strict(BaseModel):
@@ -88,7 +89,7 @@ class DeviceCreate(_Strict):
     name: str = Field(min_length=1, max_length=128)
     platform: str = Field(default="", max_length=128)
     backend: DeviceBackend = "executorch"
-    memory_mb: int | None = Field(default=None, ge=0)
+    memory_mb: int | None = Field(default=None, ge=0, le=MAX_DB_INT)
 
 
 class DeviceEnrolled(BaseModel):
@@ -184,9 +185,11 @@ class JobCreate(TaskSpec, HyperParams):
 
     model: str = Field(min_length=1, max_length=128, description="a registered model's name")
     answer_len: int | None = Field(default=None, ge=1, le=256, description="default: from the task's verbalizer")
-    device_id: int | None = Field(default=None, description="run on this device only (default: any that fits)")
+    device_id: int | None = Field(
+        default=None, ge=1, le=MAX_DB_INT, description="run on this device only (default: any that fits)"
+    )
     device_backend: DeviceBackend | None = Field(default=None, description="only devices with this backend")
-    init_adapter_id: int | None = Field(default=None, description="start from this adapter's B")
+    init_adapter_id: int | None = Field(default=None, ge=1, le=MAX_DB_INT, description="start from this adapter's B")
 
     @model_validator(mode="after")
     def _room_for_a_prompt(self) -> JobCreate:
@@ -241,7 +244,9 @@ class LeaseCreate(_Strict):
     """What a device reports when it asks for work; it is leased only jobs that fit what it reports."""
 
     backend: DeviceBackend | None = Field(default=None, description="the backend this run uses (default: enrolled)")
-    memory_mb: int | None = Field(default=None, ge=0, description="free memory where the training steps run")
+    memory_mb: int | None = Field(
+        default=None, ge=0, le=MAX_DB_INT, description="free memory where the training steps run"
+    )
 
 
 class LeasePublic(BaseModel):
@@ -258,9 +263,9 @@ class LeasePublic(BaseModel):
 
 
 class HeartbeatCreate(_Strict):
-    step: int = Field(ge=0)
-    loss: float | None = None
-    steps_per_s: float | None = Field(default=None, ge=0)
+    step: int = Field(ge=0, le=MAX_DB_INT)
+    loss: float | None = Field(default=None, allow_inf_nan=False)
+    steps_per_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class HeartbeatPublic(BaseModel):
@@ -307,3 +312,18 @@ class AdaptersPublic(BaseModel):
 class HealthPublic(BaseModel):
     status: Literal["ok", "degraded"]
     database: Literal["ok", "unreachable"]
+
+
+# --- errors ---------------------------------------------------------------------------------------------------------
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int] = Field(description="where: body, path, query or header, then the field")
+    msg: str
+    type: str
+
+
+class ErrorPublic(BaseModel):
+    """Every 4xx answer: a message, or (validation errors) the fields at fault; never the offending input."""
+
+    detail: str | list[ErrorItem]

@@ -7,11 +7,11 @@ from fastapi.responses import FileResponse
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server.deps import CurrentUser, SessionDep, StoreDep
-from server.responses import IfNoneMatch, not_found, serve_file
+from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
+from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
 from server.router import Router
 from server.tables import Adapter, Model
-from shared.schemas import AdapterPublic, AdaptersPublic
+from shared.schemas import MAX_DB_INT, AdapterPublic, AdaptersPublic
 
 router = Router(prefix="/v1/adapters", tags=["adapters"])
 
@@ -41,13 +41,13 @@ def user_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter:
     return adapter
 
 
-@router.get("", response_model=AdaptersPublic)
+@router.get("", response_model=AdaptersPublic, responses=errors(401, 403, 422))
 def list_adapters(
     user: CurrentUser,
     session: SessionDep,
     model: str | None = Query(None, description="only this model's adapters"),
     task: str | None = Query(None, description="only this task's adapters"),
-    skip: int = Query(0, ge=0),
+    skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> AdaptersPublic:
     query = select(Adapter, Model.name).join(Model, Model.id == Adapter.model_id).where(Adapter.user_id == user.id)
@@ -60,8 +60,8 @@ def list_adapters(
     return AdaptersPublic(data=[public(*row) for row in rows], count=count)
 
 
-@router.get("/{adapter_id}", response_model=AdapterPublic)
-def show(adapter_id: int, user: CurrentUser, session: SessionDep) -> AdapterPublic:
+@router.get("/{adapter_id}", response_model=AdapterPublic, responses=errors(401, 403, 404, 422))
+def show(adapter_id: ObjectId, user: CurrentUser, session: SessionDep) -> AdapterPublic:
     adapter = user_adapter(session, user.id, adapter_id)
     return public(adapter, session.get_one(Model, adapter.model_id).name)
 
@@ -69,10 +69,18 @@ def show(adapter_id: int, user: CurrentUser, session: SessionDep) -> AdapterPubl
 @router.get(
     "/{adapter_id}/download",
     response_class=FileResponse,
-    responses={200: {"content": {"application/zip": {}}, "description": "a zipped PEFT adapter directory"}},
+    responses={
+        **FILE_RESPONSE,
+        200: {"content": {"application/zip": {}}, "description": "a zipped PEFT adapter directory"},
+        **errors(401, 403, 404, 422),
+    },
 )
 def download(
-    adapter_id: int, user: CurrentUser, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch
+    adapter_id: ObjectId,
+    user: CurrentUser,
+    session: SessionDep,
+    store: StoreDep,
+    if_none_match: str | None = IfNoneMatch,
 ) -> Response:
     """A zip that unpacks to a PEFT adapter directory: ``PeftModel.from_pretrained(base, that_dir)``."""
     adapter = user_adapter(session, user.id, adapter_id)

@@ -6,6 +6,7 @@ from fastapi import HTTPException, status
 from sqlalchemy import select, update
 
 from server.deps import CurrentUser, SessionDep
+from server.responses import errors
 from server.router import Router
 from server.security import DEVICE_TOKEN, hash_secret, make_token, new_secret, normalize_code
 from server.tables import Device, EnrollmentCode, utcnow
@@ -29,7 +30,12 @@ def _redeem(session, code: str) -> int:
     return row.user_id
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=DeviceEnrolled)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DeviceEnrolled,
+    responses=errors(401, 413, 422, e401="the enrollment code is unknown, expired or used"),
+)
 def enroll(body: DeviceCreate, session: SessionDep) -> DeviceEnrolled:
     user_id = _redeem(session, body.code)
     secret = new_secret()
@@ -50,7 +56,7 @@ def public(device: Device) -> DevicePublic:
     return DevicePublic.model_validate(device, from_attributes=True)
 
 
-@router.get("", response_model=DevicesPublic)
+@router.get("", response_model=DevicesPublic, responses=errors(401, 403))
 def list_devices(user: CurrentUser, session: SessionDep) -> DevicesPublic:
     devices = session.scalars(select(Device).where(Device.user_id == user.id).order_by(Device.id)).all()
     return DevicesPublic(data=[public(d) for d in devices], count=len(devices))

@@ -7,6 +7,7 @@ from datetime import timedelta
 from fastapi import status
 
 from server.deps import CurrentUser, SessionDep
+from server.responses import errors
 from server.router import Router
 from server.security import hash_secret, new_enrollment_code
 from server.tables import EnrollmentCode, utcnow
@@ -15,7 +16,9 @@ from shared.schemas import EnrollmentCodeCreate, EnrollmentCodePublic
 router = Router(prefix="/v1/enrollment-codes", tags=["devices"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=EnrollmentCodePublic)
+@router.post(
+    "", status_code=status.HTTP_201_CREATED, response_model=EnrollmentCodePublic, responses=errors(401, 403, 413, 422)
+)
 def create_code(
     user: CurrentUser, session: SessionDep, body: EnrollmentCodeCreate | None = None
 ) -> EnrollmentCodePublic:

@@ -7,11 +7,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server import jobstate, registry
-from server.deps import CurrentUser, QueueDep, SessionDep
-from server.responses import field_error, not_found
+from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep
+from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.tables import Adapter, Device, Job, Model, User
-from shared.schemas import JobCreate, JobProgress, JobPublic, JobsPublic
+from shared.schemas import MAX_DB_INT, JobCreate, JobProgress, JobPublic, JobsPublic
 from shared.tasks import get_task
 
 router = Router(prefix="/v1/jobs", tags=["jobs"])
@@ -81,7 +81,12 @@ def _check_answer_len(body: JobCreate) -> None:
         raise field_error("answer_len", f"required for task {body.task_name} (its answers come from the data)")
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobPublic,
+    responses=errors(401, 403, 404, 413, 422, e404="device_id or init_adapter_id names no device or adapter of yours"),
+)
 def submit(body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep) -> JobPublic:
     model = _check_model(session, body)
     _check_device(session, user, body)
@@ -101,9 +106,12 @@ def submit(body: JobCreate, user: CurrentUser, session: SessionDep, queue: Queue
     return public(job, model.name, None)
 
 
-@router.get("", response_model=JobsPublic)
+@router.get("", response_model=JobsPublic, responses=errors(401, 403, 422))
 def list_jobs(
-    user: CurrentUser, session: SessionDep, skip: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000)
+    user: CurrentUser,
+    session: SessionDep,
+    skip: int = Query(0, ge=0, le=MAX_DB_INT),
+    limit: int = Query(100, ge=1, le=1000),
 ) -> JobsPublic:
     rows = session.execute(
         select(Job, Model.name, Adapter.id)
@@ -123,13 +131,17 @@ def _show(session: Session, job: Job) -> JobPublic:
     return public(job, model_name, session.scalar(select(Adapter.id).where(Adapter.job_id == job.id)))
 
 
-@router.get("/{job_id}", response_model=JobPublic)
-def show(job_id: int, user: CurrentUser, session: SessionDep) -> JobPublic:
+@router.get("/{job_id}", response_model=JobPublic, responses=errors(401, 403, 404, 422))
+def show(job_id: ObjectId, user: CurrentUser, session: SessionDep) -> JobPublic:
     return _show(session, user_job(session, user.id, job_id))
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel(job_id: int, user: CurrentUser, session: SessionDep) -> JobPublic:
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobPublic,
+    responses=errors(401, 403, 404, 409, 413, 422, e409="the job already finished"),
+)
+def cancel(job_id: ObjectId, user: CurrentUser, session: SessionDep) -> JobPublic:
     job = user_job(session, user.id, job_id)
     if not jobstate.cancel(session, job):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {job.status}")

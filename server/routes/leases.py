@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from server import jobstate
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep
+from server.responses import errors
 from server.router import Router
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Program, utcnow
@@ -50,7 +51,9 @@ def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -
 
 
 @router.post(
-    "/v1/leases", response_model=LeasePublic, responses={204: {"description": "no job is ready for this device"}}
+    "/v1/leases",
+    response_model=LeasePublic,
+    responses={204: {"description": "no job is ready for this device"}, **errors(401, 403, 413, 422)},
 )
 def lease(
     device: CurrentDevice, session: SessionDep, settings: SettingsDep, store: StoreDep, body: LeaseCreate | None = None
@@ -65,7 +68,12 @@ def lease(
     return _lease(session, store, job, settings.heartbeat_s)
 
 
-@router.post("/v1/jobs/{job_id}/heartbeat", response_model=HeartbeatPublic, tags=["leases"])
+@router.post(
+    "/v1/jobs/{job_id}/heartbeat",
+    response_model=HeartbeatPublic,
+    tags=["leases"],
+    responses=errors(401, 403, 404, 409, 413, 422, e409="this device does not hold the lease"),
+)
 def heartbeat(
     job: DeviceJob, body: HeartbeatCreate, device: CurrentDevice, session: SessionDep, settings: SettingsDep
 ) -> HeartbeatPublic:
@@ -82,7 +90,7 @@ def heartbeat(
     "/v1/jobs/{job_id}/fail",
     status_code=status.HTTP_204_NO_CONTENT,
     tags=["leases"],
-    responses={409: {"description": "this device holds no lease on the job"}},
+    responses=errors(401, 403, 404, 409, 413, 422, e409="this device holds no lease on the job"),
 )
 def fail(job: DeviceJob, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:
     if not jobstate.device_failed(session, job, device, body.error):

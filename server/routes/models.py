@@ -8,7 +8,7 @@ from fastapi import HTTPException, status
 from sqlalchemy import select
 
 from server.deps import AdminDep, AnyAuth, SessionDep
-from server.responses import field_error
+from server.responses import errors, field_error
 from server.router import Router
 from server.tables import Model
 from shared.errors import DataError
@@ -29,7 +29,12 @@ def public(model: Model) -> ModelPublic:
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelPublic)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ModelPublic,
+    responses=errors(401, 403, 409, 413, 422, e409="a model of that name exists"),
+)
 def register_model(body: ModelCreate, _: AdminDep, session: SessionDep) -> ModelPublic:
     """Hashes and inspects the directory (no torch, no loading) before touching the database."""
     path = Path(body.path).expanduser()
@@ -47,7 +52,7 @@ def register_model(body: ModelCreate, _: AdminDep, session: SessionDep) -> Model
     return public(model)
 
 
-@router.get("", response_model=ModelsPublic)
+@router.get("", response_model=ModelsPublic, responses=errors(401))
 def list_models(_: AnyAuth, session: SessionDep) -> ModelsPublic:
     models = session.scalars(select(Model).order_by(Model.id)).all()
     return ModelsPublic(data=[public(m) for m in models], count=len(models))

@@ -14,12 +14,12 @@ from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 
 from server.deps import DeviceJob, SessionDep, StoreDep
-from server.responses import FILE_RESPONSE, IfNoneMatch, not_found, serve_file
+from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
 from server.router import Router
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Program
 
-router = Router(prefix="/v1/jobs/{job_id}", tags=["programs"])
+router = Router(prefix="/v1/jobs/{job_id}", tags=["programs"], responses=errors(401, 403, 404, 422))
 
 
 def _program_file(session: Session, store: ArtifactStore, job: Job, entry: str) -> tuple[Path, str]:

@@ -1,29 +1,33 @@
 """``POST /v1/jobs/{id}/result``: the device's trained B, its training log and metrics.
 
 Multipart parts (``shared.schemas.RESULT_PARTS``): ``b_flat`` (safetensors, one float32 tensor ``b_flat`` [D]),
-``log`` (JSON Lines, one record per step), ``metrics`` (a JSON object). The upload is spooled to a private
-temporary directory and checked in order: sizes (413), B's name, dtype, shape and finiteness, the log's structure
-(422), then a worker replays the log from the starting B and compares (422 if it does not reproduce B). Only then
-are B, the log and the PEFT archive published (temporary name, fsync, rename) and the adapter recorded, in the
-same transaction that marks the job succeeded. The same upload again answers 200 with the same adapter;
-a different one after success is 409.
+``log`` (JSON Lines, one record per step), ``metrics`` (a JSON object). Checked in order: the token (401/403),
+the job and the device's lease (404/409), before a byte of the body is read; then, holding one of the upload slots
+(429 when none is free), the sizes (413) while the parts are spooled to a private temporary directory, B's name,
+dtype, shape and finiteness, the log's structure (422), then a worker replays the log from the starting B and
+compares (422 if it does not reproduce B). Only then are B, the log and the PEFT archive published (temporary
+name, fsync, rename) and the adapter recorded, in the same transaction that marks the job succeeded. The same
+upload again answers 200 with the same adapter; a different one after success is 409.
 """
 
 from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
-from fastapi import File, HTTPException, Response, UploadFile, status
+import anyio.from_thread
+from fastapi import HTTPException, Request, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from starlette.datastructures import FormData, UploadFile
 
 from server import jobstate, registry
-from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, VerifyPoolDep
+from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, UploadSlotsDep, VerifyPoolDep
 from server.pool import WorkerPool
-from server.responses import field_error
+from server.responses import errors, field_error
 from server.router import Router
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program
@@ -38,9 +42,30 @@ from server.verify import (
     verify_and_package,
 )
 from shared.files import sha256_file
-from shared.schemas import JobSpec, ResultPublic
+from shared.schemas import RESULT_PARTS, JobSpec, ResultPublic
 
 router = Router(tags=["results"])
+_MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers
+RESULT_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": list(RESULT_PARTS),
+                "properties": {
+                    "b_flat": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "safetensors with one float32 tensor b_flat [D]",
+                    },
+                    "log": {"type": "string", "format": "binary", "description": "training log, JSON Lines"},
+                    "metrics": {"type": "string", "format": "binary", "description": "metrics.json"},
+                },
+            }
+        }
+    },
+}
 
 
 @dataclass
@@ -63,6 +88,12 @@ def _context(session: Session, job: Job) -> dict[str, Any]:
         "d": b_size(program.manifest),
         "base_model": session.get_one(Model, job.model_id).name,
     }
+
+
+def upload_limit(ctx: dict) -> int:
+    """The largest multipart body a result of this job can need: its parts' limits and the multipart framing."""
+    spec = JobSpec.model_validate(ctx["spec"])
+    return b_limit(ctx["d"]) + log_limit(spec) + METRICS_LIMIT + _MULTIPART_OVERHEAD
 
 
 def _spool(store: ArtifactStore, tmp: Path, part: UploadFile, limit: int, name: str) -> Path:
@@ -142,16 +173,58 @@ def _verify(pool: WorkerPool, timeout: float, ctx: dict, upload: Upload, init: P
     return {"archive": (archive, sha256_file(archive), archive.stat().st_size), "checks": checks}
 
 
+def _admit(job: Job, device: Device) -> None:
+    """Before the body is read: 409 unless the device holds the job's lease (or the job succeeded: a repeat?)."""
+    if job.program_id is None or (
+        job.status != "succeeded" and (job.status != "running" or job.leased_device_id != device.id)
+    ):
+        _lost(job)
+
+
+def _parts(request: Request, limit: int) -> tuple[FormData, tuple[UploadFile, UploadFile, UploadFile]]:
+    """Read the multipart body (from the request's thread, on the event loop): the form and its three file parts."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"request body over {limit} bytes allowed for this job")
+    try:
+        form = anyio.from_thread.run(partial(request.form, max_files=len(RESULT_PARTS), max_fields=0))
+    except HTTPException as exc:  # Starlette's 400 for a body that is not valid multipart
+        if exc.status_code != status.HTTP_400_BAD_REQUEST:
+            raise
+        raise field_error("request", f"not a multipart upload of {', '.join(RESULT_PARTS)}: {exc.detail}") from None
+    parts = [form.get(name) for name in RESULT_PARTS]
+    for name, part in zip(RESULT_PARTS, parts, strict=True):
+        if not isinstance(part, UploadFile):
+            form_close(form)
+            raise field_error(name, "missing file part")
+    return form, tuple(parts)
+
+
+def form_close(form: FormData) -> None:
+    anyio.from_thread.run(form.close)
+
+
 @router.post(
     "/v1/jobs/{job_id}/result",
     status_code=status.HTTP_201_CREATED,
     response_model=ResultPublic,
     responses={
         200: {"model": ResultPublic, "description": "the same result was uploaded before"},
-        409: {"description": "the job was cancelled, its lease lost, or it holds a different result"},
-        413: {"description": "a part is larger than the job allows"},
-        422: {"description": "a part is malformed, or the log does not replay to the uploaded B"},
+        **errors(
+            401,
+            403,
+            404,
+            409,
+            413,
+            422,
+            429,
+            e409="the job was cancelled, its lease lost, or it holds a different result",
+            e413="the body, or a part, is larger than the job allows",
+            e422="a part is missing or malformed, or the log does not replay to the uploaded B",
+            e429="too many uploads in progress (from this device, or in all); retry after Retry-After seconds",
+        ),
     },
+    openapi_extra={"requestBody": RESULT_BODY},
 )
 def upload_result(
     job: DeviceJob,
@@ -160,32 +233,34 @@ def upload_result(
     settings: SettingsDep,
     store: StoreDep,
     pool: VerifyPoolDep,
+    slots: UploadSlotsDep,
+    request: Request,
     response: Response,
-    b_flat: Annotated[UploadFile, File(description="safetensors with one float32 tensor b_flat [D]")],
-    log: Annotated[UploadFile, File(description="training log, JSON Lines, one record per step")],
-    metrics: Annotated[UploadFile, File(description="metrics.json")],
 ) -> ResultPublic:
-    if job.program_id is None:
-        _lost(job)
+    """Checked in order: the token, the job and its lease, the sizes, the content (nothing read before the lease)."""
+    _admit(job, device)
     ctx = _context(session, job)
     init = store.adapter_b(session.get_one(Adapter, job.init_adapter_id).b_sha256) if job.init_adapter_id else None
-    session.commit()  # no transaction (and on SQLite no write lock) while spooling and replaying
-    tmp = store.tmp_dir()
-    try:
-        upload = _receive(store, tmp, ctx, (b_flat, log, metrics))
-        repeated = _repeat(session, job, upload)
-        if repeated is not None:
-            response.status_code = status.HTTP_200_OK
-            return repeated
-        session.commit()  # again no transaction while a worker replays
-        if job.status != "running" or job.leased_device_id != device.id:
-            _lost(job)
-        outcome = _verify(pool, settings.verify_timeout_s, ctx, upload, init, tmp)
-        for _ in range(3):  # a concurrent result of the same (user, model, task) may take our version number
-            try:
-                return _record(session, store, job, device, ctx, upload, outcome)
-            except IntegrityError:
-                session.rollback()
-        raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    session.commit()  # no transaction (and on SQLite no write lock) while receiving and replaying
+    with slots.hold(device.id):
+        form, parts = _parts(request, upload_limit(ctx))
+        tmp = store.tmp_dir()
+        try:
+            upload = _receive(store, tmp, ctx, parts)
+            repeated = _repeat(session, job, upload)
+            if repeated is not None:
+                response.status_code = status.HTTP_200_OK
+                return repeated
+            session.commit()  # again no transaction while a worker replays
+            if job.status != "running" or job.leased_device_id != device.id:
+                _lost(job)
+            outcome = _verify(pool, settings.verify_timeout_s, ctx, upload, init, tmp)
+            for _ in range(3):  # a concurrent result of the same (user, model, task) may take our version number
+                try:
+                    return _record(session, store, job, device, ctx, upload, outcome)
+                except IntegrityError:
+                    session.rollback()
+            raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            form_close(form)
