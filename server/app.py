@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import jobstate
-from server.compile_queue import CompileQueue, LocalCompileQueue
+from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
 from server.db import make_engine, make_sessionmaker, migrate
 from server.limits import BodyLimits, UploadSlots
 from server.pool import WorkerPool
@@ -32,6 +32,8 @@ QueueFactory = Callable[[sessionmaker[Session], ArtifactStore, Settings], Compil
 
 
 def _default_queue(sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> CompileQueue:
+    if settings.compile_paused:
+        return PausedCompileQueue()
     return LocalCompileQueue(sessions, store, settings.compile_workers)
 
 

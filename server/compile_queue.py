@@ -90,3 +90,17 @@ class LocalCompileQueue:
     def close(self) -> None:
         self._drivers.shutdown(wait=False, cancel_futures=True)
         self._pool.close()
+
+
+class PausedCompileQueue:
+    """``MOBIZO_COMPILE_PAUSED``: jobs are accepted and stay ``queued``; a server started without it compiles them
+    (``recover``). For fuzzing the API without an export per job, and for maintenance."""
+
+    def submit(self, job_id: int) -> None:
+        log.info("job %d: compile queue paused, the job stays queued", job_id)
+
+    def recover(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass

@@ -4,25 +4,25 @@ Range and If-Range by Starlette).
 
 Two exception handlers complete FastAPI's: ``validation_error`` answers 422 naming the field and the reason but
 never the input (a client's megabytes must not come back, nor a secret it mistyped), and ``http_error`` gives a
-405 the ``Allow`` header of every route on the path (Starlette names only the first route's methods).
+405 an ``Allow`` header with every method documented for the path (Starlette names only one route's methods).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from fastapi import Header, HTTPException, Request, Response, status
+from fastapi import FastAPI, Header, HTTPException, Request, Response, status
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match, Route
 
 from shared.schemas import ErrorPublic
 
 _ERRORS = {
-    400: "the multipart body cannot be parsed",
+    400: "the body cannot be parsed (not UTF-8 JSON)",
     401: "missing or invalid bearer token",
     403: "a valid token of another kind (admin, user API key, device token)",
     404: "not found, or not the caller's",
@@ -31,6 +31,7 @@ _ERRORS = {
     422: "a field is invalid: the detail names it and why",
     429: "too many requests in progress; retry after Retry-After seconds",
 }
+_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "PATCH", "TRACE"})
 FILE_RESPONSE = {
     200: {"content": {"application/octet-stream": {}}, "description": "the file (or the requested range)"},
     304: {"description": "If-None-Match named this file's sha256: the client has it"},
@@ -52,14 +53,21 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
 async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
     """FastAPI's answer, but a 405 lists the methods of every route matching the path."""
     if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
-        methods = {
-            method
-            for route in request.app.router.routes
-            if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE
-            for method in route.methods
-        }
-        exc = StarletteHTTPException(exc.status_code, exc.detail, headers={"Allow": ", ".join(sorted(methods))})
+        allow = ", ".join(allowed_methods(request.app, request.scope["path"]))
+        exc = StarletteHTTPException(exc.status_code, exc.detail, headers={"Allow": allow})
     return await http_exception_handler(request, exc)
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods OpenAPI documents for ``path`` (HEAD wherever GET is, as Starlette answers it)."""
+    methods = {
+        method.upper()
+        for template, operations in app.openapi()["paths"].items()
+        if re.fullmatch(re.sub(r"\{[^/]+\}", "[^/]+", template), path)
+        for method in operations
+        if method.upper() in _METHODS
+    }
+    return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
 
 def field_error(field: str, message: str, code: int = status.HTTP_422_UNPROCESSABLE_CONTENT) -> HTTPException:

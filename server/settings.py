@@ -24,6 +24,7 @@ class Settings(BaseSettings):
     lease_s: int = Field(default=300, ge=5, description="a lease lasts this long after the last heartbeat")
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
     compile_workers: int = Field(default=1, ge=1, description="processes compiling programs")
+    compile_paused: bool = Field(default=False, description="accept jobs but leave them queued (fuzzing, maintenance)")
     verify_workers: int = Field(default=1, ge=1, description="processes replaying uploaded results")
     max_upload_mb: float = Field(default=256.0, gt=0, description="largest result upload accepted")
     max_uploads: int = Field(default=8, ge=1, description="result uploads received and verified at once, in all")

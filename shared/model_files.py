@@ -29,11 +29,40 @@ def read_safetensors_header(path: Path) -> dict:
         blob = f.read(length)
     try:
         header = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise DataError(f"{path.name}: safetensors header is not JSON") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise DataError(f"{path.name}: safetensors header is not JSON (or nested too deep)") from None
     if not isinstance(header, dict):
         raise DataError(f"{path.name}: safetensors header is not an object")
+    for name, info in header.items():
+        problem = _metadata_problem(info) if name == "__metadata__" else _tensor_problem(info)
+        if problem:
+            raise DataError(f"{path.name}: safetensors header entry {name[:64]!r} {problem}")
     return header
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tensor_problem(info: object) -> str | None:
+    """Why a tensor's header entry is not ``{"dtype": str, "shape": [int >= 0], "data_offsets": [int, int]}``."""
+    if not isinstance(info, dict):
+        return "is not an object"
+    if not isinstance(info.get("dtype"), str):
+        return "has no dtype string"
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+        return "has no shape of non-negative integers"
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(n) and n >= 0 for n in offsets):
+        return "has no data_offsets [begin, end]"
+    return None
+
+
+def _metadata_problem(info: object) -> str | None:
+    """Why ``__metadata__`` is not an object of strings (the format's rule)."""
+    if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+        return "is not an object of strings"
+    return None
 
 
 def model_sha256(model_dir: Path) -> str:

@@ -34,7 +34,7 @@ def _redeem(session, code: str) -> int:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=DeviceEnrolled,
-    responses=errors(401, 413, 422, e401="the enrollment code is unknown, expired or used"),
+    responses=errors(400, 401, 413, 422, e401="the enrollment code is unknown, expired or used"),
 )
 def enroll(body: DeviceCreate, session: SessionDep) -> DeviceEnrolled:
     user_id = _redeem(session, body.code)

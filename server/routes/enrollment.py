@@ -17,7 +17,10 @@ router = Router(prefix="/v1/enrollment-codes", tags=["devices"])
 
 
 @router.post(
-    "", status_code=status.HTTP_201_CREATED, response_model=EnrollmentCodePublic, responses=errors(401, 403, 413, 422)
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=EnrollmentCodePublic,
+    responses=errors(400, 401, 403, 413, 422),
 )
 def create_code(
     user: CurrentUser, session: SessionDep, body: EnrollmentCodeCreate | None = None

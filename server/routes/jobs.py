@@ -85,7 +85,9 @@ def _check_answer_len(body: JobCreate) -> None:
     "",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobPublic,
-    responses=errors(401, 403, 404, 413, 422, e404="device_id or init_adapter_id names no device or adapter of yours"),
+    responses=errors(
+        400, 401, 403, 404, 413, 422, e404="device_id or init_adapter_id names no device or adapter of yours"
+    ),
 )
 def submit(body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep) -> JobPublic:
     model = _check_model(session, body)

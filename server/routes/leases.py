@@ -53,7 +53,7 @@ def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -
 @router.post(
     "/v1/leases",
     response_model=LeasePublic,
-    responses={204: {"description": "no job is ready for this device"}, **errors(401, 403, 413, 422)},
+    responses={204: {"description": "no job is ready for this device"}, **errors(400, 401, 403, 413, 422)},
 )
 def lease(
     device: CurrentDevice, session: SessionDep, settings: SettingsDep, store: StoreDep, body: LeaseCreate | None = None
@@ -72,7 +72,7 @@ def lease(
     "/v1/jobs/{job_id}/heartbeat",
     response_model=HeartbeatPublic,
     tags=["leases"],
-    responses=errors(401, 403, 404, 409, 413, 422, e409="this device does not hold the lease"),
+    responses=errors(400, 401, 403, 404, 409, 413, 422, e409="this device does not hold the lease"),
 )
 def heartbeat(
     job: DeviceJob, body: HeartbeatCreate, device: CurrentDevice, session: SessionDep, settings: SettingsDep
@@ -90,7 +90,7 @@ def heartbeat(
     "/v1/jobs/{job_id}/fail",
     status_code=status.HTTP_204_NO_CONTENT,
     tags=["leases"],
-    responses=errors(401, 403, 404, 409, 413, 422, e409="this device holds no lease on the job"),
+    responses=errors(400, 401, 403, 404, 409, 413, 422, e409="this device holds no lease on the job"),
 )
 def fail(job: DeviceJob, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:
     if not jobstate.device_failed(session, job, device, body.error):

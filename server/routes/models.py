@@ -29,17 +29,25 @@ def public(model: Model) -> ModelPublic:
     )
 
 
+def _is_dir(path: Path) -> bool:
+    """``Path.is_dir``, also False for a path the system refuses to look up (too long, say)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ModelPublic,
-    responses=errors(401, 403, 409, 413, 422, e409="a model of that name exists"),
+    responses=errors(400, 401, 403, 409, 413, 422, e409="a model of that name exists"),
 )
 def register_model(body: ModelCreate, _: AdminDep, session: SessionDep) -> ModelPublic:
     """Hashes and inspects the directory (no torch, no loading) before touching the database."""
     path = Path(body.path).expanduser()
-    if not path.is_dir():
-        raise field_error("path", f"{body.path} is not a directory on the server")
+    if not _is_dir(path):
+        raise field_error("path", "not a directory on the server")
     try:
         sha256, architecture, modules = inspect_model(path)
     except DataError as exc:

@@ -19,7 +19,7 @@ router = Router(prefix="/v1/users", tags=["users"])
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=UserCreated,
-    responses=errors(401, 403, 409, 413, 422, e409="a user of that name exists"),
+    responses=errors(400, 401, 403, 409, 413, 422, e409="a user of that name exists"),
 )
 def create_user(body: UserCreate, session: SessionDep, _: AdminDep) -> UserCreated:
     if session.scalar(select(User.id).where(User.name == body.name)) is not None:
