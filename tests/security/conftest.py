@@ -1,0 +1,62 @@
+"""Fixtures: ``live`` (``mobizo server`` in its own process, compile queue paused) with ``people`` on it (a user, a
+device, a queued job), and ``world`` (the app on loopback with the fake compile queue: a job leased to a phone)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from server.settings import Settings
+from tests.security.servers import LiveServer, app_server, live_server
+from tests.server.factories import (
+    ADMIN_TOKEN,
+    FakeCompileQueue,
+    create_user,
+    enroll_device,
+    make_fake_model,
+    register_model,
+    submit_job,
+)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with live_server(tmp_path_factory.mktemp("live")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def people(live: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A registered model, a user with a device and a queued job (the compile queue is paused)."""
+    with live.client() as client:
+        register_model(client, make_fake_model(tmp_path_factory.mktemp("model")))
+        user = create_user(client)
+        device = enroll_device(client, user)
+        job = submit_job(client, user)
+        yield {"client": client, "user": user, "device": device, "job": job}
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The app on loopback (fake compiles, inline replay): ``phone`` holds the lease of ``job``; ``tablet`` and
+    ``laptop`` are devices of the same user without one."""
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite:///{tmp_path / 'mobizo.db'}",
+        admin_token=ADMIN_TOKEN,
+        max_uploads=2,
+        max_uploads_per_device=1,
+    )
+    with app_server(settings, FakeCompileQueue()) as (url, app), httpx.Client(base_url=url, timeout=30) as client:
+        register_model(client, make_fake_model(tmp_path / "model"))
+        user = create_user(client)
+        devices = {name: enroll_device(client, user, name) for name in ("phone", "tablet", "laptop")}
+        # rank 256 and 10 steps: parts large enough (D = 6144) for the issue's deeply nested reproductions
+        job = submit_job(client, user, device_id=devices["phone"]["id"], rank=256, steps=10)
+        lease = client.post("/v1/leases", headers=devices["phone"]["headers"]).json()
+        assert lease["job_id"] == job["id"]
+        yield {"url": url, "app": app, "client": client, "user": user, "job": job, "lease": lease, **devices}
