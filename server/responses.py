@@ -46,8 +46,13 @@ def errors(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 with each error's place, message and type, without FastAPI's ``input`` and ``ctx`` (echoes of input)."""
-    detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    detail = [{"loc": [_short(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def _short(part: str | int) -> str | int:
+    """A place in the body; an unknown key is the client's input, so only its start is named."""
+    return part[:64] if isinstance(part, str) else part
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
