@@ -195,12 +195,12 @@ def _parts(request: Request, limit: int) -> tuple[FormData, tuple[UploadFile, Up
     parts = [form.get(name) for name in RESULT_PARTS]
     for name, part in zip(RESULT_PARTS, parts, strict=True):
         if not isinstance(part, UploadFile):
-            form_close(form)
+            _close_form(form)
             raise field_error(name, "missing file part")
     return form, tuple(parts)
 
 
-def form_close(form: FormData) -> None:
+def _close_form(form: FormData) -> None:
     anyio.from_thread.run(form.close)
 
 
@@ -263,4 +263,4 @@ def upload_result(
             raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-            form_close(form)
+            _close_form(form)
