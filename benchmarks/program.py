@@ -24,16 +24,21 @@ import torch
 
 
 def _export_child(model_dir: str, cfg_json: dict, out: str, queue) -> None:
-    from shared.program import ProgramConfig, export_program
+    from shared.manifest import ProgramConfig
+    from shared.program import export_program
 
-    manifest = export_program(Path(model_dir), ProgramConfig.from_json(cfg_json), Path(out), progress=lambda _: None)
-    queue.put((manifest, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    manifest = export_program(
+        Path(model_dir), ProgramConfig.model_validate(cfg_json), Path(out), progress=lambda _: None
+    )
+    queue.put((manifest.model_dump(mode="json"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
 def export_measured(model_dir: Path, cfg, out: Path) -> tuple[dict, float]:
     """Export in a fresh process so that its peak RSS is the export's own."""
     queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=_export_child, args=(str(model_dir), cfg.to_json(), str(out), queue))
+    proc = mp.get_context("spawn").Process(
+        target=_export_child, args=(str(model_dir), cfg.model_dump(mode="json"), str(out), queue)
+    )
     proc.start()
     manifest, peak_mb = queue.get()
     proc.join()
@@ -59,8 +64,9 @@ def benchmark(
 ) -> list[dict]:
     from executorch.runtime import Runtime
 
-    from shared.models import load_model
-    from shared.program import ProgramConfig, build_step_module
+    from shared.hf_models import load_model
+    from shared.manifest import ProgramConfig
+    from shared.program import build_step_module
 
     rows = []
     for q in qs:

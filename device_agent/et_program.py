@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from device_agent.batches import StepBatch
-
-METHODS = ("forward", "get_lora_b", "set_lora_b", "evaluate")
+from shared.manifest import PROGRAM_METHODS
 
 
 class ProgramSession:
@@ -22,7 +21,7 @@ class ProgramSession:
         from executorch.runtime import Runtime
 
         program = Runtime.get().load_program(Path(pte), data_path=ptd)
-        missing = set(METHODS) - program.method_names
+        missing = set(PROGRAM_METHODS) - program.method_names
         if missing:
             raise ValueError(f"{pte}: not a mobizo training program (missing {sorted(missing)})")
         # Every method (``evaluate`` too) is loaded before any runs: loading a method re-initialises the shared B

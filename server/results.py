@@ -13,11 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from shared.b_file import read_b_file
 from shared.errors import DataError
-from shared.model_files import read_safetensors_header
-from shared.schemas import B_FLAT_KEY, JobSpec
+from shared.manifest import ProgramManifest
+from shared.schemas import JobSpec
 
 METRICS_LIMIT = 1 << 20
 _LOG_LINE_BYTES = 512  # step, seed, lr, eps and punctuation, generously
@@ -38,7 +37,7 @@ class ResultRejected(ValueError):
 
 def b_size(manifest: dict[str, Any]) -> int:
     """D, the length of b_flat, as the program's manifest states it."""
-    return int(manifest["lora_size"])
+    return ProgramManifest.model_validate(manifest).lora_size
 
 
 def b_limit(d: int) -> int:
@@ -52,27 +51,11 @@ def log_limit(spec: JobSpec) -> int:
 
 
 def check_b(path: Path, d: int) -> None:
-    """Exactly one tensor ``b_flat``, float32, shape [D], every value finite."""
+    """A B file (``shared.b_file``): exactly one tensor ``b_flat``, float32, shape [D], every value finite."""
     try:
-        header = read_safetensors_header(path)
+        read_b_file(path, d)
     except DataError as exc:
         raise ResultRejected("b_flat", str(exc)) from None
-    names = sorted(k for k in header if k != "__metadata__")
-    if names != [B_FLAT_KEY]:
-        raise ResultRejected("b_flat", f"expected one tensor named {B_FLAT_KEY!r}, got {names}")
-    info = header[B_FLAT_KEY]
-    if info.get("dtype") != "F32":
-        raise ResultRejected("b_flat", f"dtype must be float32 (F32), got {info.get('dtype')}")
-    if info.get("shape") != [d]:
-        raise ResultRejected("b_flat", f"shape must be [{d}] for this job's program, got {info.get('shape')}")
-    from safetensors.numpy import load_file
-
-    try:
-        values = load_file(str(path))[B_FLAT_KEY]
-    except Exception as exc:  # safetensors raises its own error types for truncated or inconsistent files
-        raise ResultRejected("b_flat", f"unreadable safetensors file ({exc})") from None
-    if not np.isfinite(values).all():
-        raise ResultRejected("b_flat", f"{int((~np.isfinite(values)).sum())} values are NaN or infinite")
 
 
 def parse_metrics(data: bytes) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from server.routes.base import Router
 from server.routes.errors import not_found
 from server.routes.leases import device_job
 from server.store import ArtifactStore
+from shared.manifest import ProgramManifest
 
 router = Router(prefix="/v1/jobs/{job_id}", tags=["programs"])
 
@@ -42,8 +43,8 @@ def _program_file(session: Session, store: ArtifactStore, device: Device, job_id
         raise not_found("program of job", job_id)
     program = session.get_one(Program, job.program_id)
     session.commit()  # end the transaction (and record last_seen_at) before streaming
-    file = program.manifest[entry]
-    return (store.program(program.key) if entry == "pte" else store.blob(file["file"])), file["sha256"]
+    file = getattr(ProgramManifest.model_validate(program.manifest), entry)
+    return (store.program(program.key) if entry == "pte" else store.blob(file.file)), file.sha256
 
 
 @router.get("/program", response_class=FileResponse, responses=_FILE)

@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from shared.adapter import save_lora
-from shared.models import load_model
+from shared.hf_models import load_model
+from shared.manifest import ProgramManifest
 from shared.program import build_step_module, export_program
-from shared.replay import log_record, replay
+from shared.replay import replay
+from shared.train_log import log_record
 from tests.utils.programs import TINY_Q1, TINY_Q4
 from tests.utils.tiny import random_batch
 
@@ -28,13 +30,13 @@ def _batches(q: int, e: int, vocab: int):
 class Device:
     """The program as a device runs it: executorch.runtime, .pte + shared .ptd."""
 
-    def __init__(self, manifest: dict, folder: Path, store: Path | None = None) -> None:
+    def __init__(self, manifest: ProgramManifest, folder: Path, store: Path | None = None) -> None:
         from executorch.runtime import Runtime
 
         program = Runtime.get().load_program(
-            folder / manifest["pte"]["file"], data_path=(store or folder) / manifest["ptd"]["file"]
+            folder / manifest.pte.file, data_path=(store or folder) / manifest.ptd.file
         )
-        self.methods = {m: program.load_method(m) for m in manifest["methods"]}
+        self.methods = {m: program.load_method(m) for m in manifest.methods}
 
     def step(self, batch, seed: int):
         args = [
@@ -97,7 +99,7 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
     folder, by_q = programs
     cfg, manifest = by_q[4]
     device, eager = Device(manifest, folder), _eager(tiny_model_dir, cfg)
-    device.set_b(torch.zeros(manifest["lora_size"]))
+    device.set_b(torch.zeros(manifest.lora_size))
     with torch.no_grad():
         for k, batch in enumerate(_batches(4, 2, eager.model.config.vocab_size)):
             device.step(batch, seed=k)
@@ -143,7 +145,7 @@ def test_program_started_from_an_adapter_continues_from_it(programs, tiny_model_
         init_adapter=tmp_path / "previous",
         progress=lambda _: None,
     )
-    assert manifest["ptd"] == by_q[1][1]["ptd"]  # same base weights file, reused
+    assert manifest.ptd == by_q[1][1].ptd  # same base weights file, reused
     device = Device(manifest, tmp_path, store=folder)
     assert torch.equal(device.b(), previous)
     batch = _batches(1, 2, eager.model.config.vocab_size)[0]
