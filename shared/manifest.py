@@ -25,9 +25,9 @@ PROGRAM_METHODS: tuple[str, ...] = get_args(ProgramMethod)  # every program has 
 
 
 def examples_per_query(batch_size: int, q: int) -> int:
-    """E = batch_size / q, each query's examples; ``FieldError`` naming ``q`` when it does not divide batch_size."""
+    """E = batch_size / q, each query's examples; ``FieldError`` naming ``batch_size`` when q does not divide it."""
     if batch_size % q:
-        raise FieldError("q", f"{q} does not divide batch_size {batch_size} (each query gets batch_size/q examples)")
+        raise FieldError("batch_size", f"{batch_size} is not divisible by q={q}")
     return batch_size // q
 
 

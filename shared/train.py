@@ -108,8 +108,9 @@ def _check_method(config: TrainConfig) -> None:
         raise UsageError("--q", f"{config.method} uses one query per step: --q must be 1, got {config.q}")
     try:
         examples_per_query(config.batch_size, config.q)
-    except FieldError as exc:
-        raise UsageError("--q", exc.reason) from None
+    except FieldError:
+        reason = f"must divide --batch-size {config.batch_size} (each query gets batch_size/q examples)"
+        raise UsageError("--q", reason) from None
 
 
 def _check_numbers(config: TrainConfig) -> None:

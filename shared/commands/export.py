@@ -63,7 +63,9 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
         field, reason = (
             (cause.field, cause.reason) if isinstance(cause, FieldError) else (error["loc"][0], error["msg"])
         )
-        raise UsageError("--" + str(field).replace("_", "-"), reason) from None
+        # a batch that q does not divide is reported on --q, the flag one changes to fit it (as ``mobizo train`` does)
+        flag = "--q" if field == "batch_size" else "--" + str(field).replace("_", "-")
+        raise UsageError(flag, reason) from None
 
 
 def run(args: argparse.Namespace) -> int:

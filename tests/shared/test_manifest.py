@@ -16,7 +16,7 @@ FILES = {entry: {"file": f"{entry}.bin", "sha256": "0" * 64, "size": 1} for entr
 
 
 @pytest.mark.parametrize(
-    ("change", "field"), [({"q": 3}, "q"), ({"answer_len": 16}, "seq_len"), ({"answer_len": 17}, "seq_len")]
+    ("change", "field"), [({"q": 3}, "batch_size"), ({"answer_len": 16}, "seq_len"), ({"answer_len": 17}, "seq_len")]
 )
 def test_config_checks_itself_naming_the_field(change: dict, field: str) -> None:
     with pytest.raises(ValidationError) as info:
