@@ -23,22 +23,17 @@ from pathlib import Path
 import torch
 
 
-def _export_child(model_dir: str, cfg_json: dict, out: str, queue) -> None:
-    from shared.manifest import ProgramConfig
+def _export_child(model_dir: str, cfg, out: str, queue) -> None:
     from shared.program import export_program
 
-    manifest = export_program(
-        Path(model_dir), ProgramConfig.model_validate(cfg_json), Path(out), progress=lambda _: None
-    )
-    queue.put((manifest.model_dump(mode="json"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    manifest = export_program(Path(model_dir), cfg, Path(out), progress=lambda _: None)
+    queue.put((manifest, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
-def export_measured(model_dir: Path, cfg, out: Path) -> tuple[dict, float]:
-    """Export in a fresh process so that its peak RSS is the export's own."""
+def export_measured(model_dir: Path, cfg, out: Path) -> tuple:
+    """Export in a fresh process so that its peak RSS is the export's own → (manifest, peak RSS in MB)."""
     queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(
-        target=_export_child, args=(str(model_dir), cfg.model_dump(mode="json"), str(out), queue)
-    )
+    proc = mp.get_context("spawn").Process(target=_export_child, args=(str(model_dir), cfg, str(out), queue))
     proc.start()
     manifest, peak_mb = queue.get()
     proc.join()
@@ -78,12 +73,10 @@ def benchmark(
             info[backend] = {
                 "export_s": time.perf_counter() - start,
                 "export_peak_rss_mb": peak_mb,
-                "pte_bytes": manifest["pte"]["size"],
-                "ptd_bytes": manifest["ptd"]["size"],
+                "pte_bytes": manifest.pte.size,
+                "ptd_bytes": manifest.ptd.size,
             }
-            program = Runtime.get().load_program(
-                workdir / f"q{q}-{backend}.pte", data_path=workdir / manifest["ptd"]["file"]
-            )
+            program = Runtime.get().load_program(workdir / f"q{q}-{backend}.pte", data_path=workdir / manifest.ptd.file)
             method = program.load_method("forward")
             runners[backend] = method.execute
         model, _ = load_model(model_dir)

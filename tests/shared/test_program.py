@@ -117,16 +117,16 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
 def test_programs_of_different_q_share_one_weights_file(programs):
     folder, by_q = programs
     (_, m1), (_, m4) = by_q[1], by_q[4]
-    assert m1["ptd"] == m4["ptd"] and m1["pte"]["sha256"] != m4["pte"]["sha256"]
-    assert sorted(p.name for p in folder.glob("*.ptd")) == [m1["ptd"]["file"]]
-    assert m1["pte"]["size"] < 1_000_000 < m1["ptd"]["size"] * 1_000 and m1["ptd"]["size"] > m1["pte"]["size"]
-    assert m1["lora"] == m4["lora"] and m1["tokenizer"] == m4["tokenizer"]
+    assert m1.ptd == m4.ptd and m1.pte.sha256 != m4.pte.sha256
+    assert sorted(p.name for p in folder.glob("*.ptd")) == [m1.ptd.file]
+    assert m1.pte.size < 1_000_000 < m1.ptd.size * 1_000 and m1.ptd.size > m1.pte.size
+    assert m1.lora == m4.lora and m1.tokenizer == m4.tokenizer
 
 
 def test_set_then_get_round_trips(programs):
     folder, by_q = programs
     device = Device(by_q[1][1], folder)
-    b = torch.randn(by_q[1][1]["lora_size"])
+    b = torch.randn(by_q[1][1].lora_size)
     device.set_b(b)
     assert torch.equal(device.b(), b)
 
