@@ -59,6 +59,7 @@ def benchmark(
 ) -> list[dict]:
     from executorch.runtime import Runtime
 
+    from device_agent.native_log import runtime_log_filtered
     from shared.hf_models import load_model
     from shared.manifest import ProgramConfig
     from shared.program import build_step_module
@@ -76,8 +77,11 @@ def benchmark(
                 "pte_bytes": manifest.pte.size,
                 "ptd_bytes": manifest.ptd.size,
             }
-            program = Runtime.get().load_program(workdir / f"q{q}-{backend}.pte", data_path=workdir / manifest.ptd.file)
-            method = program.load_method("forward")
+            with runtime_log_filtered():
+                program = Runtime.get().load_program(
+                    workdir / f"q{q}-{backend}.pte", data_path=workdir / manifest.ptd.file
+                )
+                method = program.load_method("forward")
             runners[backend] = method.execute
         model, _ = load_model(model_dir)
         eager = build_step_module(model, cfg)

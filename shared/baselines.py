@@ -25,14 +25,17 @@ def mezo_lora_step(
     eps: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MeZO on the LoRA-B vector ``b`` (updated in place); q = 1. Returns (losses [2], g [1])."""
-    size = b.shape[0]
-    b.add_(step_noise(seed, 1, size)[0] * eps)
+
+    def z() -> torch.Tensor:  # regenerated at each walk, as MeZO does, in B's dtype
+        return step_noise(seed, 1, b.shape[0])[0].to(b.dtype)
+
+    b.add_(z() * eps)
     plus = path_losses(model, lora, batch, b[None], copies=1)
-    b.sub_(step_noise(seed, 1, size)[0] * (eps * 2))
+    b.sub_(z() * (eps * 2))
     minus = path_losses(model, lora, batch, b[None], copies=1)
-    b.add_(step_noise(seed, 1, size)[0] * eps)
+    b.add_(z() * eps)
     g = (plus - minus) / (eps * 2)
-    b.sub_(step_noise(seed, 1, size)[0] * (g * lr))
+    b.sub_(z() * (g * lr))
     return torch.cat([plus, minus]), g
 
 

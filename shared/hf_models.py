@@ -16,7 +16,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, 
 from shared.errors import MobizoError, UsageError
 from shared.files import atomic_dir
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# float64 is for eager exactness checks only (rounding ~5e8 times smaller than float32); programs are float32.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -121,8 +121,9 @@ class MPLoRA:
     def lora_a(self) -> dict[str, torch.Tensor]:
         return {name: layer.lora_A for name, layer in self.layers.items()}
 
-    def zeros(self) -> torch.Tensor:
-        return torch.zeros(self.size, dtype=torch.float32, device=self.device)
+    def zeros(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A zero master B: float32, or float64 for a float64 model (eager exactness checks)."""
+        return torch.zeros(self.size, dtype=dtype, device=self.device)
 
     @property
     def device(self) -> torch.device:

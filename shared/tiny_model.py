@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
-from shared.errors import DataError, UsageError
+from shared.errors import DataError, MobizoError, UsageError
 from shared.hf_models import build_random, save_model
 from shared.tasks import shared_data_dir
 
@@ -98,13 +98,21 @@ def _train_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
 
 
 def _tokenizer_corpus() -> list[str]:
-    """The fixed training text; the prompt text alone when the data folder is missing."""
+    """The fixed training text: the prompt words plus the first lines of three task files.
+
+    All of them or none: a tokenizer trained on less text would silently be another tokenizer, and "same seed,
+    same bytes" would not hold.
+    """
     texts = [_PROMPT_TEXT] * _PROMPT_REPEATS
     data = shared_data_dir()
+    missing = [name for name, _, _ in _CORPUS if not (data / name).is_file()]
+    if missing:
+        raise MobizoError(
+            f"the tiny model's tokenizer is trained on the task data, and {data} lacks {', '.join(missing)} "
+            "(the read-only data folder beside the repository; set MOBIZO_SHARED_DIR to the folder that holds data/)"
+        )
     for name, fields, n_lines in _CORPUS:
-        path = data / name
-        if path.is_file():
-            texts.extend(_read_fields(path, fields, n_lines))
+        texts.extend(_read_fields(data / name, fields, n_lines))
     return texts
 
 

@@ -188,9 +188,11 @@ class MethodStep:
         self.method, self.model, self.lora, self.q, self.parallel = method, model, lora, q, parallel
         self.device = next(model.parameters()).device
         self.lr, self.eps = float(lr), float(eps)
-        self.lr_t = torch.tensor([lr], dtype=torch.float32, device=self.device)
-        self.eps_t = torch.tensor([eps], dtype=torch.float32, device=self.device)
-        self.b = None if method == "mezo" else lora.zeros()
+        # The master B, lr and eps are float32 (the program's arithmetic), float64 for a float64 model.
+        dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+        self.lr_t = torch.tensor([lr], dtype=dtype, device=self.device)
+        self.eps_t = torch.tensor([eps], dtype=dtype, device=self.device)
+        self.b = None if method == "mezo" else lora.zeros(dtype)
 
     def __call__(self, batch: Batch, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         seed_t = torch.tensor([seed], dtype=torch.int64, device=self.device)

@@ -9,7 +9,8 @@ One step (MobiZO, paper §3-4), with z_i = noise(seed, i*D .. (i+1)*D) for query
 ``parallel`` only changes how the 2q paths are grouped into forward passes (``both``: one pass of 2q paths;
 ``outer``: + pass and - pass of q paths; ``inner``: q passes of 2 paths; ``none``: 2q passes of 1 path); the
 mathematics and therefore the losses and B are the same. lr, eps and seed are tensors (float32 / int64) so that
-eager training, the exported program and the replay perform identical float32 operations.
+eager training, the exported program and the replay perform identical float32 operations. A float64 B (eager
+only, for checks that rounding must not hide) runs the same steps on z's float32 values cast exactly to float64.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def zo_step(
     parallel: Parallel = "both",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One MobiZO step → (losses [2q], g [q], new B). Used by eager training and, with ``both``, by the program."""
-    z = step_noise(seed, q, b.shape[0])
+    z = step_noise(seed, q, b.shape[0]).to(b.dtype)  # a float64 B (exactness checks) takes z's float32 values
     losses = rge_losses(model, lora, batch, perturbations(b, z, eps), q, parallel)
     g = projected_gradients(losses, eps)
     return losses, g, updated_b(b, z, g, lr)

@@ -44,20 +44,20 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="built-in task (sst2, rte, ..., lm) or custom")
     p.add_argument("--template", help='custom task template, e.g. "{text} It was"')
     p.add_argument("--verbalizer", help='custom task verbalizer as JSON, e.g. \'{"0": " bad", "1": " good"}\'')
-    for name, kind in (
-        ("q", int),
-        ("batch-size", int),
-        ("steps", int),
-        ("lr", float),
-        ("eps", float),
-        ("rank", int),
-        ("alpha", float),
-        ("seq-len", int),
-        ("answer-len", int),
-        ("seed", int),
-        ("a-seed", int),
+    for name, kind, text in (
+        ("q", int, "queries per step (outer-loop paths); must divide --batch-size"),
+        ("batch-size", int, "examples per step; each query sees batch-size / q of them"),
+        ("steps", int, "training steps"),
+        ("lr", float, "learning rate"),
+        ("eps", float, "perturbation scale"),
+        ("rank", int, "LoRA rank"),
+        ("alpha", float, "LoRA alpha (scaling alpha / rank)"),
+        ("seq-len", int, "the program's fixed width in tokens (rows left-padded, prompts cut from the left)"),
+        ("answer-len", int, "answer tokens per row (default: the task's longest answer)"),
+        ("seed", int, "run seed: batch order and step seeds"),
+        ("a-seed", int, "seed of the frozen LoRA A"),
     ):
-        p.add_argument(f"--{name}", type=kind)
+        p.add_argument(f"--{name}", type=kind, help=text + " (default: the server's)")
     p.add_argument("--targets", help="comma-separated module names (default q_proj,v_proj)")
     p.add_argument("--backend", dest="program_backend", choices=PROGRAM_BACKENDS)
     p.add_argument("--device", dest="device_id", type=int, help="run on this device only")

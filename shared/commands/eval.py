@@ -25,8 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, metavar="N", help="(example, candidate) rows per pass")
     parser.add_argument("--template", help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
     parser.add_argument("--verbalizer", metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
-    parser.add_argument("--max-len", type=int, metavar="N", help="cut prompts from the left to fit N tokens")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument(
+        "--seq-len", type=int, metavar="N", help="maximum tokens per row: prompts are cut from the left to fit N"
+    )
+    parser.add_argument("--max-len", dest="seq_len", type=int, help=argparse.SUPPRESS)  # the old name, kept working
+    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or float64")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
 
 
@@ -41,8 +44,8 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    """Positive sizes; --max-len needs room for at least one prompt and one answer token."""
-    bounds = (("--limit", args.limit, 1), ("--batch-size", args.batch_size, 1), ("--max-len", args.max_len, 2))
+    """Positive sizes; --seq-len needs room for at least one prompt and one answer token."""
+    bounds = (("--limit", args.limit, 1), ("--batch-size", args.batch_size, 1), ("--seq-len", args.seq_len, 2))
     for name, value, least in bounds:
         if value is not None and value < least:
             raise UsageError(name, f"must be at least {least}, got {value}")
@@ -74,6 +77,6 @@ def run(args: argparse.Namespace) -> int:
         from shared.adapter import load_adapter
 
         load_adapter(model, Path(args.adapter))
-    metrics = evaluate(model, tokenizer, task, rendered, args.batch_size, args.max_len, progress=sys.stderr.isatty())
+    metrics = evaluate(model, tokenizer, task, rendered, args.batch_size, args.seq_len, progress=sys.stderr.isatty())
     print(json.dumps(metrics) if args.json else _summary(task.name, metrics))
     return 0

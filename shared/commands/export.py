@@ -20,7 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", required=True, help="task name (fixes the answer length); see `mobizo train`")
     parser.add_argument("--q", required=True, type=int, help="queries per step (outer-loop paths)")
     parser.add_argument("--batch-size", required=True, type=int, help="total examples per step (E = batch/q)")
-    parser.add_argument("--seq-len", required=True, type=int, help="fixed sequence length of the program")
+    parser.add_argument(
+        "--seq-len",
+        required=True,
+        type=int,
+        metavar="N",
+        help="the program's fixed width in tokens: every row is left-padded, or its prompt cut from the left, to N",
+    )
     parser.add_argument("--answer-len", type=int, help="answer tokens per row (default: the task's longest answer)")
     parser.add_argument("--rank", type=int, default=defaults.RANK)
     parser.add_argument("--alpha", type=float, default=defaults.ALPHA)

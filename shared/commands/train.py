@@ -62,12 +62,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--seed", default=_KEEP, type=int, help=f"run seed: batch order and step seeds (default {defaults.SEED})")
     add("--parallel", default=_KEEP, help="mobizo schedule: both (default), outer, inner, or none")
-    add("--dtype", default=_KEEP, help="float32 (default), bfloat16 or float16")
+    add("--dtype", default=_KEEP, help="float32 (default), bfloat16, float16, or float64 (exactness checks)")
     add("--eval-every", default=_KEEP, type=int, metavar="K", help="also evaluate every K steps")
     add("--device", default=_KEEP, help="cpu or cuda (default: cuda when available)")
     add("--limit-train", default=_KEEP, type=int, metavar="N", help="use only the first N training examples")
     add("--limit-eval", default=_KEEP, type=int, metavar="N", help="use only the first N held-out examples")
-    add("--seq-len", default=_KEEP, type=int, metavar="N", help="cut prompts from the left to fit N tokens")
+    add(
+        "--seq-len",
+        default=_KEEP,
+        type=int,
+        metavar="N",
+        help="maximum tokens per row: prompts are cut from the left to fit N (default: no cut)",
+    )
     add("--template", default=_KEEP, help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
     add("--verbalizer", default=_KEEP, metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
     add("--json", action="store_true", help="print the metrics as JSON")

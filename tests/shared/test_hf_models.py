@@ -47,7 +47,13 @@ def test_load_model_errors_name_the_folder(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "dtype"), [("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16)]
+    ("name", "dtype"),
+    [
+        ("float32", torch.float32),
+        ("float16", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("float64", torch.float64),
+    ],
 )
 def test_resolve_dtype(name: str, dtype: torch.dtype) -> None:
     assert resolve_dtype(name) is dtype

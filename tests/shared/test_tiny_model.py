@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mobizo.cli import main
-from shared.errors import UsageError
+from shared.errors import MobizoError, UsageError
 from shared.hf_models import count_params, load_model
 from shared.tiny_model import make_tiny_model
 
@@ -76,11 +76,16 @@ def test_verbalizers_are_single_tokens(tiny_model_dir: Path, word: str) -> None:
     assert len(tokenizer(word, add_special_tokens=False).input_ids) == 1
 
 
-def test_tokenizer_falls_back_to_built_in_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokenizer_needs_the_task_data_and_says_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No silent fallback to other text: "same seed, same bytes" holds wherever the command runs, or it fails."""
     monkeypatch.setenv("MOBIZO_SHARED_DIR", str(tmp_path / "no-such-shared"))
-    _, tokenizer = load_model(make_tiny_model(tmp_path / "model", seed=0))
-    text = ROUND_TRIP_TEXTS[1]
-    assert tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids) == text
+    with pytest.raises(MobizoError, match="no-such-shared/data lacks sst2/train.jsonl"):
+        make_tiny_model(tmp_path / "model", seed=0)
+    assert not (tmp_path / "model").exists()
+    assert main(["make-tiny-model", "--out", str(tmp_path / "cli")]) == 1
+    assert "MOBIZO_SHARED_DIR" in capsys.readouterr().err
 
 
 def test_fills_an_empty_folder_then_replaces_the_model(tmp_path: Path) -> None:
