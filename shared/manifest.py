@@ -34,7 +34,7 @@ def examples_per_query(batch_size: int, q: int) -> int:
 def check_prompt_room(seq_len: int, answer_len: int) -> None:
     """A row of ``seq_len`` tokens must hold at least one prompt token before ``answer_len`` answer tokens."""
     if answer_len >= seq_len:
-        raise FieldError("seq_len", f"{seq_len} leaves no room for a prompt before {answer_len} answer tokens")
+        raise FieldError("seq_len", f"{seq_len} leaves no room for a prompt and {answer_len} answer tokens")
 
 
 class ProgramConfig(BaseModel):
