@@ -178,7 +178,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if args.model is None:
-            from shared.models import make_tiny_model
+            from shared.tiny_model import make_tiny_model
 
             args.model = make_tiny_model(tmp / "tiny", seed=0)
         rows = [bench_one("sqlite", f"sqlite:///{tmp / 'bench.db'}", args, args.model, tmp)]

@@ -1,0 +1,89 @@
+"""The training log: one JSON line per step, ``{"step", "seed", "lr", "eps", "g", "losses"}`` (docs/contracts.md).
+
+Floats are float32 values written as Python floats, whose repr round-trips the float32 bits exactly, so a replay
+(``shared.replay``) of the log rebuilds B bit for bit. Torch-free: the device writes it, the server checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from shared.errors import DataError
+
+LOG_FIELDS = ("step", "seed", "lr", "eps", "g", "losses")
+_MAX_COUNT = 2**31 - 1  # steps and seeds are 32-bit (``shared.noise.MAX_SEED``, ``HyperParams.steps``)
+
+
+def _f32(values) -> list[float]:
+    """float32 values as Python floats: their repr round-trips the float32 bits exactly."""
+    return [float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1)]
+
+
+def log_record(step: int, seed: int, lr: float, eps: float, g, losses) -> dict:
+    return {"step": step, "seed": int(seed), "lr": lr, "eps": eps, "g": _f32(g), "losses": _f32(losses)}
+
+
+def log_line(record: dict) -> str:
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _type_problem(record: dict) -> str | None:
+    """Why a record's fields are not of their types (step and seed 32-bit counts, lr, eps and g finite numbers,
+    losses numbers), so that every later check compares numbers; None when they are."""
+    for key in ("step", "seed"):
+        if not _is_int(record[key]) or not 0 <= record[key] <= _MAX_COUNT:
+            return f"{key} must be an integer in [0, 2**31)"
+    for key in ("lr", "eps"):
+        if not _is_number(record[key]) or not math.isfinite(record[key]):
+            return f"{key} must be a finite number"
+    if not isinstance(record["g"], list) or not all(_is_number(v) and math.isfinite(v) for v in record["g"]):
+        return "g must be a list of finite numbers"
+    if not isinstance(record["losses"], list) or not all(_is_number(v) for v in record["losses"]):
+        return "losses must be a list of numbers"
+    return None
+
+
+def parse_log(text: str, source: str = "log") -> list[dict]:
+    """Parse and check a training log: fields of their types, consecutive steps, q projected gradients each.
+
+    Every malformed line raises ``DataError`` naming the line: what a device uploads is parsed here first.
+    """
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+            raise DataError(f"{source}:{number}: not JSON ({reason})") from None
+        missing = [f for f in LOG_FIELDS if not isinstance(record, dict) or f not in record]
+        if missing:
+            raise DataError(f"{source}:{number}: missing {', '.join(missing)}")
+        problem = _type_problem(record)
+        if problem:
+            raise DataError(f"{source}:{number}: {problem}")
+        if records and record["step"] != records[-1]["step"] + 1:
+            raise DataError(f"{source}:{number}: step {record['step']} does not follow {records[-1]['step']}")
+        if not record["g"] or len(record["g"]) != len(records[0]["g"] if records else record["g"]):
+            raise DataError(f"{source}:{number}: g must hold the same number q >= 1 of values on every line")
+        records.append(record)
+    if not records:
+        raise DataError(f"{source}: empty training log")
+    return records
+
+
+def read_log(path: Path) -> list[dict]:
+    return parse_log(Path(path).read_text(), str(path))
