@@ -85,7 +85,10 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         store = ArtifactStore(settings.data_dir)
         queue = (queue_factory or _default_queue)(sessions, store, settings)
         app.state.settings, app.state.sessionmaker, app.state.store = settings, sessions, store
-        app.state.compile_queue, app.state.verify_pool = queue, WorkerPool(settings.verify_workers)
+        app.state.compile_queue, app.state.verify_pool = (
+            queue,
+            WorkerPool(settings.verify_workers, per_owner=settings.verify_per_user),
+        )
         queue.recover()
         stop = threading.Event()
         sweeper = threading.Thread(target=_sweep_leases, args=(sessions, settings, stop), daemon=True)

@@ -24,9 +24,14 @@ class Settings(BaseSettings):
     lease_s: int = Field(default=300, ge=5, description="a lease lasts this long after the last heartbeat")
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
     compile_workers: int = Field(default=1, ge=1, description="processes compiling programs")
-    verify_workers: int = Field(default=1, ge=1, description="processes replaying uploaded results")
+    verify_workers: int = Field(default=2, ge=1, description="processes replaying uploaded results")
+    verify_per_user: int = Field(
+        default=1, ge=1, description="verifications one user may have running or waiting (more: 429 Retry-After)"
+    )
     max_upload_mb: float = Field(default=256.0, gt=0, description="largest request body accepted")
-    verify_timeout_s: float = Field(default=600.0, gt=0)
+    verify_timeout_s: float = Field(
+        default=600.0, gt=0, description="a replay running longer is stopped (its worker killed); the upload gets 503"
+    )
 
     @property
     def db_url(self) -> str:

@@ -129,8 +129,9 @@ def show(job_id: int, user: CurrentUser, session: SessionDep) -> JobPublic:
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel(job_id: int, user: CurrentUser, session: SessionDep) -> JobPublic:
+def cancel(job_id: int, user: CurrentUser, session: SessionDep, queue: QueueDep) -> JobPublic:
     job = user_job(session, user.id, job_id)
     if not jobstate.cancel(session, job):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {job.status}")
+    queue.cancel(job_id)  # a running export stops now instead of finishing for nothing
     return _show(session, job)
