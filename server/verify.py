@@ -1,11 +1,13 @@
 """Checking an uploaded result, the one home of what a valid result is: then packaging it as a PEFT archive.
 
 In the request (cheap, no torch; bad tensors are rejected before a worker is asked to replay): the size limits
-(``b_limit``, ``log_limit``, ``METRICS_LIMIT``), B's safetensors layout and values (``check_b``) and the metrics
-(``parse_metrics``) and the log's line count against the job's steps (``check_step_count``). In a worker process (``server.pool.WorkerPool``; torch is imported inside the functions):
-the log's checks against the job, the replay of the log from the starting B (bit for bit, except for devices
-running eager torch: ``exact_replay``), and the archive of the *replayed* B (``verify_and_package``): the registry
-stores the replay, so stored B == replay(stored log) for every adapter. Arguments and results of the worker side are plain data, so they pickle.
+(``b_limit``, ``log_limit``, ``METRICS_LIMIT``), B's safetensors layout and values (``check_b``), the log's line
+count against the job's steps (``check_step_count``) and the metrics (``parse_metrics``, ``UploadMetrics``). In a
+worker process (``server.pool.WorkerPool``; torch is imported inside the functions): the log's checks against the
+job, the replay of the log from the starting B (bit for bit, except for devices running eager torch:
+``exact_replay``), and the archive of the *replayed* B (``verify_and_package``): the registry stores the replay,
+so stored B == replay(stored log) for every adapter. Arguments and results of the worker side are plain data, so
+they pickle.
 
 Rejections raise ``ResultRejected(field, message)``: picklable, so a worker can raise it too, and turned into a
 422 naming the part by the route.

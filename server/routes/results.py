@@ -5,8 +5,8 @@ Multipart parts (``shared.schemas.RESULT_PARTS``): ``b_flat`` (safetensors, one 
 temporary directory and checked in order: sizes (413), B's name, dtype, shape and finiteness, the log's structure
 and its line count against the job's steps (422), then a worker replays the log from the starting B and compares
 (422 if it does not reproduce B: bit for bit, or within ``replay_tolerance`` for devices running eager torch).
-Only then are the *replayed* B, the log and the PEFT archive published (temporary name, fsync, rename) and the adapter recorded, in the
-same transaction that marks the job succeeded. The same upload again (the same uploaded bytes) answers 200 with
+Only then are the *replayed* B, the log and the PEFT archive published (temporary name, fsync, rename) and the
+adapter recorded, in the same transaction that marks the job succeeded. The same upload again (the same uploaded bytes) answers 200 with
 the same adapter; a different one after success is 409.
 """
 
@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session
 from server import jobstate, registry
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, VerifyPoolDep
 from server.pool import OwnerBusy, WorkerDied, WorkerPool, WorkTimedOut
-from server.settings import Settings
 from server.responses import field_error
 from server.router import Router
+from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program
 from server.verify import (
