@@ -6,8 +6,8 @@ temporary directory and checked in order: sizes (413), B's name, dtype, shape an
 and its line count against the job's steps (422), then a worker replays the log from the starting B and compares
 (422 if it does not reproduce B: bit for bit, or within ``replay_tolerance`` for devices running eager torch).
 Only then are the *replayed* B, the log and the PEFT archive published (temporary name, fsync, rename) and the
-adapter recorded, in the same transaction that marks the job succeeded. The same upload again (the same uploaded bytes) answers 200 with
-the same adapter; a different one after success is 409.
+adapter recorded, in the same transaction that marks the job succeeded. The same upload again (the same uploaded
+bytes) answers 200 with the same adapter; a different one after success is 409.
 """
 
 from __future__ import annotations
