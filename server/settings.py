@@ -33,6 +33,12 @@ class Settings(BaseSettings):
         default=600.0, gt=0, description="a replay running longer is stopped (its worker killed); the upload gets 503"
     )
 
+    max_active_jobs: int = Field(default=100, ge=1, description="a user's unfinished jobs (more: 429 Retry-After)")
+    max_compiles: int = Field(default=8, ge=1, description="a user's jobs queued or compiling (more: 429 Retry-After)")
+    enrollment_codes_per_hour: int = Field(
+        default=60, ge=1, description="enrollment codes a user may make per hour (more: 429 Retry-After)"
+    )
+
     @property
     def db_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'mobizo.db').resolve()}"

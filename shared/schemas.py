@@ -33,6 +33,7 @@ Method = Literal["mobizo"]
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _MAX_SEED = 2**31 - 1
 _MAX_INT64 = 2**63 - 1
+MAX_LABELS = 256  # a verbalizer's labels: each is scored on every evaluation example
 
 
 class _Strict(BaseModel):
@@ -125,7 +126,12 @@ class TaskSpec(BaseModel):
 
     task: str | None = Field(default=None, min_length=1, max_length=64, description="a task name (sst2, rte, lm, …)")
     template: str | None = Field(default=None, min_length=1, max_length=4096, examples=["{text} It was"])
-    verbalizer: dict[str, str] | None = Field(default=None, examples=[{"0": " terrible", "1": " great"}])
+    verbalizer: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] | None = Field(
+        default=None,
+        max_length=MAX_LABELS,
+        examples=[{"0": " terrible", "1": " great"}],
+        description=f"label → answer text; at most {MAX_LABELS} labels",
+    )
 
     @model_validator(mode="after")
     def _known_task(self) -> TaskSpec:

@@ -6,8 +6,8 @@ from fastapi import HTTPException, Query, status
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server import jobstate, registry
-from server.deps import CurrentUser, QueueDep, SessionDep
+from server import jobstate, quotas, registry
+from server.deps import CurrentUser, QueueDep, SessionDep, SettingsDep
 from server.responses import field_error, not_found
 from server.router import Router
 from server.tables import Adapter, Device, Job, Model, User
@@ -81,8 +81,16 @@ def _check_answer_len(body: JobCreate) -> None:
         raise field_error("answer_len", f"required for task {body.task_name} (its answers come from the data)")
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobPublic)
-def submit(body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep) -> JobPublic:
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobPublic,
+    responses={429: {"description": "too many unfinished or compiling jobs (Retry-After)"}},
+)
+def submit(
+    body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep, settings: SettingsDep
+) -> JobPublic:
+    quotas.check_job_quota(session, user.id, settings)
     model = _check_model(session, body)
     _check_device(session, user, body)
     _check_init_adapter(session, user, model, body)

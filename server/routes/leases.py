@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from server import jobstate
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep
+from server.responses import field_error
 from server.router import Router
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Program, utcnow
@@ -65,16 +66,26 @@ def lease(
     return _lease(session, store, job, settings.heartbeat_s)
 
 
-@router.post("/v1/jobs/{job_id}/heartbeat", response_model=HeartbeatPublic, tags=["leases"])
+@router.post(
+    "/v1/jobs/{job_id}/heartbeat",
+    response_model=HeartbeatPublic,
+    tags=["leases"],
+    responses={422: {"description": "malformed, or progress beyond the job's steps"}},
+)
 def heartbeat(
     job: DeviceJob, body: HeartbeatCreate, device: CurrentDevice, session: SessionDep, settings: SettingsDep
 ) -> HeartbeatPublic:
     if job.status == "cancelled" and job.leased_device_id == device.id:
         session.commit()  # last_seen_at
         return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
+    lost = HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device does not hold its lease (expired?)")
+    if job.status != "running" or job.leased_device_id != device.id:
+        raise lost  # the lease before the body's content; the update below checks it again, atomically
+    if body.step > job.spec["steps"]:
+        raise field_error("step", f"progress {body.step} is beyond the job's {job.spec['steps']} steps")
     expires = jobstate.heartbeat(session, job, device, settings.lease_s, body.model_dump())
     if expires is None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device does not hold its lease (expired?)")
+        raise lost
     return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
 
 
