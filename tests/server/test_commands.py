@@ -156,3 +156,13 @@ def test_models_register_and_list(server_url, capsys, tmp_path):
         ADMIN_TOKEN,
     )
     assert code == 1 and "HTTP 4" in err
+
+
+def test_token_file_keeps_the_token_out_of_the_process_list(server_url, capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("MOBIZO_ADMIN_TOKEN", raising=False)
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    code, out, _ = _run(capsys, "users", "create", "carol", "--server", server_url, "--token-file", str(token_file))
+    assert code == 0 and json.loads(out)["name"] == "carol"
+    code, _, err = _run(capsys, "users", "create", "dave", "--server", server_url, "--token-file", str(tmp_path / "no"))
+    assert code == 2 and "--token-file" in err
