@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from mobizo.cli import main
 from server.app import create_app
@@ -23,30 +19,21 @@ from tests.server.factories import (
     fake_training,
     make_fake_model,
 )
+from tests.server.live import app_in_thread
 
 
 @pytest.fixture
 def server_url(settings, tmp_path) -> Iterator[str]:
     app = create_app(settings, queue_factory=FakeCompileQueue().bind)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    app.state.verify_pool.close()
-    app.state.verify_pool = InlinePool()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    httpx.post(
-        f"{url}/v1/models",
-        json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))},
-        headers=bearer(ADMIN_TOKEN),
-    ).raise_for_status()
-    yield url
-    server.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with app_in_thread(app) as url:
+        app.state.verify_pool.close()
+        app.state.verify_pool = InlinePool()
+        httpx.post(
+            f"{url}/v1/models",
+            json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))},
+            headers=bearer(ADMIN_TOKEN),
+        ).raise_for_status()
+        yield url
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
