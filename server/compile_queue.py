@@ -56,6 +56,7 @@ class LocalCompileQueue:
         self._build = build
         self._pool = WorkerPool(workers)
         self._drivers = ThreadPoolExecutor(workers, thread_name_prefix="compile")
+        self._closing = False
 
     def submit(self, job_id: int) -> None:
         self._drivers.submit(self._compile, job_id).add_done_callback(_log_crash)
@@ -88,6 +89,8 @@ class LocalCompileQueue:
                 key=job_id,
             )
         except Exception as exc:  # any failure of the export is the job's error text
+            if self._closing:
+                return  # stopped by close(): the job stays compiling and recover() takes it back on restart
             log.warning("job %d: compile failed: %s", job_id, exc)
             with self._sessions() as session:
                 jobstate.fail(session, job_id, f"compile failed: {type(exc).__name__}: {exc}", ("compiling",))
@@ -96,5 +99,7 @@ class LocalCompileQueue:
             jobstate.finish_compiling(session, job_id, built)
 
     def close(self) -> None:
+        """Stop the drivers and kill the compile workers; jobs they were compiling are left for ``recover``."""
+        self._closing = True
         self._drivers.shutdown(wait=False, cancel_futures=True)
         self._pool.close()

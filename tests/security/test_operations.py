@@ -71,3 +71,39 @@ def test_workers_die_with_a_sigkilled_server():
     while not _gone(worker):
         assert time.monotonic() < deadline, f"worker {worker} outlived its server"
         time.sleep(0.1)
+
+
+def test_stopping_the_server_kills_its_compile_and_leaves_the_job_for_recovery(tmp_path):
+    from fastapi.testclient import TestClient
+    from sqlalchemy import select
+
+    from server.app import create_app
+    from server.compile_queue import LocalCompileQueue
+    from server.db import make_engine
+    from server.settings import Settings
+    from server.tables import Job
+    from tests.security.test_quotas import JOB, slow_build
+    from tests.server.factories import create_user, make_fake_model, register_model
+
+    settings = Settings(data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN)
+    app = create_app(settings, queue_factory=lambda s, store, _: LocalCompileQueue(s, store, 1, build=slow_build))
+    with TestClient(app) as client:
+        register_model(client, make_fake_model(tmp_path / "model"))
+        client.post("/v1/jobs", json=JOB, headers=create_user(client))
+        pid_file = app.state.store.programs_dir / "builder.pid"
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file():
+            assert time.monotonic() < deadline, "the compile never started"
+            time.sleep(0.05)
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while not _gone(worker):
+        assert time.monotonic() < deadline, "the compile worker outlived the server"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the driver thread has seen its worker die
+    engine = make_engine(settings.db_url)
+    try:
+        with engine.connect() as conn:
+            assert list(conn.scalars(select(Job.status))) == ["compiling"]
+    finally:
+        engine.dispose()
