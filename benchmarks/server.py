@@ -163,6 +163,7 @@ async def load(url: str, tokens: list[str], heartbeats: int, duration: float) ->
 
 
 NOISY_STEPS = 60_000
+WARM_UPLOADS = 4  # more than the server's verify workers (2 by default)
 
 
 def result_files(spec: dict, d: int, replaying: bool) -> dict:
@@ -219,13 +220,15 @@ def noisy_neighbour(url: str, uploads: int, noisy_devices: int) -> dict:
         users[name] = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     quiet = _enrolled(url, users["quiet"], "quiet")
     noisy = [_enrolled(url, users["noisy"], f"noisy{i}") for i in range(noisy_devices)]
-    jobs = [users["quiet"].post("/v1/jobs", json=SPEC).raise_for_status().json()["id"] for _ in range(2 * uploads)]
+    quiet_jobs = 2 * uploads + WARM_UPLOADS
+    jobs = [users["quiet"].post("/v1/jobs", json=SPEC).raise_for_status().json()["id"] for _ in range(quiet_jobs)]
     for _ in noisy:
         jobs.append(
             users["noisy"].post("/v1/jobs", json={**SPEC, "steps": NOISY_STEPS}).raise_for_status().json()["id"]
         )
-    for job_id in jobs:
-        wait_ready(users["quiet"] if job_id in jobs[: 2 * uploads] else users["noisy"], job_id)
+    for i, job_id in enumerate(jobs):
+        wait_ready(users["quiet"] if i < quiet_jobs else users["noisy"], job_id)
+    _timed_uploads(quiet, WARM_UPLOADS)  # every verify worker started (torch imported) before timing
     alone = _timed_uploads(quiet, uploads)
 
     stop, statuses = threading.Event(), []
