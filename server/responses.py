@@ -17,6 +17,11 @@ def field_error(field: str, message: str, code: int = status.HTTP_422_UNPROCESSA
     return HTTPException(code, [{"loc": ["body", field], "msg": message, "type": "value_error"}])
 
 
+def try_later(code: int, detail: str, retry_after_s: int) -> HTTPException:
+    """A 429 or 503 with ``Retry-After``: the same request may succeed later (the agent's retries honour it)."""
+    return HTTPException(code, detail, headers={"Retry-After": str(max(1, retry_after_s))})
+
+
 def not_found(what: str, object_id: int | str) -> HTTPException:
     """Missing and not-yours look the same: 404 with no hint that the object exists."""
     return HTTPException(status.HTTP_404_NOT_FOUND, f"{what} {object_id} not found")

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from server import jobstate, registry
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, VerifyPoolDep
 from server.pool import OwnerBusy, WorkerDied, WorkerPool, WorkTimedOut
-from server.responses import field_error
+from server.responses import field_error, try_later
 from server.router import Router
 from server.settings import Settings
 from server.store import ArtifactStore
@@ -131,10 +131,6 @@ def _lost(job: Job) -> NoReturn:
     raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} {reason}")
 
 
-def _try_later(code: int, detail: str, seconds: int) -> HTTPException:
-    return HTTPException(code, detail, headers={"Retry-After": str(seconds)})
-
-
 def _verify(
     pool: WorkerPool, settings: Settings, owner: int, ctx: dict, upload: Upload, init: Path | None, tmp: Path
 ) -> dict:
@@ -149,15 +145,15 @@ def _verify(
     except ResultRejected as exc:
         raise field_error(exc.field, exc.message) from None
     except OwnerBusy:
-        raise _try_later(
+        raise try_later(
             status.HTTP_429_TOO_MANY_REQUESTS, "this user's devices already have results being verified", 10
         ) from None
     except WorkTimedOut:
-        raise _try_later(
+        raise try_later(
             status.HTTP_503_SERVICE_UNAVAILABLE, f"verification ran past {settings.verify_timeout_s:g} s", 60
         ) from None
     except WorkerDied:
-        raise _try_later(status.HTTP_503_SERVICE_UNAVAILABLE, "the verification worker died; retry", 10) from None
+        raise try_later(status.HTTP_503_SERVICE_UNAVAILABLE, "the verification worker died; retry", 10) from None
     b_flat, archive = Path(checks.pop("b_flat")), Path(checks.pop("archive"))
     return {
         "b_flat": (b_flat, sha256_file(b_flat)),
