@@ -37,6 +37,7 @@ from device_agent.events import Reporter
 from device_agent.heartbeat import Heartbeat
 from device_agent.job import AgentContext, JobDir, train
 from device_agent.local_data import program_shape, step_batches
+from shared.manifest import ProgramManifest
 from shared.schemas import FileRef, JobSpec, LeasePublic
 
 LR, EPS, SEED = 0.5, 0.05, 3
@@ -57,33 +58,38 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def program(args: argparse.Namespace, folder: Path) -> tuple[Path, dict]:
+def program(args: argparse.Namespace, folder: Path) -> tuple[Path, ProgramManifest]:
     """(.pte, manifest): ``--program``, or a fresh export (its .ptd and tokenizer beside it)."""
-    from shared.models import load_model, make_tiny_model
-    from shared.program import ProgramConfig, export_program, manifest_path
-    from shared.tasks import answer_len_for, get_task
+    from shared.data import answer_len_for
+    from shared.hf_models import load_model
+    from shared.manifest import ProgramConfig, read_manifest
+    from shared.program import export_program
+    from shared.tasks import get_task
+    from shared.tiny_model import make_tiny_model
 
     if args.program is not None:
-        return args.program, json.loads(manifest_path(args.program).read_text())
+        return args.program, read_manifest(args.program)
     model_dir = args.model or make_tiny_model(folder / "tiny", seed=0)
     answer_len = answer_len_for(get_task("sst2"), load_model(model_dir)[1])
-    cfg = ProgramConfig(args.q, args.batch_size, args.seq_len, answer_len, rank=16, alpha=32.0)
+    cfg = ProgramConfig(
+        q=args.q, batch_size=args.batch_size, seq_len=args.seq_len, answer_len=answer_len, rank=16, alpha=32.0
+    )
     pte = folder / "program.pte"
     return pte, export_program(model_dir, cfg, pte, progress=lambda _: None)
 
 
-def sst2_batches(manifest: dict, tokenizer_file: Path, steps: int, folder: Path) -> list:
+def sst2_batches(manifest: ProgramManifest, tokenizer_file: Path, steps: int, folder: Path) -> list:
     """``steps`` steps of real SST-2 rows (the first 2,000 of the train split), as the agent builds them."""
     from shared.data import load_examples
-    from shared.models import load_tokenizer_file, shared_data_dir
-    from shared.tasks import get_task
+    from shared.tasks import get_task, shared_data_dir
+    from shared.tokenizer_file import load_tokenizer_file
 
     rows = folder / "sst2.jsonl"
     with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
         rows.write_text("".join(itertools.islice(f, 2000)))
     tokenizer = load_tokenizer_file(tokenizer_file)
     return list(
-        step_batches(load_examples(get_task("sst2"), rows), tokenizer, program_shape(manifest["config"]), SEED, steps)
+        step_batches(load_examples(get_task("sst2"), rows), tokenizer, program_shape(manifest.config), SEED, steps)
     )
 
 
@@ -94,22 +100,22 @@ def stub_server() -> api.DeviceAPI:
     return api.DeviceAPI(api.client("http://stub", "token", transport=transport))
 
 
-def lease_for(manifest: dict, steps: int) -> LeasePublic:
-    cfg = manifest["config"]
+def lease_for(manifest: ProgramManifest, steps: int) -> LeasePublic:
+    cfg = manifest.config
     spec = JobSpec(
         task="sst2",
-        q=cfg["q"],
-        batch_size=cfg["batch_size"],
+        q=cfg.q,
+        batch_size=cfg.batch_size,
         steps=steps,
         lr=LR,
         eps=EPS,
-        rank=cfg["rank"],
-        alpha=cfg["alpha"],
-        seq_len=cfg["seq_len"],
+        rank=cfg.rank,
+        alpha=cfg.alpha,
+        seq_len=cfg.seq_len,
         seed=SEED,
-        answer_len=cfg["answer_len"],
+        answer_len=cfg.answer_len,
     )
-    ref = FileRef(url="/unused", size=manifest["pte"]["size"], sha256=manifest["pte"]["sha256"])
+    ref = FileRef(url="/unused", size=manifest.pte.size, sha256=manifest.pte.sha256)
     return LeasePublic(
         job_id=1,
         attempt=1,
@@ -126,9 +132,9 @@ def lease_for(manifest: dict, steps: int) -> LeasePublic:
 class NullProgram:
     """The program's interface with instant steps: what is left of a run is the agent's own work."""
 
-    def __init__(self, manifest: dict) -> None:
-        q = manifest["config"]["q"]
-        self.b = np.zeros(manifest["lora_size"], np.float32)
+    def __init__(self, manifest: ProgramManifest) -> None:
+        q = manifest.config.q
+        self.b = np.zeros(manifest.lora_size, np.float32)
         self.losses, self.g = np.full(2 * q, 6.0, np.float32), np.full(q, 0.5, np.float32)
 
     def get_b(self) -> np.ndarray:
@@ -164,9 +170,9 @@ def main() -> None:
         folder = Path(tmp)
         pte, manifest = program(args, folder)
         store = pte.parent
-        batches = sst2_batches(manifest, store / manifest["tokenizer"]["file"], args.steps, folder)
-        write_batches(folder / "b.mzb", program_shape(manifest["config"]), batches)
-        session = ProgramSession(pte, store / manifest["ptd"]["file"])
+        batches = sst2_batches(manifest, store / manifest.tokenizer.file, args.steps, folder)
+        write_batches(folder / "b.mzb", program_shape(manifest.config), batches)
+        session = ProgramSession(pte, store / manifest.ptd.file)
         jobs = JobDir(folder / "job")
         jobs.root.mkdir()
         ctx = AgentContext(
@@ -181,7 +187,7 @@ def main() -> None:
         run = TrainRun(
             "bench",
             pte,
-            store / manifest["ptd"]["file"],
+            store / manifest.ptd.file,
             manifest,
             folder / "b.mzb",
             float(np.float32(LR)),
@@ -205,13 +211,15 @@ def main() -> None:
     report(args, manifest, bare, agent, null)
 
 
-def report(args: argparse.Namespace, manifest: dict, bare: list[float], agent: list[float], null: list[float]) -> None:
+def report(
+    args: argparse.Namespace, manifest: ProgramManifest, bare: list[float], agent: list[float], null: list[float]
+) -> None:
     b, a, n = (statistics.median(times) / args.steps for times in (bare, agent, null))
     overhead = statistics.median(x / y - 1 for x, y in zip(agent, bare))
     result = {
         "program": str(args.program or args.model or "tiny"),
-        "model": manifest.get("model"),
-        "config": manifest["config"],
+        "model": manifest.model,
+        "config": manifest.config.model_dump(mode="json"),
         "steps": args.steps,
         "repeats": args.repeats,
         "checkpoint_every": args.checkpoint_every,

@@ -23,17 +23,17 @@ from pathlib import Path
 import torch
 
 
-def _export_child(model_dir: str, cfg_json: dict, out: str, queue) -> None:
-    from shared.program import ProgramConfig, export_program
+def _export_child(model_dir: str, cfg, out: str, queue) -> None:
+    from shared.program import export_program
 
-    manifest = export_program(Path(model_dir), ProgramConfig.from_json(cfg_json), Path(out), progress=lambda _: None)
+    manifest = export_program(Path(model_dir), cfg, Path(out), progress=lambda _: None)
     queue.put((manifest, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
-def export_measured(model_dir: Path, cfg, out: Path) -> tuple[dict, float]:
-    """Export in a fresh process so that its peak RSS is the export's own."""
+def export_measured(model_dir: Path, cfg, out: Path) -> tuple:
+    """Export in a fresh process so that its peak RSS is the export's own → (manifest, peak RSS in MB)."""
     queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=_export_child, args=(str(model_dir), cfg.to_json(), str(out), queue))
+    proc = mp.get_context("spawn").Process(target=_export_child, args=(str(model_dir), cfg, str(out), queue))
     proc.start()
     manifest, peak_mb = queue.get()
     proc.join()
@@ -60,8 +60,9 @@ def benchmark(
     from executorch.runtime import Runtime
 
     from device_agent.native_log import runtime_log_filtered
-    from shared.models import load_model
-    from shared.program import ProgramConfig, build_step_module
+    from shared.hf_models import load_model
+    from shared.manifest import ProgramConfig
+    from shared.program import build_step_module
 
     rows = []
     for q in qs:
@@ -73,12 +74,12 @@ def benchmark(
             info[backend] = {
                 "export_s": time.perf_counter() - start,
                 "export_peak_rss_mb": peak_mb,
-                "pte_bytes": manifest["pte"]["size"],
-                "ptd_bytes": manifest["ptd"]["size"],
+                "pte_bytes": manifest.pte.size,
+                "ptd_bytes": manifest.ptd.size,
             }
             with runtime_log_filtered():
                 program = Runtime.get().load_program(
-                    workdir / f"q{q}-{backend}.pte", data_path=workdir / manifest["ptd"]["file"]
+                    workdir / f"q{q}-{backend}.pte", data_path=workdir / manifest.ptd.file
                 )
                 method = program.load_method("forward")
             runners[backend] = method.execute

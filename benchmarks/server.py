@@ -171,10 +171,11 @@ def result_files(spec: dict, d: int, replaying: bool) -> dict:
     of the log (a valid upload); otherwise B is zeros, which the log does not give (refused after a full replay)."""
     import numpy as np
     import torch
-    from safetensors.numpy import save
 
+    from shared.b_file import b_file_bytes
     from shared.noise import step_seed
-    from shared.replay import log_line, log_record, replay
+    from shared.replay import replay
+    from shared.train_log import log_line, log_record
 
     rng = np.random.default_rng(spec["seed"])
     losses = rng.uniform(1, 2, size=(spec["steps"], 2 * spec["q"])).astype(np.float32)
@@ -185,7 +186,7 @@ def result_files(spec: dict, d: int, replaying: bool) -> dict:
     ]
     b = replay(torch.zeros(d), records).numpy() if replaying else np.zeros(d, np.float32)
     log = "".join(map(log_line, records)).encode()
-    return {"b_flat": ("b.safetensors", save({"b_flat": b})), "log": ("log.jsonl", log), "metrics": ("m.json", b"{}")}
+    return {"b_flat": ("b.safetensors", b_file_bytes(b)), "log": ("log.jsonl", log), "metrics": ("m.json", b"{}")}
 
 
 def _enrolled(url: str, user: httpx.Client, name: str) -> httpx.Client:
@@ -287,7 +288,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if args.model is None:
-            from shared.models import make_tiny_model
+            from shared.tiny_model import make_tiny_model
 
             args.model = make_tiny_model(tmp / "tiny", seed=0)
         rows = [bench_one("sqlite", f"sqlite:///{tmp / 'bench.db'}", args, args.model, tmp)]

@@ -36,11 +36,12 @@ from pathlib import Path
 
 import torch
 
-from shared.data import Batch
+from shared.architectures import random_model
+from shared.batch import Batch
 from shared.errors import MobizoError, UsageError
 from shared.files import atomic_write_bytes
+from shared.hf_models import load_model
 from shared.lora import inject_lora
-from shared.models import load_model, random_model
 from shared.noise import step_seed
 from shared.train import MethodStep, resolve_device
 from shared.zo import PARALLEL_MODES

@@ -10,14 +10,12 @@ steps/s), results (B, the training log, metrics) and why it gave up on a job —
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import httpx
 
 from shared import http_client
 from shared.http_client import checked
 from shared.schemas import (
-    B_FLAT_KEY,
     DeviceCreate,
     DeviceEnrolled,
     HeartbeatCreate,
@@ -41,14 +39,6 @@ def client(
 
 def enroll(http: httpx.Client, body: DeviceCreate) -> DeviceEnrolled:
     return DeviceEnrolled.model_validate(checked(http.post("/v1/devices", json=body.model_dump())).json())
-
-
-def b_flat_bytes(b_flat: Any) -> bytes:
-    """B in the upload layout: safetensors holding one float32 tensor ``b_flat`` [D]."""
-    import numpy as np
-    from safetensors.numpy import save
-
-    return save({B_FLAT_KEY: np.ascontiguousarray(b_flat, dtype=np.float32).reshape(-1)})
 
 
 class DeviceAPI:

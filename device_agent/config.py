@@ -13,11 +13,11 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from shared.backends import DEVICE_BACKENDS
 from shared.errors import MobizoError
 from shared.files import atomic_write_bytes
 
 ENV_VAR = "MOBIZO_AGENT_CONFIG"
-BACKENDS = ("executorch", "torch", "adb")
 DEFAULT_BACKEND = "executorch"
 
 
@@ -30,8 +30,8 @@ class AgentConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise MobizoError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.backend not in DEVICE_BACKENDS:
+            raise MobizoError(f"unknown backend {self.backend!r}: choose one of {', '.join(DEVICE_BACKENDS)}")
         if not self.server_url.startswith(("http://", "https://")):
             raise MobizoError(f"server URL must start with http:// or https://, got {self.server_url!r}")
 

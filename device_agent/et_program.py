@@ -12,8 +12,7 @@ import numpy as np
 
 from device_agent.batches import StepBatch
 from device_agent.native_log import runtime_log_filtered
-
-METHODS = ("forward", "get_lora_b", "set_lora_b", "evaluate")
+from shared.manifest import PROGRAM_METHODS
 
 
 class ProgramSession:
@@ -24,7 +23,7 @@ class ProgramSession:
 
         with runtime_log_filtered():
             program = Runtime.get().load_program(Path(pte), data_path=ptd)
-            missing = set(METHODS) - program.method_names
+            missing = set(PROGRAM_METHODS) - program.method_names
             if missing:
                 raise ValueError(f"{pte}: not a mobizo training program (missing {sorted(missing)})")
             # Every method (``evaluate`` too) is loaded before any runs: loading a method re-initialises the shared

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from device_agent.batches import Shape
-from shared.data import IGNORE_INDEX, Encoded
+from shared.batch import IGNORE_INDEX
+from shared.data import Encoded
 
 
 class Evaluator(Protocol):

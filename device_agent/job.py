@@ -21,11 +21,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from device_agent.api import DeviceAPI, b_flat_bytes
+from device_agent.api import DeviceAPI
 from device_agent.backends import Backend, StepRecord, TrainRun
 from device_agent.download import ContentCache
 from device_agent.events import Reporter
 from device_agent.heartbeat import Heartbeat
+from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import MobizoError
 from shared.files import atomic_write_bytes, private_dir
 from shared.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry
@@ -110,13 +111,7 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
         return cache.fetch(ctx.api.http, ref.url, ref.sha256, suffix, ref.size, policy)
 
     program, weights, tokenizer = get(lease.program, ".pte"), get(lease.weights, ".ptd"), get(lease.tokenizer, ".json")
-    init_b = None
-    if lease.init is not None:
-        from safetensors.numpy import load_file
-
-        from shared.schemas import B_FLAT_KEY
-
-        init_b = load_file(str(get(lease.init, ".safetensors")))[B_FLAT_KEY].astype(np.float32)
+    init_b = None if lease.init is None else read_b_file(get(lease.init, ".safetensors"), lease.manifest.lora_size)
     spec = lease.spec
     run = TrainRun(
         key=run_key(lease),
@@ -138,7 +133,7 @@ def initial_b(run: TrainRun) -> np.ndarray | None:
     program exported with its own starting B, which only the program knows)."""
     if run.init_b is not None:
         return run.init_b
-    return None if run.manifest.get("init_b") else np.zeros(int(run.manifest["lora_size"]), np.float32)
+    return None if run.manifest.init_b else np.zeros(run.manifest.lora_size, np.float32)
 
 
 def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path, jobs: JobDir) -> None:
@@ -148,10 +143,10 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
     from device_agent.batches import write_batches
     from device_agent.local_data import find_train_file, program_shape, step_batches
     from shared.data import load_examples
-    from shared.models import load_tokenizer_file
     from shared.tasks import get_task
+    from shared.tokenizer_file import load_tokenizer_file
 
-    spec, shape = lease.spec, program_shape(lease.manifest["config"])
+    spec, shape = lease.spec, program_shape(lease.manifest.config)
     if (spec.batch_size, spec.seq_len, spec.answer_len) != (shape.rows, shape.seq_len, shape.answer_len):
         raise MobizoError(f"job {lease.job_id}: its spec and its program's shape disagree")
     task = get_task(spec.task_name, spec.template, spec.verbalizer)
@@ -165,7 +160,7 @@ def train(ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, be
     """Train from the last checkpoint; "trained" (result written), or why it stopped early."""
     from device_agent.metrics import training_metrics
     from device_agent.trainlog import LogWriter, read_complete, resume_point
-    from shared.replay import log_record
+    from shared.train_log import log_record
 
     ctx.backend.recover(run)
     start, start_b = resume_point(jobs.log, jobs.checkpoint, run.key, initial_b(run))
@@ -197,7 +192,7 @@ def train(ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, be
         "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
     }
     metrics = training_metrics(lease.manifest, read_complete(jobs.log), seconds, extra)
-    atomic_write_bytes(jobs.b_flat, b_flat_bytes(outcome.b))
+    atomic_write_bytes(jobs.b_flat, b_file_bytes(outcome.b))
     atomic_write_bytes(jobs.metrics, json.dumps(metrics, indent=2).encode())
     return "trained"
 

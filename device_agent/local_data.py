@@ -18,6 +18,7 @@ from typing import Any
 
 from device_agent.batches import Shape, StepBatch
 from shared.errors import DataError
+from shared.manifest import ProgramConfig
 
 TRAIN_FILE = "train.jsonl"
 
@@ -39,9 +40,9 @@ def find_train_file(data_dir: Path, task_key: str, task_name: str) -> Path:
     raise DataError(f"no training data for task {task_key!r} in {data_dir} (looked for {looked})")
 
 
-def program_shape(config: dict[str, Any]) -> Shape:
+def program_shape(config: ProgramConfig) -> Shape:
     """The batches shape of a program (its manifest's ``config``): q*E rows, seq_len, answer_len."""
-    return Shape(rows=int(config["batch_size"]), seq_len=int(config["seq_len"]), answer_len=int(config["answer_len"]))
+    return Shape(rows=config.batch_size, seq_len=config.seq_len, answer_len=config.answer_len)
 
 
 def step_batches(examples: list, tokenizer: Any, shape: Shape, seed: int, steps: int) -> Iterator[StepBatch]:

@@ -8,32 +8,33 @@ from typing import Any
 
 import numpy as np
 
+from shared.manifest import ProgramManifest
+from shared.memory import peak_rss_mb
+
 
 def training_metrics(
-    manifest: dict[str, Any], log: list[dict], step_seconds: list[float], run: dict[str, Any]
+    manifest: ProgramManifest, log: list[dict], step_seconds: list[float], run: dict[str, Any]
 ) -> dict[str, Any]:
     """interfaces.md §1's keys from the program, the log and the measured steps; ``run`` adds the rest
     (``seed``, ``lr``, ``eps``, ``backend``, ``eval``, ...). Holds no data and no file paths of the device."""
-    from shared.train import peak_rss_mb
-
-    config = manifest["config"]
+    config = manifest.config
     metrics = {
         "method": "mobizo",
-        "q": config["q"],
-        "batch_size": config["batch_size"],
-        "examples_per_query": config["batch_size"] // config["q"],
+        "q": config.q,
+        "batch_size": config.batch_size,
+        "examples_per_query": config.examples_per_query,
         "steps": len(log),
         "losses": [float(np.mean(record["losses"])) for record in log],  # per step: the mean of its path losses
         "step_time_s": statistics.median(step_seconds) if step_seconds else None,
         "train_time_s": sum(step_seconds),
         "peak_rss_mb": peak_rss_mb(),
         "eval": [],
-        "seq_len": config["seq_len"],
-        "answer_len": config["answer_len"],
-        "rank": config["rank"],
-        "alpha": config["alpha"],
-        "targets": list(config["targets"]),
-        "a_seed": config["a_seed"],
-        "program_sha256": manifest["pte"]["sha256"],
+        "seq_len": config.seq_len,
+        "answer_len": config.answer_len,
+        "rank": config.rank,
+        "alpha": config.alpha,
+        "targets": list(config.targets),
+        "a_seed": config.a_seed,
+        "program_sha256": manifest.pte.sha256,
     }
     return metrics | run

@@ -1,6 +1,6 @@
 """The training log as a device keeps it: one flushed line per step, cut back to the checkpoint on resume.
 
-A run's state on disk is the log (``shared.replay`` format) and the last checkpoint (``device_agent.checkpoint``).
+A run's state on disk is the log (``shared.train_log`` format) and the last checkpoint (``device_agent.checkpoint``).
 In this process each step's line is flushed before any checkpoint that includes the step, so after a kill the
 log holds at least the checkpoint's steps; resuming keeps exactly those lines and continues from the checkpoint,
 so the finished log and B are those of an uninterrupted run. A line cut short by the kill is dropped.
@@ -21,7 +21,7 @@ import numpy as np
 
 from device_agent.checkpoint import load_checkpoint
 from shared.files import atomic_write_bytes, open_private
-from shared.replay import log_line
+from shared.train_log import log_line
 
 
 def read_complete(path: Path) -> list[dict]:

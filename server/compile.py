@@ -19,18 +19,10 @@ from typing import Any
 
 
 def program_config(spec: dict[str, Any], answer_len: int) -> dict[str, Any]:
-    """The ``ProgramConfig`` fields (``to_json`` form) of a job spec (``JobCreate`` as JSON)."""
-    return {
-        "q": spec["q"],
-        "batch_size": spec["batch_size"],
-        "seq_len": spec["seq_len"],
-        "answer_len": answer_len,
-        "rank": spec["rank"],
-        "alpha": float(spec["alpha"]),
-        "targets": list(spec["targets"]),
-        "a_seed": spec["a_seed"],
-        "backend": spec["program_backend"],
-    }
+    """The program config (as JSON) of a job spec (``JobCreate`` as JSON); ``ValueError`` if it does not fit."""
+    from shared.manifest import ProgramConfig
+
+    return ProgramConfig.from_spec(spec, answer_len).model_dump(mode="json")
 
 
 def program_key(model_sha256: str, config: dict[str, Any], format_version: int) -> str:
@@ -46,11 +38,10 @@ def build_program(model_dir: str, model_sha256: str, spec: dict[str, Any], progr
     weights and tokenizer go to ``blobs_dir`` by content, so every program of a model shares one ``.ptd``.
     """
     from shared.files import make_dirs
-    from shared.program import FORMAT_VERSION, ProgramConfig, export_program, manifest_path
+    from shared.manifest import FORMAT_VERSION, ProgramConfig, manifest_path, read_manifest
+    from shared.program import export_program
 
     answer_len = spec["answer_len"] or resolve_answer_len(Path(model_dir), spec)
-    if answer_len >= spec["seq_len"]:
-        raise ValueError(f"seq_len {spec['seq_len']} leaves no room for a prompt before {answer_len} answer tokens")
     config = program_config(spec, answer_len)
     key = program_key(model_sha256, config, FORMAT_VERSION)
     final = Path(programs_dir) / key
@@ -58,7 +49,7 @@ def build_program(model_dir: str, model_sha256: str, spec: dict[str, Any], progr
         tmp = make_dirs(Path(programs_dir) / f".tmp-{uuid.uuid4().hex}")
         export_program(
             Path(model_dir),
-            ProgramConfig.from_json(config),
+            ProgramConfig.model_validate(config),
             tmp / "program.pte",
             Path(blobs_dir),
             progress=lambda _: None,
@@ -67,7 +58,7 @@ def build_program(model_dir: str, model_sha256: str, spec: dict[str, Any], progr
             os.rename(tmp, final)
         except OSError:  # another worker published the same key first
             shutil.rmtree(tmp, ignore_errors=True)
-    manifest = json.loads(manifest_path(final / "program.pte").read_text())
+    manifest = read_manifest(final / "program.pte").model_dump(mode="json")
     return {"key": key, "manifest": manifest, "answer_len": answer_len}
 
 
@@ -80,9 +71,10 @@ def _tokenizer(model_dir: str):
 
 
 def resolve_answer_len(model_dir: Path, spec: dict[str, Any]) -> int:
-    """Tokens of the task's longest verbalizer answer (``shared.tasks.answer_len_for``), for classification jobs
+    """Tokens of the task's longest verbalizer answer (``shared.data.answer_len_for``), for classification jobs
     submitted without ``answer_len`` (the route requires it for the others, whose answers come from the data)."""
-    from shared.tasks import answer_len_for, get_task
+    from shared.data import answer_len_for
+    from shared.tasks import get_task
 
     task = get_task(spec["task"] or "custom", spec["template"], spec["verbalizer"])
     return answer_len_for(task, _tokenizer(str(model_dir)))

@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server.tables import Device, Job, Model, Program, utcnow
+from shared.manifest import ProgramManifest
 from shared.schemas import TERMINAL_STATUSES, JobCreate, JobSpec
 
 
@@ -76,9 +77,8 @@ def _program_row(session: Session, model_id: int, built: dict[str, Any]) -> Prog
     existing = session.scalar(select(Program).where(Program.key == built["key"]))
     if existing is not None:
         return existing
-    program = Program(
-        key=built["key"], model_id=model_id, manifest=built["manifest"], memory_mb=built["manifest"].get("memory_mb")
-    )
+    memory_mb = ProgramManifest.model_validate(built["manifest"]).memory_mb
+    program = Program(key=built["key"], model_id=model_id, manifest=built["manifest"], memory_mb=memory_mb)
     try:
         with session.begin_nested():
             session.add(program)

@@ -1,7 +1,7 @@
 """Checking an uploaded result, the one home of what a valid result is: then packaging it as a PEFT archive.
 
 In the request (cheap, no torch; bad tensors are rejected before a worker is asked to replay): the size limits
-(``b_limit``, ``log_limit``, ``METRICS_LIMIT``), B's safetensors layout and values (``check_b``), the log's line
+(``b_limit``, ``log_limit``, ``METRICS_LIMIT``), the B file's layout and values (``check_b``), the log's line
 count against the job's steps (``check_step_count``) and the metrics (``parse_metrics``, ``UploadMetrics``). In a
 worker process (``server.pool.WorkerPool``; torch is imported inside the functions): the log's checks against the
 job, the replay of the log from the starting B (bit for bit, except for devices running eager torch:
@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import DataError
-from shared.model_files import read_safetensors_header
-from shared.schemas import B_FLAT_KEY, JobSpec, UploadMetrics
+from shared.manifest import ProgramManifest
+from shared.schemas import JobSpec, UploadMetrics
 
 METRICS_LIMIT = 1 << 20
 _LOG_LINE_BYTES = 512  # step, seed, lr, eps and punctuation, generously
@@ -51,7 +52,7 @@ class ResultRejected(ValueError):
 
 def b_size(manifest: dict[str, Any]) -> int:
     """D, the length of b_flat, as the program's manifest states it."""
-    return int(manifest["lora_size"])
+    return ProgramManifest.model_validate(manifest).lora_size
 
 
 def b_limit(d: int) -> int:
@@ -65,27 +66,11 @@ def log_limit(spec: JobSpec) -> int:
 
 
 def check_b(path: Path, d: int) -> None:
-    """Exactly one tensor ``b_flat``, float32, shape [D], every value finite."""
+    """A B file (``shared.b_file``): exactly one tensor ``b_flat``, float32, shape [D], every value finite."""
     try:
-        header = read_safetensors_header(path)
+        read_b_file(path, d)
     except DataError as exc:
         raise ResultRejected("b_flat", str(exc)) from None
-    names = sorted(k for k in header if k != "__metadata__")
-    if names != [B_FLAT_KEY]:
-        raise ResultRejected("b_flat", f"expected one tensor named {B_FLAT_KEY!r}, got {names}")
-    info = header[B_FLAT_KEY]
-    if info.get("dtype") != "F32":
-        raise ResultRejected("b_flat", f"dtype must be float32 (F32), got {info.get('dtype')}")
-    if info.get("shape") != [d]:
-        raise ResultRejected("b_flat", f"shape must be [{d}] for this job's program, got {info.get('shape')}")
-    from safetensors.numpy import load_file
-
-    try:
-        values = load_file(str(path))[B_FLAT_KEY]
-    except Exception as exc:  # safetensors raises its own error types for truncated or inconsistent files
-        raise ResultRejected("b_flat", f"unreadable safetensors file ({exc})") from None
-    if not np.isfinite(values).all():
-        raise ResultRejected("b_flat", f"{int((~np.isfinite(values)).sum())} values are NaN or infinite")
 
 
 def _no_constants(name: str) -> None:
@@ -140,10 +125,10 @@ def check_step_count(log_path: Path, spec: JobSpec) -> None:
 
 
 def _load_b(path: str | None, d: int):
+    """B of a B file (``shared.b_file``; checked when it was received), or zeros for a job without a start."""
     import torch
-    from safetensors.torch import load_file
 
-    return torch.zeros(d, dtype=torch.float32) if path is None else load_file(path)[B_FLAT_KEY]
+    return torch.zeros(d, dtype=torch.float32) if path is None else torch.from_numpy(read_b_file(Path(path), d))
 
 
 def _check_g(rec: dict, eps: float, where: str) -> None:
@@ -179,9 +164,9 @@ def _check_record(rec: dict, index: int, spec: dict[str, Any]) -> None:
 
 
 def read_checked_log(log_path: str, spec: dict[str, Any]) -> list[dict]:
-    """The log's records (``shared.replay.parse_log``), checked against the job: steps 0, 1, … steps-1, integer
+    """The log's records (``shared.train_log.parse_log``), checked against the job: steps 0, 1, … steps-1, integer
     seeds of the job, its lr and eps, q values of g that follow from their losses."""
-    from shared.replay import parse_log
+    from shared.train_log import parse_log
 
     try:
         log = parse_log(Path(log_path).read_text(encoding="utf-8"), "log")
@@ -197,7 +182,6 @@ def read_checked_log(log_path: str, spec: dict[str, Any]) -> list[dict]:
 def _replayed_b(init_path: str | None, b_path: str, log: list[dict], d: int, exact: bool, out: Path) -> dict:
     """Replay the log, compare with the upload (bit for bit when ``exact``) and save the replay as ``out``."""
     import torch
-    from safetensors.torch import save_file
 
     from shared.replay import replay
 
@@ -214,7 +198,7 @@ def _replayed_b(init_path: str | None, b_path: str, log: list[dict], d: int, exa
             raise ResultRejected(
                 "b_flat", f"does not match the replay of the log: max |diff| {diff:.3g} > tolerance {tolerance:.3g}"
             )
-    save_file({B_FLAT_KEY: replayed.contiguous()}, str(out))
+    out.write_bytes(b_file_bytes(replayed.numpy()))
     return {"replay_max_abs_diff": diff, "replay_tolerance": tolerance}
 
 
@@ -232,7 +216,8 @@ def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:
     from shared.adapter import save_program_adapter
 
     adapter_dir = Path(out_dir) / "adapter"
-    save_program_adapter(adapter_dir, job["manifest"], _load_b(b_path, job["d"]), job["base_model"])
+    manifest = ProgramManifest.model_validate(job["manifest"])
+    save_program_adapter(adapter_dir, manifest, _load_b(b_path, job["d"]), job["base_model"])
     archive = Path(out_dir) / "adapter.zip"
     _zip_dir(adapter_dir, archive)
     return str(archive)

@@ -7,9 +7,6 @@ PEFT's scaling is ``lora_alpha / r``, the same as ours, so the two give the same
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -17,8 +14,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from shared.errors import MobizoError
-from shared.files import default_mode
-from shared.lora import MPLoRA, inject_lora
+from shared.files import atomic_dir
+from shared.lora import MPLoRA, inject_lora, lora_a_init, unflatten_b
+from shared.manifest import ProgramManifest
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -54,22 +52,13 @@ def save_adapter(
     targets: tuple[str, ...],
     base_model: str,
 ) -> Path:
-    """Write a PEFT adapter directory atomically (temp dir, fsync, rename)."""
-    out_dir = Path(out_dir)
+    """Write a PEFT adapter directory atomically (``shared.files.atomic_dir``), replacing one already there."""
     tensors = {_key(n, "lora_A"): a.detach().float().contiguous().cpu() for n, a in lora_a.items()}
     tensors |= {_key(n, "lora_B"): b.detach().float().contiguous().cpu() for n, b in lora_b.items()}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    tmp.chmod(default_mode(directory=True))
-    save_file(tensors, str(tmp / WEIGHTS_FILE))
-    (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(rank, alpha, targets, base_model), indent=2))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    return out_dir
+    with atomic_dir(Path(out_dir)) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS_FILE))
+        (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(rank, alpha, targets, base_model), indent=2))
+    return Path(out_dir)
 
 
 def save_lora(out_dir: Path, lora: MPLoRA, b_flat: torch.Tensor, base_model: str) -> Path:
@@ -77,20 +66,16 @@ def save_lora(out_dir: Path, lora: MPLoRA, b_flat: torch.Tensor, base_model: str
     return save_adapter(out_dir, lora.lora_a(), lora.split(b_flat), lora.rank, lora.alpha, lora.targets, base_model)
 
 
-def save_program_adapter(out_dir: Path, manifest: dict, b_flat: torch.Tensor, base_model: str) -> Path:
+def save_program_adapter(out_dir: Path, manifest: ProgramManifest, b_flat: torch.Tensor, base_model: str) -> Path:
     """Write the adapter of a program (its manifest's LoRA layout): A regenerated from the seed, B from ``b_flat``.
 
     What the server packages for apps and what a device keeps locally, without the model.
     """
-    from shared.lora import lora_a_init, unflatten_b
-
-    config = manifest["config"]
-    rank, a_seed = int(config["rank"]), int(config["a_seed"])
-    lora_a = {m["name"]: lora_a_init(a_seed, m["name"], rank, m["in_features"]) for m in manifest["lora"]}
-    lora_b = unflatten_b(
-        torch.as_tensor(b_flat, dtype=torch.float32), {m["name"]: (m["out_features"], rank) for m in manifest["lora"]}
-    )
-    return save_adapter(out_dir, lora_a, lora_b, rank, float(config["alpha"]), tuple(config["targets"]), base_model)
+    config = manifest.config
+    lora_a = {m.name: lora_a_init(config.a_seed, m.name, config.rank, m.in_features) for m in manifest.lora}
+    shapes = {m.name: (m.out_features, config.rank) for m in manifest.lora}
+    lora_b = unflatten_b(torch.as_tensor(b_flat, dtype=torch.float32), shapes)
+    return save_adapter(out_dir, lora_a, lora_b, config.rank, config.alpha, config.targets, base_model)
 
 
 def read_adapter(adapter_dir: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor]]:

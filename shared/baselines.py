@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shared.data import Batch
+from shared.batch import Batch
 from shared.lora import MPLoRA
 from shared.zo import forward_losses, path_losses, step_noise
 

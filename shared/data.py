@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from shared.errors import DataError
-from shared.tasks import Rendered, Task
-
-IGNORE_INDEX = -100  # target value of columns that are not answer tokens (torch's cross_entropy default)
+from shared.batch import IGNORE_INDEX, Batch, position_ids
+from shared.errors import DataError, UsageError
+from shared.tasks import Rendered, Task, placeholder_record
 
 
 def _records(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -135,21 +134,6 @@ def encode(rendered: list[Rendered], tokenizer: Any, max_len: int | None = None)
     return encoded
 
 
-@dataclass
-class Batch:
-    """Left-padded rows of prompt + correct answer; ``targets[:, j]`` is the token at column ``T - L + j``."""
-
-    input_ids: torch.Tensor  # [N, T] long
-    attention_mask: torch.Tensor  # [N, T] long, 1 on real tokens
-    position_ids: torch.Tensor  # [N, T] long, cumsum(mask) - 1 clamped at 0
-    targets: torch.Tensor  # [N, L] long, IGNORE_INDEX where the column is not part of the answer
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions of left-padded rows: 0 at each row's first real token (also computed in-graph by the program)."""
-    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-
-
 def answer_len(examples: list[Encoded]) -> int:
     """Length of the longest correct answer (the L of a batch of these examples)."""
     return max(len(e.candidate_ids[e.label]) for e in examples)
@@ -217,3 +201,12 @@ def batch_indices(n_examples: int, batch_size: int, seed: int, step: int) -> lis
         int(_epoch_order(n_examples, seed + pos // n_examples)[pos % n_examples])
         for pos in range(start, start + batch_size)
     ]
+
+
+def answer_len_for(task: Task, tokenizer: Any) -> int:
+    """Tokens of a classification task's longest answer as it follows the task's prompt: the answer length a
+    fixed-shape program needs. Other kinds take their answers from the data, so the caller must say."""
+    if task.kind != "classification":
+        raise UsageError("--answer-len", f"is required for task {task.name} (its answers come from the data)")
+    (encoded,) = encode([task.render(placeholder_record(task))], tokenizer)
+    return max(map(len, encoded.candidate_ids))

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from shared.data import IGNORE_INDEX, Encoded, encode, pad_token_id, training_batch
+from shared.batch import IGNORE_INDEX
+from shared.data import Encoded, encode, pad_token_id, training_batch
 from shared.tasks import Rendered, Task
 
 

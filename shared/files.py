@@ -1,16 +1,20 @@
-"""Writing files so that nothing is ever half-written, and naming them by content; private whatever the umask.
+"""Writing files and folders so that nothing is ever half-written, and naming files by content; private whatever
+the umask.
 
 Files written here are 0600 and the folders created for them 0700 unless the caller asks otherwise: they hold
 private data (a device's tokenized examples and training log, the server's adapters and logs) and the umask of
-whoever started the process (often 022) must not make them readable by every local user.
+whoever started the process (often 022) must not make them readable by every local user. ``atomic_dir`` makes
+folders for people (a downloaded adapter), so it follows the umask.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -84,6 +88,52 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], mode: int | None
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> Path:
     return atomic_write(path, lambda f: f.write(data), mode)
+
+
+@contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``target`` to write into; on success fsync its files and rename it to
+    ``target`` (replacing a folder already there), so no reader ever sees half of it; on error remove it.
+
+    Whether an existing ``target`` may be replaced is the caller's decision, made before.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        tmp.chmod(default_mode(directory=True))
+        _fsync_tree(tmp)
+        _replace_dir(tmp, target)
+        _fsync_path(target.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``; an existing ``dst`` is first moved aside, then deleted."""
+    old = None
+    if dst.exists():
+        old = src.with_name(src.name + ".old")
+        dst.rename(old)
+    src.rename(dst)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every file under ``root``, then ``root`` itself, on disk."""
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        _fsync_path(path)
+    _fsync_path(root)
 
 
 def store_by_content(src: Path, store: Path, prefix: str, suffix: str) -> tuple[Path, str]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from shared import defaults
 from shared.errors import UsageError
-
-DEFAULT_TARGETS = ("q_proj", "v_proj")
+from shared.manifest import LoRAModule
 
 
 def layout_order(names) -> list[str]:
@@ -78,19 +77,6 @@ class MPLoRALinear(nn.Module):
         return y + delta.reshape(y.shape) * self.scaling
 
 
-@dataclass(frozen=True)
-class LoRAModule:
-    """Where one module's B lives in the flat vector."""
-
-    name: str
-    in_features: int
-    out_features: int
-    offset: int
-
-    def numel(self, rank: int) -> int:
-        return self.out_features * rank
-
-
 class MPLoRA:
     """The injected layers of one model and the layout of the flat master-B vector."""
 
@@ -101,7 +87,9 @@ class MPLoRA:
         offset = 0
         for name, layer in layers.items():
             base = layer.base_layer
-            self.modules.append(LoRAModule(name, base.in_features, base.out_features, offset))
+            self.modules.append(
+                LoRAModule(name=name, in_features=base.in_features, out_features=base.out_features, offset=offset)
+            )
             offset += base.out_features * rank
         self.size = offset
 
@@ -144,10 +132,10 @@ class MPLoRA:
 
 def inject_lora(
     model: nn.Module,
-    targets: tuple[str, ...] = DEFAULT_TARGETS,
-    rank: int = 16,
-    alpha: float = 32.0,
-    a_seed: int = 0,
+    targets: tuple[str, ...] = defaults.TARGETS,
+    rank: int = defaults.RANK,
+    alpha: float = defaults.ALPHA,
+    a_seed: int = defaults.A_SEED,
 ) -> MPLoRA:
     """Wrap every ``nn.Linear`` whose last name part is in ``targets`` with :class:`MPLoRALinear` (in place)."""
     if rank < 1:

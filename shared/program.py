@@ -4,7 +4,8 @@ An inference engine only runs ``forward()``, so the whole ZO-SGD step lives insi
 seed (``shared.noise``), run the 2q perturbed paths in one pass (``shared.lora``), per-path losses, projected
 gradients, update of the master B — all by ``shared.zo.zo_step``, the same function eager training uses. The
 master B is one flat float32 mutable buffer that persists across ``execute()`` calls; extra methods read it, set
-it (continued personalization, resume) and evaluate with it. The methods are listed in docs/contracts.md.
+it (continued personalization, resume) and evaluate with it. The methods are listed in docs/contracts.md; the
+program's config and manifest (torch-free) in ``shared.manifest``.
 
 Export pipeline: ``torch.export`` per method → ``to_edge_transform_and_lower`` (XNNPACK takes the frozen matmuls;
 the integer noise and B stay in portable kernels) → ``to_executorch`` with the frozen weights tagged into a
@@ -14,50 +15,28 @@ users: it is stored once, content-addressed, and every program of the model shar
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from shared.data import Batch, position_ids
-from shared.lora import DEFAULT_TARGETS, MPLoRA
+from shared.batch import Batch, position_ids
+from shared.lora import MPLoRA
+from shared.manifest import (
+    FORMAT_VERSION,
+    PROGRAM_METHODS,
+    ProgramConfig,
+    ProgramFile,
+    ProgramInputs,
+    ProgramManifest,
+    manifest_path,
+)
 from shared.zo import forward_losses, zo_step
 
-PROGRAM_METHODS = ("forward", "get_lora_b", "set_lora_b", "evaluate")
 WEIGHTS_TAG = "weights"  # name of the external data file the frozen weights go to
-FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class ProgramConfig:
-    """Everything that fixes a program's graph (shapes and LoRA layout); not the user's data or B."""
-
-    q: int
-    batch_size: int
-    seq_len: int
-    answer_len: int
-    rank: int = 16
-    alpha: float = 32.0
-    targets: tuple[str, ...] = DEFAULT_TARGETS
-    a_seed: int = 0
-    backend: str = "xnnpack"
-
-    @property
-    def examples_per_query(self) -> int:
-        return self.batch_size // self.q
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self) | {"targets": list(self.targets)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> ProgramConfig:
-        return cls(**(data | {"targets": tuple(data["targets"])}))
 
 
 class MobileMPLoRA(nn.Module):
@@ -125,8 +104,6 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     """Inject MP-LoRA into ``model`` (in place) and wrap it as the step module."""
     from shared.lora import inject_lora
 
-    if cfg.batch_size % cfg.q:
-        raise ValueError(f"q={cfg.q} does not divide batch_size={cfg.batch_size}")
     model.config.use_cache = False
     lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
     return MobileMPLoRA(model, lora, cfg.q, init_b)
@@ -182,7 +159,7 @@ def lower(step: MobileMPLoRA, cfg: ProgramConfig):
 
 def _tokenizer_file(tokenizer, store: Path) -> tuple[Path, str]:
     from shared.files import atomic_write_bytes, store_by_content
-    from shared.models import tokenizer_bytes
+    from shared.tokenizer_file import tokenizer_bytes
 
     tmp = atomic_write_bytes(store / f".tokenizer.{os.getpid()}.tmp", tokenizer_bytes(tokenizer))
     return store_by_content(tmp, store, "tokenizer-", ".json")
@@ -208,15 +185,15 @@ def export_program(
     store: Path | None = None,
     init_adapter: Path | None = None,
     progress=print,
-) -> dict:
+) -> ProgramManifest:
     """Compile a Mobile MP-LoRA training program for the model in ``model_dir``.
 
     Writes ``out_pte`` and its manifest ``out_pte.with_suffix('.json')``; the base weights and the tokenizer go to
     ``store`` (default: beside the program) as ``weights-<sha256>.ptd`` and ``tokenizer-<sha256>.json``, reused
     when present. Returns the manifest.
     """
-    from shared.files import atomic_write, atomic_write_bytes, sha256_file, store_by_content
-    from shared.models import load_model
+    from shared.files import atomic_write, atomic_write_bytes, store_by_content
+    from shared.hf_models import load_model
 
     out_pte = Path(out_pte)
     store = Path(store) if store is not None else out_pte.parent
@@ -234,27 +211,33 @@ def export_program(
         manager.write_tensor_data_to_file(tmp)
         ptd_path, ptd_sha = store_by_content(Path(tmp) / f"{WEIGHTS_TAG}.ptd", store, "weights-", ".ptd")
     tok_path, tok_sha = _tokenizer_file(tokenizer, store)
-    manifest = {
-        "format": FORMAT_VERSION,
-        "model": str(Path(model_dir).resolve()),
-        "config": cfg.to_json(),
-        "methods": list(PROGRAM_METHODS),
-        "lora": [dataclasses.asdict(m) for m in step.lora.modules],
-        "lora_size": step.lora.size,
-        "inputs": _input_spec(cfg),
-        "pte": {"file": out_pte.name, "sha256": sha256_file(out_pte), "size": out_pte.stat().st_size},
-        "ptd": {"file": ptd_path.name, "sha256": ptd_sha, "size": ptd_path.stat().st_size},
-        "tokenizer": {"file": tok_path.name, "sha256": tok_sha, "size": tok_path.stat().st_size},
-        "init_b": init_adapter is not None,
-        "memory_mb": memory_estimate_mb(model.config, cfg, ptd_path.stat().st_size + out_pte.stat().st_size),
-        "export_seconds": round(time.perf_counter() - started, 2),
-    }
-    atomic_write_bytes(manifest_path(out_pte), json.dumps(manifest, indent=2).encode())
+    manifest = ProgramManifest(
+        format=FORMAT_VERSION,
+        model=str(Path(model_dir).resolve()),
+        config=cfg,
+        methods=list(PROGRAM_METHODS),
+        lora=step.lora.modules,
+        lora_size=step.lora.size,
+        inputs=_input_spec(cfg),
+        pte=_program_file(out_pte),
+        ptd=_program_file(ptd_path, ptd_sha),
+        tokenizer=_program_file(tok_path, tok_sha),
+        init_b=init_adapter is not None,
+        memory_mb=memory_estimate_mb(model.config, cfg, ptd_path.stat().st_size + out_pte.stat().st_size),
+        export_seconds=round(time.perf_counter() - started, 2),
+    )
+    atomic_write_bytes(manifest_path(out_pte), manifest.to_json())
     progress(
-        f"wrote {out_pte} ({manifest['pte']['size']} B), {ptd_path.name} ({manifest['ptd']['size']} B) "
-        f"in {manifest['export_seconds']} s"
+        f"wrote {out_pte} ({manifest.pte.size} B), {ptd_path.name} ({manifest.ptd.size} B) "
+        f"in {manifest.export_seconds} s"
     )
     return manifest
+
+
+def _program_file(path: Path, sha256: str | None = None) -> ProgramFile:
+    from shared.files import sha256_file
+
+    return ProgramFile(file=path.name, sha256=sha256 or sha256_file(path), size=path.stat().st_size)
 
 
 def memory_estimate_mb(model_config, cfg: ProgramConfig, file_bytes: int) -> int:
@@ -272,14 +255,10 @@ def memory_estimate_mb(model_config, cfg: ProgramConfig, file_bytes: int) -> int
     return int((file_bytes + 1.5 * 4 * (layer + logits)) / 2**20) + 1
 
 
-def manifest_path(pte: Path) -> Path:
-    return Path(pte).with_suffix(".json")
-
-
-def _input_spec(cfg: ProgramConfig) -> dict:
+def _input_spec(cfg: ProgramConfig) -> ProgramInputs:
     rows = cfg.q * cfg.examples_per_query
-    return {
-        "forward": {
+    return ProgramInputs(
+        forward={
             "input_ids": [rows, cfg.seq_len],
             "attention_mask": [rows, cfg.seq_len],
             "targets": [rows, cfg.answer_len],
@@ -287,5 +266,5 @@ def _input_spec(cfg: ProgramConfig) -> dict:
             "lr": [1],
             "eps": [1],
         },
-        "padding": "left; answers end at the last column; targets hold the last answer_len tokens or -100",
-    }
+        padding="left; answers end at the last column; targets hold the last answer_len tokens or -100",
+    )

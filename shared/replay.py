@@ -1,4 +1,4 @@
-"""The training log and its replay: B rebuilt from the initial B and the (seed, lr, g) of every step.
+"""Replaying a training log (``shared.train_log``): B rebuilt from the initial B and every step's (seed, lr, g).
 
 Because z is a pure function of the step's seed (``shared.noise``) and the update is the same float32 arithmetic
 as in the program (``shared.zo.updated_b``), replaying a device's log gives the device's B bit for bit. The
@@ -7,59 +7,9 @@ server uses it to verify uploads; anyone can use it to audit a trajectory withou
 
 from __future__ import annotations
 
-import json
-import math
-from pathlib import Path
-
-import numpy as np
 import torch
 
-from shared.errors import DataError
 from shared.zo import step_noise, updated_b
-
-LOG_FIELDS = ("step", "seed", "lr", "eps", "g", "losses")
-
-
-def _f32(values) -> list[float]:
-    """float32 values as Python floats: their repr round-trips the float32 bits exactly."""
-    return [float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1)]
-
-
-def log_record(step: int, seed: int, lr: float, eps: float, g, losses) -> dict:
-    return {"step": step, "seed": int(seed), "lr": lr, "eps": eps, "g": _f32(g), "losses": _f32(losses)}
-
-
-def log_line(record: dict) -> str:
-    return json.dumps(record, separators=(",", ":")) + "\n"
-
-
-def parse_log(text: str, source: str = "log") -> list[dict]:
-    """Parse and check a training log: consecutive steps, q projected gradients each, all finite."""
-    records = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{source}:{number}: not JSON ({exc.msg})") from exc
-        missing = [f for f in LOG_FIELDS if not isinstance(record, dict) or f not in record]
-        if missing:
-            raise DataError(f"{source}:{number}: missing {', '.join(missing)}")
-        if records and record["step"] != records[-1]["step"] + 1:
-            raise DataError(f"{source}:{number}: step {record['step']} does not follow {records[-1]['step']}")
-        if not record["g"] or len(record["g"]) != len(records[0]["g"] if records else record["g"]):
-            raise DataError(f"{source}:{number}: g must hold the same number q >= 1 of values on every line")
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in [record["lr"], *record["g"]]):
-            raise DataError(f"{source}:{number}: lr and g must be finite numbers")
-        records.append(record)
-    if not records:
-        raise DataError(f"{source}: empty training log")
-    return records
-
-
-def read_log(path: Path) -> list[dict]:
-    return parse_log(Path(path).read_text(), str(path))
 
 
 def replay(init_b: torch.Tensor, log: list[dict]) -> torch.Tensor:

@@ -7,9 +7,10 @@ Naming follows the usual FastAPI layout: ``XCreate`` is what a client sends, ``X
 ``XsPublic`` a list (``data`` + ``count``).
 
 Result upload (``POST /v1/jobs/{id}/result``) is ``multipart/form-data`` with three file parts named by
-``RESULT_PARTS``: ``b_flat`` (a safetensors file holding exactly one float32 tensor ``"b_flat"`` of shape [D], the
-program's ``get_lora_b()``), ``log`` (the training log, JSON Lines) and ``metrics`` (``metrics.json``). The starting
-adapter download (``GET /v1/jobs/{id}/init``) uses the same safetensors layout.
+``RESULT_PARTS``: ``b_flat`` (a B file, ``shared.b_file``: safetensors holding exactly one float32 tensor
+``"b_flat"`` of shape [D], the program's ``get_lora_b()``), ``log`` (the training log, JSON Lines,
+``shared.train_log``) and ``metrics`` (``metrics.json``). The starting adapter download (``GET /v1/jobs/{id}/init``)
+is a B file too.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-B_FLAT_KEY = "b_flat"
+from shared import defaults
+from shared.backends import DeviceBackend, ProgramBackend
+from shared.manifest import ProgramManifest, check_prompt_room, examples_per_query
+
 RESULT_PARTS = ("b_flat", "log", "metrics")
 
 JobStatus = Literal["queued", "compiling", "ready", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-DeviceBackend = Literal["executorch", "torch", "adb"]
-ProgramBackend = Literal["xnnpack", "portable"]
 Method = Literal["mobizo"]
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -161,26 +163,26 @@ class TaskSpec(BaseModel):
 
 
 class HyperParams(BaseModel):
-    """The method's hyperparameters; ``batch_size`` is the total per step, split into q groups of E."""
+    """The method's hyperparameters (defaults: ``shared.defaults``); ``batch_size`` is the total per step, split
+    into q groups of E."""
 
-    method: Method = "mobizo"
-    q: int = Field(default=1, ge=1, le=64)
-    batch_size: int = Field(default=16, ge=1, le=1024)
-    steps: int = Field(default=100, ge=1, le=1_000_000)
-    lr: float = Field(default=1e-4, gt=0, le=1)
-    eps: float = Field(default=1e-2, gt=0, le=1)
-    rank: int = Field(default=16, ge=1, le=256)
-    alpha: float = Field(default=32.0, gt=0, le=4096)
-    targets: list[str] = Field(default=["q_proj", "v_proj"], min_length=1, max_length=16)
-    seq_len: int = Field(default=64, ge=8, le=4096)
-    seed: int = Field(default=0, ge=0, le=_MAX_SEED)
-    a_seed: int = Field(default=0, ge=0, le=_MAX_SEED, description="seed of the frozen LoRA A matrices")
-    program_backend: ProgramBackend = "xnnpack"
+    method: Method = defaults.METHOD
+    q: int = Field(default=defaults.Q, ge=1, le=64)
+    batch_size: int = Field(default=defaults.BATCH_SIZE, ge=1, le=1024)
+    steps: int = Field(default=defaults.STEPS, ge=1, le=1_000_000)
+    lr: float = Field(default=defaults.LR, gt=0, le=1)
+    eps: float = Field(default=defaults.EPS, gt=0, le=1)
+    rank: int = Field(default=defaults.RANK, ge=1, le=256)
+    alpha: float = Field(default=defaults.ALPHA, gt=0, le=4096)
+    targets: list[str] = Field(default=list(defaults.TARGETS), min_length=1, max_length=16)
+    seq_len: int = Field(default=defaults.SEQ_LEN, ge=8, le=4096)
+    seed: int = Field(default=defaults.SEED, ge=0, le=_MAX_SEED)
+    a_seed: int = Field(default=defaults.A_SEED, ge=0, le=_MAX_SEED, description="seed of the frozen LoRA A matrices")
+    program_backend: ProgramBackend = defaults.PROGRAM_BACKEND
 
     @model_validator(mode="after")
     def _consistent(self) -> HyperParams:
-        if self.batch_size % self.q:
-            raise ValueError(f"batch_size: {self.batch_size} is not divisible by q={self.q}")
+        examples_per_query(self.batch_size, self.q)
         if len(set(self.targets)) != len(self.targets) or not all(t.isidentifier() for t in self.targets):
             raise ValueError("targets: module names must be distinct identifiers like q_proj")
         return self
@@ -197,8 +199,8 @@ class JobCreate(TaskSpec, HyperParams):
 
     @model_validator(mode="after")
     def _room_for_a_prompt(self) -> JobCreate:
-        if self.answer_len is not None and self.answer_len >= self.seq_len:
-            raise ValueError(f"seq_len: {self.seq_len} leaves no room for a prompt and {self.answer_len} answer tokens")
+        if self.answer_len is not None:
+            check_prompt_room(self.seq_len, self.answer_len)
         return self
 
 
@@ -255,7 +257,7 @@ class LeasePublic(BaseModel):
     job_id: int
     attempt: int
     spec: JobSpec
-    manifest: dict[str, Any] = Field(description="the program's manifest.json (config, lora names and shapes, …)")
+    manifest: ProgramManifest = Field(description="the program's manifest (config, lora names and shapes, files, …)")
     program: FileRef
     weights: FileRef = Field(description="the base weights (.ptd) the program loads")
     tokenizer: FileRef = Field(description="the model's tokenizer.json, to encode the device's data")

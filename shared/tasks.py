@@ -14,9 +14,11 @@ copies of the same benchmarks. A record that does not fit its task raises ``Data
 from __future__ import annotations
 
 import json
+import os
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from shared.errors import DataError, UsageError
@@ -276,8 +278,9 @@ def parse_verbalizer(text: str | None) -> dict[str, str] | None:
         raise UsageError("--verbalizer", f"not valid JSON ({exc.msg})") from None
 
 
-def _placeholder_record(task: Task) -> dict[str, Any]:
-    """A record that renders: every text field "x" (dotted paths nested) and the first accepted label."""
+def placeholder_record(task: Task) -> dict[str, Any]:
+    """A record that renders: every text field "x" (dotted paths nested) and the first accepted label (what
+    ``shared.data.answer_len_for`` measures a task's answers on)."""
     record: dict[str, Any] = {"label": task.labels[0]}
     for path in task.fields:
         *parents, leaf = path.split(".")
@@ -288,12 +291,7 @@ def _placeholder_record(task: Task) -> dict[str, Any]:
     return record
 
 
-def answer_len_for(task: Task, tokenizer: Any) -> int:
-    """Tokens of a classification task's longest answer as it follows the task's prompt: the answer length a
-    fixed-shape program needs. Other kinds take their answers from the data, so the caller must say."""
-    from shared.data import encode  # data builds on tasks, not the other way round
-
-    if task.kind != "classification":
-        raise UsageError("--answer-len", f"is required for task {task.name} (its answers come from the data)")
-    (encoded,) = encode([task.render(_placeholder_record(task))], tokenizer)
-    return max(map(len, encoded.candidate_ids))
+def shared_data_dir() -> Path:
+    """The read-only task data: ``$MOBIZO_SHARED_DIR/data``, else ``../shared/data`` next to the repository."""
+    shared = os.environ.get("MOBIZO_SHARED_DIR")
+    return (Path(shared) if shared else Path(__file__).resolve().parents[2] / "shared") / "data"

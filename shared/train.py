@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import shutil
 import statistics
 import sys
@@ -31,17 +30,21 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from shared import defaults
 from shared.adapter import save_lora
 from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
-from shared.data import Batch, Encoded, batch_indices, encode, load_examples, pad_token_id, training_batch
-from shared.errors import UsageError
+from shared.batch import Batch
+from shared.data import Encoded, batch_indices, encode, load_examples, pad_token_id, training_batch
+from shared.errors import FieldError, UsageError
 from shared.evaluate import evaluate
 from shared.files import atomic_write_bytes
-from shared.lora import DEFAULT_TARGETS, MPLoRA, inject_lora
-from shared.models import load_model, resolve_dtype
+from shared.hf_models import load_model, resolve_dtype
+from shared.lora import MPLoRA, inject_lora
+from shared.manifest import examples_per_query
+from shared.memory import peak_rss_mb
 from shared.noise import MAX_SEED, step_seed
-from shared.replay import log_line, log_record
 from shared.tasks import Rendered, Task, get_task
+from shared.train_log import log_line, log_record
 from shared.zo import PARALLEL_MODES, zo_step
 
 METHODS: tuple[str, ...] = ("mobizo", "mezo-lora", "mezo", "fo-lora")
@@ -51,24 +54,24 @@ METRICS_FILE, LOG_FILE, ADAPTER_DIR = "metrics.json", "train_log.jsonl", "adapte
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run; the fields are ``mobizo train``'s flags."""
+    """One training run; the fields are ``mobizo train``'s flags (defaults: ``shared.defaults``)."""
 
     model: Path
     task: str
     train: Path
     out: Path
     eval: Path | None = None
-    method: str = "mobizo"
-    q: int = 1
-    batch_size: int = 16
-    steps: int = 100
-    lr: float = 1e-4
-    eps: float = 1e-2
-    rank: int = 16
-    alpha: float = 32.0
-    targets: tuple[str, ...] = DEFAULT_TARGETS
-    seed: int = 0
-    a_seed: int = 0  # seeds the frozen A (as in exported programs), independent of the run seed
+    method: str = defaults.METHOD
+    q: int = defaults.Q
+    batch_size: int = defaults.BATCH_SIZE
+    steps: int = defaults.STEPS
+    lr: float = defaults.LR
+    eps: float = defaults.EPS
+    rank: int = defaults.RANK
+    alpha: float = defaults.ALPHA
+    targets: tuple[str, ...] = defaults.TARGETS
+    seed: int = defaults.SEED
+    a_seed: int = defaults.A_SEED  # seeds the frozen A (as in exported programs), independent of the run seed
     parallel: str = "both"
     dtype: str = "float32"
     eval_every: int | None = None
@@ -103,8 +106,11 @@ def _check_method(config: TrainConfig) -> None:
         raise UsageError("--q", f"must be at least 1, got {config.q}")
     if config.method in ONE_QUERY_METHODS and config.q != 1:
         raise UsageError("--q", f"{config.method} uses one query per step: --q must be 1, got {config.q}")
-    if config.batch_size % config.q:
-        raise UsageError("--q", f"must divide --batch-size {config.batch_size} (each query gets batch_size/q examples)")
+    try:
+        examples_per_query(config.batch_size, config.q)
+    except FieldError:
+        reason = f"must divide --batch-size {config.batch_size} (each query gets batch_size/q examples)"
+        raise UsageError("--q", reason) from None
 
 
 def _check_numbers(config: TrainConfig) -> None:
@@ -284,12 +290,6 @@ def _loop(run: _Run, progress: bool) -> dict[str, list]:
     if _due_for_eval(run, cfg.steps):
         history["eval"].append(_evaluate(run, cfg.steps))
     return history
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from shared.data import Batch
+from shared.batch import Batch
 from shared.lora import MPLoRA
 from shared.noise import noise_range
 

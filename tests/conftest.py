@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A seeded tiny Llama (2 layers, hidden 64, vocab 512) in Hugging Face layout."""
-    from shared.models import make_tiny_model
+    from shared.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
@@ -18,7 +18,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct imported from the pip package's GGUF into a plain fp32 HF directory."""
-    from shared.models import import_gguf, smollm2_gguf_path
+    from shared.hf_models import import_gguf, smollm2_gguf_path
 
     gguf_file = smollm2_gguf_path()
     if gguf_file is None:
@@ -33,12 +33,13 @@ def program_factory(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     Exports take tens of seconds, so every test module asks this one cache (see ``tests/utils/programs.py`` for
     the configs the suite shares). Weights files land in one store, as on the server.
     """
-    from shared.program import ProgramConfig, export_program
+    from shared.manifest import ProgramConfig, ProgramManifest
+    from shared.program import export_program
 
     store = tmp_path_factory.mktemp("programs")
-    cache: dict[ProgramConfig, tuple[Path, dict]] = {}
+    cache: dict[ProgramConfig, tuple[Path, ProgramManifest]] = {}
 
-    def make(cfg: ProgramConfig) -> tuple[Path, dict]:
+    def make(cfg: ProgramConfig) -> tuple[Path, ProgramManifest]:
         if cfg not in cache:
             pte = store / f"program-{len(cache)}.pte"
             cache[cfg] = (pte, export_program(tiny_model_dir, cfg, pte, progress=lambda _: None))

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from device_agent.config import BACKENDS
+from shared.backends import DEVICE_BACKENDS
+from shared.manifest import ProgramManifest
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class TrainRun:
     key: str  # identity of the run in checkpoints: a checkpoint of another key is never resumed
     program: Path
     weights: Path
-    manifest: dict[str, Any]
+    manifest: ProgramManifest
     batches: Path
     lr: float  # float32 values, see device_agent.et_program
     eps: float
@@ -105,4 +106,4 @@ def make_backend(
         if runner is None:
             raise UsageError("--runner", "the adb backend needs the native runner built for the phone")
         return AdbBackend(runner, serial)
-    raise UsageError("--backend", f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    raise UsageError("--backend", f"unknown backend {name!r}: choose one of {', '.join(DEVICE_BACKENDS)}")

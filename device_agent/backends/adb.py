@@ -102,8 +102,8 @@ class AdbBackend:
         self.phone.shell(f"mkdir -p {self.root}/bin {self.root}/store {job} && rm -f {job}/STOP {job}/checkpoint.ckpt")
         paths = {
             "runner": self.phone.push_once(self.runner, f"{self.root}/bin/runner-{sha256_file(self.runner)[:16]}"),
-            "program": self.phone.push_once(run.program, f"{self.root}/store/{run.manifest['pte']['sha256']}.pte"),
-            "weights": self.phone.push_once(run.weights, f"{self.root}/store/{run.manifest['ptd']['sha256']}.ptd"),
+            "program": self.phone.push_once(run.program, f"{self.root}/store/{run.manifest.pte.sha256}.pte"),
+            "weights": self.phone.push_once(run.weights, f"{self.root}/store/{run.manifest.ptd.sha256}.ptd"),
             "job": job,
         }
         self.phone.run("push", str(run.batches), f"{job}/batches.mzb")

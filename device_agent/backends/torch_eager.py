@@ -12,7 +12,6 @@ server's tolerance on CUDA.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Callable
 from functools import lru_cache
@@ -25,24 +24,24 @@ from device_agent.backends import TrainRun
 from device_agent.backends.local import LocalBackend
 from device_agent.batches import StepBatch
 from shared.errors import MobizoError
+from shared.manifest import ProgramManifest
 
 
 class TorchSession:
     """The step module of a program, built from the local base model, around its master B."""
 
-    def __init__(self, model_dir: Path, manifest: dict[str, Any], device: str | None = None) -> None:
+    def __init__(self, model_dir: Path, manifest: ProgramManifest, device: str | None = None) -> None:
         import torch
 
-        from shared.models import load_model
-        from shared.program import ProgramConfig, build_step_module
+        from shared.hf_models import load_model
+        from shared.program import build_step_module
         from shared.train import resolve_device
 
         self.device = resolve_device(device)
         model, tokenizer = load_model(Path(model_dir), "float32", str(self.device))
         _check_tokenizer(model_dir, tokenizer, manifest)
-        self.module = build_step_module(model, ProgramConfig.from_json(manifest["config"]))
-        layout = [dataclasses.asdict(m) for m in self.module.lora.modules]
-        if layout != manifest["lora"]:
+        self.module = build_step_module(model, manifest.config)
+        if self.module.lora.modules != manifest.lora:
             raise MobizoError(f"{model_dir}: its LoRA modules differ from the program's: not the job's base model")
         self._torch = torch
 
@@ -69,10 +68,10 @@ class TorchSession:
         return losses.cpu().numpy().copy(), g.cpu().numpy().copy()
 
 
-def _check_tokenizer(model_dir: Path, tokenizer: Any, manifest: dict[str, Any]) -> None:
-    from shared.models import tokenizer_bytes
+def _check_tokenizer(model_dir: Path, tokenizer: Any, manifest: ProgramManifest) -> None:
+    from shared.tokenizer_file import tokenizer_bytes
 
-    if hashlib.sha256(tokenizer_bytes(tokenizer)).hexdigest() != manifest["tokenizer"]["sha256"]:
+    if hashlib.sha256(tokenizer_bytes(tokenizer)).hexdigest() != manifest.tokenizer.sha256:
         raise MobizoError(f"{model_dir}: its tokenizer is not the program's: not the job's base model")
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shared.backends import DEVICE_BACKENDS
 from shared.errors import ExitCode
 
 HELP = "the device agent: enroll this device, then run it (lease a job, train locally, upload only LoRA-B)"
 
-_BACKENDS = ("executorch", "torch", "adb")
+HELP = "the device agent: enroll this device, then run it (lease a job, train locally, upload only LoRA-B)"
 
 
 def _runner_default() -> Path:
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     enroll.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:8000")
     enroll.add_argument("--code", required=True, help="a one-time enrollment code (mobizo enroll-code)")
     enroll.add_argument("--name", help="this device's name (default: the host name)")
-    enroll.add_argument("--backend", choices=_BACKENDS, default="executorch", help="how this device trains")
+    enroll.add_argument("--backend", choices=DEVICE_BACKENDS, default="executorch", help="how this device trains")
     enroll.add_argument("--config", type=Path, help="where to keep the token (default: ~/.config/mobizo/agent.json)")
     enroll.add_argument("--serial", help="adb backend: the phone's serial (default: the only one attached)")
     run = sub.add_parser("run", help="the daemon: lease → download → train → upload, until stopped")
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="local training data: <task>/train.jsonl or <task>.jsonl (default: the project's shared data folder)",
     )
-    run.add_argument("--backend", choices=_BACKENDS, help="override the enrolled backend for this run")
+    run.add_argument("--backend", choices=DEVICE_BACKENDS, help="override the enrolled backend for this run")
     run.add_argument("--config", type=Path, help="the agent config (default: ~/.config/mobizo/agent.json)")
     run.add_argument(
         "--work-dir",
@@ -138,7 +139,7 @@ def _enroll(args: argparse.Namespace) -> int:
 def _data_dir(args: argparse.Namespace) -> Path:
     """The checked ``run`` options → the data folder."""
     from shared.errors import UsageError
-    from shared.models import shared_data_dir
+    from shared.tasks import shared_data_dir
 
     for flag, value in (
         ("--checkpoint-every", args.checkpoint_every),

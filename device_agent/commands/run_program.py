@@ -19,7 +19,10 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.manifest import ProgramManifest
 
 from shared.errors import ExitCode
 
@@ -43,11 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--json", action="store_true", help="print the metrics as JSON")
 
 
-def _check(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Path]:
+def _check(args: argparse.Namespace) -> tuple[ProgramManifest, Path, Path]:
     """Validate the arguments (``UsageError`` naming the flag) → (manifest, .ptd path, tokenizer path)."""
     from shared.errors import UsageError
+    from shared.manifest import manifest_path, read_manifest
     from shared.noise import MAX_SEED
-    from shared.program import manifest_path
 
     if args.program.suffix != ".pte" or not args.program.is_file():
         raise UsageError("--program", f"{args.program} is not a .pte file")
@@ -63,9 +66,9 @@ def _check(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Path]:
             raise UsageError(flag, f"must be a positive number, got {value}")
     if not 0 <= args.seed < MAX_SEED:
         raise UsageError("--seed", f"must be in [0, 2**31), got {args.seed}")
-    manifest = json.loads(manifest_path(args.program).read_text())
+    manifest = read_manifest(args.program)
     store = args.store or args.program.parent
-    files = [store / manifest[entry]["file"] for entry in ("ptd", "tokenizer")]
+    files = [store / entry.file for entry in (manifest.ptd, manifest.tokenizer)]
     for path in files:
         if not path.is_file():
             raise UsageError("--store", f"{path.name} (named by the manifest) is not in {store}")
@@ -76,7 +79,7 @@ def _check(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Path]:
 class _Run:
     """A run-program run: the program loaded, the data tokenized, what it has produced so far."""
 
-    manifest: dict[str, Any]
+    manifest: ProgramManifest
     session: Any  # device_agent.et_program.ProgramSession
     tokenizer: Any
     shape: Any  # device_agent.batches.Shape
@@ -99,7 +102,7 @@ def _train(run: _Run, batches: list, lr: float, eps: float) -> None:
     from tqdm import tqdm
 
     from device_agent.backends.local import run_steps
-    from shared.replay import log_record
+    from shared.train_log import log_record
 
     with tqdm(total=len(batches), desc="run-program", unit="step", disable=not sys.stderr.isatty()) as bar:
 
@@ -116,9 +119,9 @@ def _write(run: _Run, args: argparse.Namespace, init_b, n_train: int) -> dict[st
     from device_agent.metrics import training_metrics
     from shared.adapter import save_program_adapter
     from shared.files import atomic_write_bytes
-    from shared.replay import log_line
+    from shared.train_log import log_line
 
-    base_model = run.manifest.get("model", "")
+    base_model = run.manifest.model or ""
     args.out.mkdir(parents=True, exist_ok=True)
     save_program_adapter(args.out / "init_adapter", run.manifest, init_b, base_model)
     save_program_adapter(args.out / "adapter", run.manifest, run.session.get_b(), base_model)
@@ -144,12 +147,12 @@ def run(args: argparse.Namespace) -> ExitCode:
     from device_agent.et_program import ProgramSession
     from device_agent.local_data import program_shape, step_batches
     from shared.data import load_examples
-    from shared.models import load_tokenizer_file
     from shared.tasks import get_task, parse_verbalizer
+    from shared.tokenizer_file import load_tokenizer_file
 
     manifest, ptd, tokenizer_file = _check(args)
     task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))
-    shape, tokenizer = program_shape(manifest["config"]), load_tokenizer_file(tokenizer_file)
+    shape, tokenizer = program_shape(manifest.config), load_tokenizer_file(tokenizer_file)
     examples = load_examples(task, args.train)
     held_out = load_examples(task, args.eval) if args.eval is not None else None
     batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps))

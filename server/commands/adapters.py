@@ -26,26 +26,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _unpack(archive: Path, out: Path) -> None:
-    """Extract into a temporary sibling and rename, so ``out`` appears complete or not at all."""
-    import os
-    import shutil
-    import tempfile
+    """Extract through ``shared.files.atomic_dir``, so ``out`` appears complete or not at all."""
     import zipfile
 
     from shared.errors import MobizoError
+    from shared.files import atomic_dir
 
     if out.exists():
         raise MobizoError(f"{out} exists; choose another --out")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        with zipfile.ZipFile(archive) as zf:
-            for name in zf.namelist():
-                if Path(name).is_absolute() or ".." in Path(name).parts:
-                    raise MobizoError(f"archive member {name!r} escapes the directory")
-            zf.extractall(tmp)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(archive) as zf, atomic_dir(out) as tmp:
+        for name in zf.namelist():
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                raise MobizoError(f"archive member {name!r} escapes the directory")
+        zf.extractall(tmp)
 
 
 def run(args: argparse.Namespace) -> ExitCode:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
+from shared.backends import DEVICE_BACKENDS, PROGRAM_BACKENDS
 from shared.errors import ExitCode
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
@@ -59,9 +60,9 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     ):
         p.add_argument(f"--{name}", type=kind, help=text + " (default: the server's)")
     p.add_argument("--targets", help="comma-separated module names (default q_proj,v_proj)")
-    p.add_argument("--backend", dest="program_backend", choices=["xnnpack", "portable"])
+    p.add_argument("--backend", dest="program_backend", choices=PROGRAM_BACKENDS)
     p.add_argument("--device", dest="device_id", type=int, help="run on this device only")
-    p.add_argument("--device-backend", choices=["executorch", "torch", "adb"])
+    p.add_argument("--device-backend", choices=DEVICE_BACKENDS)
     p.add_argument("--init-adapter", dest="init_adapter_id", type=int, help="start from this adapter's B")
     add_connection_args(p)
 

@@ -17,6 +17,7 @@ from server.responses import field_error
 from server.router import Router
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Program, utcnow
+from shared.manifest import ProgramFile, ProgramManifest
 from shared.schemas import FileRef, HeartbeatCreate, HeartbeatPublic, JobFailureCreate, LeaseCreate, LeasePublic
 
 router = Router(tags=["leases"])
@@ -30,20 +31,20 @@ def _init_ref(session: Session, store: ArtifactStore, job: Job) -> FileRef | Non
     return FileRef(url=f"/v1/jobs/{job.id}/init", size=size, sha256=b_sha)
 
 
-def _file_ref(job: Job, manifest: dict, entry: str, path: str) -> FileRef:
-    return FileRef(url=f"/v1/jobs/{job.id}/{path}", size=manifest[entry]["size"], sha256=manifest[entry]["sha256"])
+def _file_ref(job: Job, file: ProgramFile, path: str) -> FileRef:
+    return FileRef(url=f"/v1/jobs/{job.id}/{path}", size=file.size, sha256=file.sha256)
 
 
 def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -> LeasePublic:
-    manifest = session.get_one(Program, job.program_id).manifest
+    manifest = ProgramManifest.model_validate(session.get_one(Program, job.program_id).manifest)
     return LeasePublic(
         job_id=job.id,
         attempt=job.attempts,
         spec=jobstate.device_spec(job),
-        manifest={k: v for k, v in manifest.items() if k != "model"},  # the server's path is none of its business
-        program=_file_ref(job, manifest, "pte", "program"),
-        weights=_file_ref(job, manifest, "ptd", "weights"),
-        tokenizer=_file_ref(job, manifest, "tokenizer", "tokenizer"),
+        manifest=manifest.for_device(),  # the server's model path is none of its business
+        program=_file_ref(job, manifest.pte, "program"),
+        weights=_file_ref(job, manifest.ptd, "weights"),
+        tokenizer=_file_ref(job, manifest.tokenizer, "tokenizer"),
         init=_init_ref(session, store, job),
         expires_at=job.lease_expires_at,
         heartbeat_s=heartbeat_s,

@@ -18,6 +18,7 @@ from server.responses import FILE_RESPONSE, IfNoneMatch, not_found, serve_file
 from server.router import Router
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Program
+from shared.manifest import ProgramManifest
 
 router = Router(prefix="/v1/jobs/{job_id}", tags=["programs"])
 
@@ -28,8 +29,8 @@ def _program_file(session: Session, store: ArtifactStore, job: Job, entry: str) 
         raise not_found("program of job", job.id)
     program = session.get_one(Program, job.program_id)
     session.commit()  # end the transaction before streaming
-    file = program.manifest[entry]
-    return (store.program(program.key) if entry == "pte" else store.blob(file["file"])), file["sha256"]
+    file = getattr(ProgramManifest.model_validate(program.manifest), entry)
+    return (store.program(program.key) if entry == "pte" else store.blob(file.file)), file.sha256
 
 
 @router.get("/program", response_class=FileResponse, responses=FILE_RESPONSE)

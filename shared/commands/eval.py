@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     from shared.data import load_examples
     from shared.evaluate import evaluate
-    from shared.models import load_model
+    from shared.hf_models import load_model
     from shared.tasks import get_task
 
     task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))

@@ -6,10 +6,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shared import defaults
+from shared.backends import PROGRAM_BACKENDS
 from shared.errors import ExitCode
 
 if TYPE_CHECKING:
-    from shared.program import ProgramConfig
+    from shared.manifest import ProgramConfig
 
 HELP = "compile a Mobile MP-LoRA training program for the ExecuTorch runtime"
 
@@ -27,11 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the program's fixed width in tokens: every row is left-padded, or its prompt cut from the left, to N",
     )
     parser.add_argument("--answer-len", type=int, help="answer tokens per row (default: the task's longest answer)")
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--alpha", type=float, default=32.0)
-    parser.add_argument("--targets", default="q_proj,v_proj", help="comma-separated target module names")
-    parser.add_argument("--a-seed", type=int, default=0, help="seed of the frozen LoRA A")
-    parser.add_argument("--backend", choices=("xnnpack", "portable"), default="xnnpack")
+    parser.add_argument("--rank", type=int, default=defaults.RANK)
+    parser.add_argument("--alpha", type=float, default=defaults.ALPHA)
+    parser.add_argument("--targets", default=",".join(defaults.TARGETS), help="comma-separated target module names")
+    parser.add_argument("--a-seed", type=int, default=defaults.A_SEED, help="seed of the frozen LoRA A")
+    parser.add_argument("--backend", choices=PROGRAM_BACKENDS, default=defaults.PROGRAM_BACKEND)
     parser.add_argument("--adapter", type=Path, help="start from this adapter's B (continued personalization)")
     parser.add_argument("--template", help="custom task: prompt template with {field} placeholders")
     parser.add_argument("--verbalizer", help='custom task: JSON {"label": "answer text", ...}')
@@ -40,34 +42,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
-    """Validate the arguments (UsageError naming the flag) and build the program config."""
-    from shared.errors import UsageError
-    from shared.program import ProgramConfig
-    from shared.tasks import answer_len_for, get_task, parse_verbalizer
+    """Build the program config, which checks itself; a bad value is a UsageError naming its flag."""
+    from pydantic import ValidationError
 
-    for flag, value in (
-        ("--q", args.q),
-        ("--batch-size", args.batch_size),
-        ("--seq-len", args.seq_len),
-        ("--rank", args.rank),
-    ):
-        if value < 1:
-            raise UsageError(flag, f"must be >= 1 (got {value})")
-    if args.batch_size % args.q:
-        raise UsageError("--q", f"{args.q} does not divide --batch-size {args.batch_size}")
+    from shared.data import answer_len_for
+    from shared.errors import FieldError, UsageError
+    from shared.manifest import ProgramConfig
+    from shared.tasks import get_task, parse_verbalizer
+
     task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))
     answer_len = args.answer_len or answer_len_for(task, tokenizer)
-    if answer_len >= args.seq_len:
-        raise UsageError("--seq-len", f"{args.seq_len} leaves no room for a prompt before {answer_len} answer tokens")
-    targets = tuple(t for t in args.targets.split(",") if t)
-    return ProgramConfig(
-        args.q, args.batch_size, args.seq_len, answer_len, args.rank, args.alpha, targets, args.a_seed, args.backend
-    )
+    try:
+        return ProgramConfig(
+            q=args.q,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            answer_len=answer_len,
+            rank=args.rank,
+            alpha=args.alpha,
+            targets=tuple(t for t in args.targets.split(",") if t),
+            a_seed=args.a_seed,
+            backend=args.backend,
+        )
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        cause = error.get("ctx", {}).get("error")
+        field, reason = (
+            (cause.field, cause.reason) if isinstance(cause, FieldError) else (error["loc"][0], error["msg"])
+        )
+        # a batch that q does not divide is reported on --q, the flag one changes to fit it (as ``mobizo train`` does)
+        flag = "--q" if field == "batch_size" else "--" + str(field).replace("_", "-")
+        raise UsageError(flag, reason) from None
 
 
 def run(args: argparse.Namespace) -> ExitCode:
     from shared.errors import UsageError
-    from shared.models import load_model
+    from shared.hf_models import load_model
     from shared.program import export_program
 
     if not (args.model / "config.json").is_file():

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    from shared.models import count_params, load_model, make_tiny_model
+    from shared.hf_models import count_params, load_model
+    from shared.tiny_model import make_tiny_model
 
     out = make_tiny_model(args.out, seed=args.seed, layers=args.layers, hidden=args.hidden, vocab=args.vocab)
     model, tokenizer = load_model(out)

@@ -27,7 +27,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> ExitCode:
     from shared.errors import UsageError
-    from shared.models import count_params, import_gguf, load_model, smollm2_gguf_path
+    from shared.hf_models import count_params, import_gguf, load_model, smollm2_gguf_path
 
     gguf_file = smollm2_gguf_path() if args.smollm2 else args.gguf
     if gguf_file is None:

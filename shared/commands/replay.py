@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     from shared.adapter import read_adapter, save_adapter
     from shared.errors import MobizoError, UsageError
     from shared.lora import flatten_b, unflatten_b
-    from shared.replay import read_log, replay
+    from shared.replay import replay
+    from shared.train_log import read_log
 
     for flag, path, is_dir in (("--init", args.init, True), ("--log", args.log, False)):
         if not (path.is_dir() if is_dir else path.is_file()):

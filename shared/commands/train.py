@@ -1,7 +1,7 @@
 """``mobizo train``: fine-tune in PyTorch on this machine (CPU or CUDA) and write OUT/adapter/ and OUT/metrics.json.
 
-Flags that are not given keep ``shared.train.TrainConfig``'s defaults (the help repeats them), so the defaults live
-in one place; every check of the values happens in ``shared.train.validate`` and names the flag.
+Flags that are not given keep ``shared.train.TrainConfig``'s defaults (``shared.defaults``, which the help shows);
+every check of the values happens in ``shared.train.validate`` and names the flag.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from shared import defaults
 from shared.errors import ExitCode
 from shared.tasks import parse_verbalizer
 
@@ -42,15 +43,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mobizo (default), mezo-lora, mezo (full parameters, no adapter), or "
         "fo-lora (backprop); all but mobizo need --q 1",
     )
-    add("--q", default=_KEEP, type=int, help="queries per step (default 1); must divide --batch-size")
-    add("--batch-size", default=_KEEP, type=int, help="examples per step, E = batch-size / q per query (default 16)")
-    add("--steps", default=_KEEP, type=int, help="training steps (default 100)")
-    add("--lr", default=_KEEP, type=float, help="learning rate (default 1e-4)")
-    add("--eps", default=_KEEP, type=float, help="perturbation scale of the ZO methods (default 1e-2)")
-    add("--rank", default=_KEEP, type=int, help="LoRA rank (default 16)")
-    add("--alpha", default=_KEEP, type=float, help="LoRA alpha; scaling alpha/rank (default 32)")
-    add("--targets", default=_KEEP, type=_targets, help="comma-separated linear modules (default q_proj,v_proj)")
-    add("--seed", default=_KEEP, type=int, help="run seed: batch order and step seeds (default 0)")
+    add("--q", default=_KEEP, type=int, help=f"queries per step (default {defaults.Q}); must divide --batch-size")
+    add(
+        "--batch-size",
+        default=_KEEP,
+        type=int,
+        help=f"examples per step, E = batch-size / q per query (default {defaults.BATCH_SIZE})",
+    )
+    add("--steps", default=_KEEP, type=int, help=f"training steps (default {defaults.STEPS})")
+    add("--lr", default=_KEEP, type=float, help=f"learning rate (default {defaults.LR:g})")
+    add("--eps", default=_KEEP, type=float, help=f"perturbation scale of the ZO methods (default {defaults.EPS:g})")
+    add("--rank", default=_KEEP, type=int, help=f"LoRA rank (default {defaults.RANK})")
+    add("--alpha", default=_KEEP, type=float, help=f"LoRA alpha; scaling alpha/rank (default {defaults.ALPHA:g})")
+    add(
+        "--targets",
+        default=_KEEP,
+        type=_targets,
+        help=f"comma-separated linear modules (default {','.join(defaults.TARGETS)})",
+    )
+    add("--seed", default=_KEEP, type=int, help=f"run seed: batch order and step seeds (default {defaults.SEED})")
     add("--parallel", default=_KEEP, help="mobizo schedule: both (default), outer, inner, or none")
     add("--dtype", default=_KEEP, help="float32 (default), bfloat16, float16, or float64 (exactness checks)")
     add("--eval-every", default=_KEEP, type=int, metavar="K", help="also evaluate every K steps")

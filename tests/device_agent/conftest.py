@@ -32,7 +32,7 @@ def tiny_program(program_factory, tiny_model_dir: Path) -> Program:
     pte, manifest = program_factory(TINY_Q4)
     vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     shape = Shape(rows=TINY_Q4.batch_size, seq_len=TINY_Q4.seq_len, answer_len=TINY_Q4.answer_len)
-    return Program(pte, pte.parent / manifest["ptd"]["file"], shape, vocab, manifest["lora_size"], manifest)
+    return Program(pte, pte.parent / manifest.ptd.file, shape, vocab, manifest.lora_size, manifest)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import numpy as np
 
 from device_agent.batches import BatchesFile, Shape, StepBatch
 from device_agent.et_program import ProgramSession
+from shared.manifest import ProgramManifest
 
 LR, EPS = "0.05", "0.01"
 
@@ -24,7 +25,7 @@ class Program:
     shape: Shape
     vocab: int
     d: int  # length of b_flat
-    manifest: dict
+    manifest: ProgramManifest
 
     @property
     def files(self) -> tuple[Path, Path]:

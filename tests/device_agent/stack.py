@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from shared.manifest import ProgramManifest
 from tests.server.factories import ADMIN_TOKEN, bearer
 from tests.server.live import REPO
 
@@ -37,27 +38,27 @@ SPEC = {
 AGENT_FLAGS = ["--checkpoint-every", "7", "--heartbeat-s", "0.5", "--poll-s", "0.2", "--retry-cap-s", "1"]
 
 
-def seed_program_cache(artifacts: Path, model_dir: Path, pte: Path, manifest: dict) -> None:
+def seed_program_cache(artifacts: Path, model_dir: Path, pte: Path, manifest: ProgramManifest) -> None:
     """Put an exported program where the server's compile cache finds the jobs of ``SPEC``: those jobs are ready
     at once instead of a minute later (the compile worker itself is the server tests' subject)."""
     import shutil
 
     from server.compile import program_config, program_key
     from server.store import ArtifactStore
+    from shared.manifest import FORMAT_VERSION
     from shared.model_files import model_sha256
-    from shared.program import FORMAT_VERSION
     from shared.schemas import JobCreate
 
     spec = JobCreate(**SPEC, steps=1).model_dump(mode="json")
     config = program_config(spec, spec["answer_len"])
-    assert config == manifest["config"], "SPEC must describe the seeded program"
+    assert config == manifest.config.model_dump(mode="json"), "SPEC must describe the seeded program"
     store = ArtifactStore(artifacts)
     folder = store.programs_dir / program_key(model_sha256(model_dir), config, FORMAT_VERSION)
     folder.mkdir()
     shutil.copy(pte, folder / "program.pte")
-    (folder / "program.json").write_text(json.dumps(manifest))
-    for entry in ("ptd", "tokenizer"):
-        shutil.copy(pte.parent / manifest[entry]["file"], store.blob(manifest[entry]["file"]))
+    (folder / "program.json").write_bytes(manifest.to_json())
+    for entry in (manifest.ptd, manifest.tokenizer):
+        shutil.copy(pte.parent / entry.file, store.blob(entry.file))
 
 
 def server_env(artifacts: Path, db: Path) -> dict[str, str]:

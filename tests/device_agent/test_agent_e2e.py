@@ -23,7 +23,7 @@ import pytest
 
 from device_agent.checkpoint import load_checkpoint
 from mobizo.cli import main
-from shared.models import shared_data_dir
+from shared.tasks import shared_data_dir
 from tests.device_agent.conftest import ADB_STANDIN_DIR
 from tests.device_agent.stack import Agent, Stack, seed_program_cache, server_env, wait_for
 from tests.server import live
@@ -279,4 +279,4 @@ def test_jobs_are_leased_only_to_devices_with_the_memory_they_need(stack: Stack)
         device = api.DeviceAPI(http)
         assert device.lease("executorch", memory_mb=0) is None  # reports no free memory: nothing fits
         lease = device.lease("executorch", memory_mb=64_000)
-    assert lease is not None and lease.job_id == job_id and 0 < lease.manifest["memory_mb"] < 64_000
+    assert lease is not None and lease.job_id == job_id and 0 < lease.manifest.memory_mb < 64_000

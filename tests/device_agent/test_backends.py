@@ -140,7 +140,7 @@ def test_torch_backend_agrees_with_the_program(
 def test_torch_backend_refuses_a_model_that_is_not_the_programs(
     tiny_program: Program, tiny_model_dir: Path, make_batches: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from shared.models import make_tiny_model
+    from shared.tiny_model import make_tiny_model
 
     run = train_run(tiny_program, make_batches(1), tmp_path)
     other_weights = make_tiny_model(tmp_path / "seed1", seed=1)

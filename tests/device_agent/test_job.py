@@ -17,14 +17,18 @@ from device_agent.events import Reporter
 from device_agent.job import AgentContext, run_job
 from shared.retry import Backoff
 from shared.schemas import FileRef, JobSpec, LeasePublic
+from tests.utils.manifests import fake_manifest
 
 FILES = {"program": b"pte bytes", "weights": b"ptd bytes" * 100, "tokenizer": b"{}"}
-MANIFEST = {
-    "config": {"q": 1, "batch_size": 2, "seq_len": 16, "answer_len": 1},
-    "lora_size": 4,
-    "pte": {"size": 9, "sha256": "0" * 64},
-    "ptd": {"size": 900, "sha256": "1" * 64},
-}
+MANIFEST = fake_manifest(
+    {"q": 1, "batch_size": 2, "seq_len": 16, "answer_len": 1},
+    {
+        "pte": {"file": "program.pte", "size": 9, "sha256": "0" * 64},
+        "ptd": {"file": "weights.ptd", "size": 900, "sha256": "1" * 64},
+        "tokenizer": {"file": "tokenizer.json", "size": 2, "sha256": "2" * 64},
+    },
+    lora_size=4,
+)
 
 
 def ref(name: str) -> FileRef:

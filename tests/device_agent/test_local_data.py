@@ -10,6 +10,7 @@ import pytest
 from device_agent.batches import Shape
 from device_agent.local_data import find_train_file, program_shape, step_batches
 from shared.errors import DataError
+from shared.manifest import ProgramConfig
 
 SST2_ROWS = [{"sentence": f"review number {i} was {'good' if i % 2 else 'bad'}", "label": i % 2} for i in range(11)]
 
@@ -25,13 +26,13 @@ def test_train_file_lookup_order(tmp_path: Path) -> None:
 
 
 def test_program_shape_from_manifest_config() -> None:
-    assert program_shape({"batch_size": 8, "seq_len": 16, "answer_len": 2, "q": 4}) == Shape(8, 16, 2)
+    assert program_shape(ProgramConfig(batch_size=8, seq_len=16, answer_len=2, q=4)) == Shape(8, 16, 2)
 
 
 def test_steps_are_mobizo_trains_batches_padded_to_the_program(tiny_model_dir: Path) -> None:
     """Same examples (batch_indices), same truncation (encode to seq_len), same seeds as shared.train."""
     from shared.data import batch_indices, encode, pad_token_id, training_batch
-    from shared.models import load_model
+    from shared.hf_models import load_model
     from shared.noise import step_seed
     from shared.tasks import get_task
 
@@ -53,7 +54,7 @@ def test_steps_are_mobizo_trains_batches_padded_to_the_program(tiny_model_dir: P
 
 
 def test_an_answer_longer_than_the_program_allows_is_an_error(tiny_model_dir: Path) -> None:
-    from shared.models import load_model
+    from shared.hf_models import load_model
     from shared.tasks import get_task
 
     _, tokenizer = load_model(tiny_model_dir)

@@ -17,7 +17,7 @@ from transformers import AutoConfig
 
 from mobizo.cli import main
 from shared.adapter import read_adapter
-from shared.models import shared_data_dir
+from shared.tasks import shared_data_dir
 from tests.utils.programs import TINY_Q4
 from tests.utils.tolerance import b_drift, loss_rtol, losses_atol_with_drift
 
@@ -150,7 +150,7 @@ def test_evaluation_is_mobizo_evals(device_run: Path, sst2, tiny_model_dir: Path
     from shared.adapter import load_adapter
     from shared.data import load_examples
     from shared.evaluate import evaluate
-    from shared.models import load_model
+    from shared.hf_models import load_model
     from shared.tasks import get_task
 
     device_eval = json.loads((device_run / "metrics.json").read_text())["eval"][-1]

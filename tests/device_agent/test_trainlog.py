@@ -11,7 +11,8 @@ import torch
 
 from device_agent.checkpoint import Checkpoint, save_checkpoint
 from device_agent.trainlog import LogWriter, read_complete, resume_point
-from shared.replay import log_record, parse_log, replay
+from shared.replay import replay
+from shared.train_log import log_record, parse_log
 
 B = np.arange(6, dtype=np.float32)
 

@@ -21,8 +21,8 @@ from device_agent.job import JobDir
 from device_agent.trainlog import LogWriter
 from server.app import create_app
 from server.settings import Settings
-from shared.replay import log_record
 from shared.schemas import LeasePublic
+from shared.train_log import log_record
 from tests.device_agent.helpers import random_steps
 from tests.server.factories import (
     ADMIN_TOKEN,

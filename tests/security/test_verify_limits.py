@@ -21,7 +21,7 @@ import pytest
 from server.app import create_app
 from server.settings import Settings
 from shared.noise import step_seed
-from shared.replay import log_line, log_record
+from shared.train_log import log_line, log_record
 from tests.server.factories import (
     ADMIN_TOKEN,
     FakeCompileQueue,

@@ -19,6 +19,7 @@ from server.settings import Settings
 from server.store import ArtifactStore
 from shared.files import atomic_write_bytes as write_atomic
 from shared.files import sha256_file
+from tests.utils.manifests import fake_manifest
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -106,10 +107,11 @@ class FakeCompileQueue:
                     name = f"model.layers.{i}.self_attn.{t}"
                     lora.append({"name": name, "in_features": HIDDEN, "out_features": out, "offset": offset})
                     offset += out * spec["rank"]
-        manifest = {"config": config, "lora": lora, "lora_size": offset, "memory_mb": FAKE_PROGRAM_MB} | {
+        refs = {
             entry: {"file": path.name, "sha256": sha256_file(path), "size": path.stat().st_size}
             for entry, path in files.items()
         }
+        manifest = fake_manifest(config, refs, lora, offset, FAKE_PROGRAM_MB)
         return {"key": key, "manifest": manifest, "answer_len": config["answer_len"]}
 
 
@@ -161,7 +163,8 @@ def fake_training(
     import torch
 
     from shared.noise import step_seed
-    from shared.replay import log_line, log_record, replay
+    from shared.replay import replay
+    from shared.train_log import log_line, log_record
 
     rng = np.random.default_rng(seed)
     lines = []

@@ -10,8 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
+from server.compile import program_config
 from server.compile_queue import LocalCompileQueue
 from tests.server.factories import create_user, make_fake_model, register_model, submit_job
+from tests.utils.manifests import fake_manifest
 
 
 def build_fake(model_dir: str, model_sha: str, spec: dict, programs_dir: str, blobs_dir: str) -> dict:
@@ -28,7 +30,7 @@ def build_fake(model_dir: str, model_sha: str, spec: dict, programs_dir: str, bl
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(entry.encode())
         files[entry] = {"file": path.name, "sha256": hashlib.sha256(entry.encode()).hexdigest(), "size": len(entry)}
-    return {"key": key, "manifest": {"lora": [], "lora_size": 0, **files}, "answer_len": 1}
+    return {"key": key, "manifest": fake_manifest(program_config(spec, 1), files), "answer_len": 1}
 
 
 @pytest.fixture

@@ -85,8 +85,8 @@ def _download(http, ref: dict, dest: Path) -> Path:
 def _batches(model_dir: Path, spec: dict, n_steps: int):
     """Each step's (input_ids, attention_mask, targets) from real SST-2 rows, as the agent would build them."""
     from shared.data import batch_indices, encode, load_examples, pad_token_id, training_batch
-    from shared.models import load_model, shared_data_dir
-    from shared.tasks import get_task
+    from shared.hf_models import load_model
+    from shared.tasks import get_task, shared_data_dir
 
     _, tokenizer = load_model(model_dir)
     rendered = load_examples(get_task("sst2"), shared_data_dir() / "sst2" / "train.jsonl", limit=64)
@@ -102,7 +102,7 @@ def _train_on_device(http, model_dir: Path, lease: dict, workdir: Path) -> tuple
     from executorch.runtime import Runtime
 
     from shared.noise import step_seed
-    from shared.replay import log_line, log_record
+    from shared.train_log import log_line, log_record
 
     pte = _download(http, lease["program"], workdir / "program.pte")
     ptd = _download(http, lease["weights"], workdir / "weights.ptd")
@@ -123,8 +123,8 @@ def _train_on_device(http, model_dir: Path, lease: dict, workdir: Path) -> tuple
 
 def _logits_with_b(model_dir: Path, spec: dict, b: np.ndarray, ids: torch.Tensor) -> torch.Tensor:
     """Logits of the base model with LoRA-FA (A from the seed) and the device's B, by mobizo's own layers."""
+    from shared.hf_models import load_model
     from shared.lora import inject_lora
-    from shared.models import load_model
 
     model, _ = load_model(model_dir)
     lora = inject_lora(model, tuple(spec["targets"]), spec["rank"], spec["alpha"], spec["a_seed"])

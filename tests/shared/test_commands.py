@@ -7,7 +7,7 @@ import torch
 
 from mobizo.cli import main
 from shared.adapter import save_adapter
-from shared.replay import log_line, log_record
+from shared.train_log import log_line, log_record
 
 
 @pytest.mark.parametrize(

@@ -11,17 +11,18 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from shared.batch import IGNORE_INDEX
 from shared.data import (
-    IGNORE_INDEX,
     Encoded,
     answer_len,
+    answer_len_for,
     batch_indices,
     encode,
     load_examples,
     read_jsonl,
     training_batch,
 )
-from shared.errors import DataError
+from shared.errors import DataError, UsageError
 from shared.tasks import Rendered, get_task
 
 SPECIALS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2
@@ -267,3 +268,15 @@ def test_each_epoch_visits_every_example_once() -> None:
 def test_batch_indices_reject_bad_arguments() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         batch_indices(10, 0, seed=0, step=0)
+
+
+@pytest.mark.parametrize("make", [bpe_tokenizer, dummy_prefix_tokenizer])
+def test_answer_len_for_counts_answer_tokens_after_the_prompt(make) -> None:
+    tokenizer = make()
+    task = get_task("custom", "{text} It was", {"neg": " terrible", "pos": " great", "meh": " so so so"})
+    (encoded,) = encode([task.render({"text": "Fine.", "label": "pos"})], tokenizer)
+    assert answer_len_for(task, tokenizer) == max(map(len, encoded.candidate_ids)) > 1
+    assert answer_len_for(get_task("wsc"), tokenizer) == 1  # "No" / "Yes" after a newline
+    with pytest.raises(UsageError, match="required for task copa") as info:
+        answer_len_for(get_task("copa"), tokenizer)
+    assert info.value.argument == "--answer-len"

@@ -12,8 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from mobizo.cli import main
 from shared.data import encode, load_examples
 from shared.evaluate import evaluate
-from shared.models import shared_data_dir
-from shared.tasks import Rendered, get_task
+from shared.tasks import Rendered, get_task, shared_data_dir
 from tests.shared.test_data import bpe_tokenizer
 from tests.utils.tolerance import loss_rtol
 
@@ -143,8 +142,8 @@ def test_eval_command_custom_task(model_dir: Path, tmp_path: Path, capsys: pytes
 
 def test_eval_command_applies_the_adapter(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from shared.adapter import load_adapter, save_lora
+    from shared.hf_models import load_model
     from shared.lora import inject_lora
-    from shared.models import load_model
 
     base, tokenizer = load_model(model_dir)
     lora = inject_lora(base, ("q_proj", "v_proj"), rank=4, alpha=8.0)

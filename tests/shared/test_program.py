@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from shared.adapter import save_lora
-from shared.models import load_model
+from shared.hf_models import load_model
+from shared.manifest import ProgramManifest
 from shared.program import build_step_module, export_program
-from shared.replay import log_record, replay
+from shared.replay import replay
+from shared.train_log import log_record
 from tests.utils.programs import TINY_Q1, TINY_Q4
 from tests.utils.tiny import random_batch
 from tests.utils.tolerance import b_drift, loss_rtol
@@ -29,13 +31,13 @@ def _batches(q: int, e: int, vocab: int):
 class Device:
     """The program as a device runs it: executorch.runtime, .pte + shared .ptd."""
 
-    def __init__(self, manifest: dict, folder: Path, store: Path | None = None) -> None:
+    def __init__(self, manifest: ProgramManifest, folder: Path, store: Path | None = None) -> None:
         from executorch.runtime import Runtime
 
         program = Runtime.get().load_program(
-            folder / manifest["pte"]["file"], data_path=(store or folder) / manifest["ptd"]["file"]
+            folder / manifest.pte.file, data_path=(store or folder) / manifest.ptd.file
         )
-        self.methods = {m: program.load_method(m) for m in manifest["methods"]}
+        self.methods = {m: program.load_method(m) for m in manifest.methods}
 
     def step(self, batch, seed: int):
         args = [
@@ -99,7 +101,7 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
     folder, by_q = programs
     cfg, manifest = by_q[4]
     device, eager = Device(manifest, folder), _eager(tiny_model_dir, cfg)
-    device.set_b(torch.zeros(manifest["lora_size"]))
+    device.set_b(torch.zeros(manifest.lora_size))
     g_device, g_eager = [], []
     with torch.no_grad():
         for k, batch in enumerate(_batches(4, 2, eager.model.config.vocab_size)):
@@ -114,16 +116,16 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
 def test_programs_of_different_q_share_one_weights_file(programs):
     folder, by_q = programs
     (_, m1), (_, m4) = by_q[1], by_q[4]
-    assert m1["ptd"] == m4["ptd"] and m1["pte"]["sha256"] != m4["pte"]["sha256"]
-    assert sorted(p.name for p in folder.glob("*.ptd")) == [m1["ptd"]["file"]]
-    assert m1["pte"]["size"] < 1_000_000 < m1["ptd"]["size"] * 1_000 and m1["ptd"]["size"] > m1["pte"]["size"]
-    assert m1["lora"] == m4["lora"] and m1["tokenizer"] == m4["tokenizer"]
+    assert m1.ptd == m4.ptd and m1.pte.sha256 != m4.pte.sha256
+    assert sorted(p.name for p in folder.glob("*.ptd")) == [m1.ptd.file]
+    assert m1.pte.size < 1_000_000 < m1.ptd.size * 1_000 and m1.ptd.size > m1.pte.size
+    assert m1.lora == m4.lora and m1.tokenizer == m4.tokenizer
 
 
 def test_set_then_get_round_trips(programs):
     folder, by_q = programs
     device = Device(by_q[1][1], folder)
-    b = torch.randn(by_q[1][1]["lora_size"])
+    b = torch.randn(by_q[1][1].lora_size)
     device.set_b(b)
     assert torch.equal(device.b(), b)
 
@@ -142,7 +144,7 @@ def test_program_started_from_an_adapter_continues_from_it(programs, tiny_model_
         init_adapter=tmp_path / "previous",
         progress=lambda _: None,
     )
-    assert manifest["ptd"] == by_q[1][1]["ptd"]  # same base weights file, reused
+    assert manifest.ptd == by_q[1][1].ptd  # same base weights file, reused
     device = Device(manifest, tmp_path, store=folder)
     assert torch.equal(device.b(), previous)
     batch = _batches(1, 2, eager.model.config.vocab_size)[0]

@@ -9,8 +9,8 @@ import torch
 
 from shared.data import load_examples
 from shared.evaluate import evaluate
-from shared.models import load_model, shared_data_dir
-from shared.tasks import get_task
+from shared.hf_models import load_model
+from shared.tasks import get_task, shared_data_dir
 from shared.train import TrainConfig, train
 from tests.shared.test_train import adapter_flat_b
 

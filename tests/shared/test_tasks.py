@@ -7,11 +7,9 @@ from collections import Counter
 
 import pytest
 
-from shared.data import encode, load_examples
+from shared.data import load_examples
 from shared.errors import DataError, UsageError
-from shared.models import shared_data_dir
-from shared.tasks import TASK_NAMES, Rendered, answer_len_for, get_task, parse_verbalizer
-from tests.shared.test_data import bpe_tokenizer, dummy_prefix_tokenizer
+from shared.tasks import TASK_NAMES, Rendered, get_task, parse_verbalizer, shared_data_dir
 
 DATA = shared_data_dir()
 FILES = {
@@ -256,15 +254,3 @@ def test_tasks_list_the_labels_they_accept() -> None:
     assert get_task("cb").labels == ("entailment", "0", "contradiction", "1", "neutral", "2")
     assert get_task("custom", "{t}", {"neg": " bad", "pos": " good"}).labels == ("neg", "pos")
     assert get_task("lm").labels == ()
-
-
-@pytest.mark.parametrize("make", [bpe_tokenizer, dummy_prefix_tokenizer])
-def test_answer_len_for_counts_answer_tokens_after_the_prompt(make) -> None:
-    tokenizer = make()
-    task = get_task("custom", "{text} It was", {"neg": " terrible", "pos": " great", "meh": " so so so"})
-    (encoded,) = encode([task.render({"text": "Fine.", "label": "pos"})], tokenizer)
-    assert answer_len_for(task, tokenizer) == max(map(len, encoded.candidate_ids)) > 1
-    assert answer_len_for(get_task("wsc"), tokenizer) == 1  # "No" / "Yes" after a newline
-    with pytest.raises(UsageError, match="required for task copa") as info:
-        answer_len_for(get_task("copa"), tokenizer)
-    assert info.value.argument == "--answer-len"

@@ -17,9 +17,10 @@ from transformers import AutoConfig
 from mobizo.cli import main
 from shared.adapter import read_adapter
 from shared.lora import layout_order
-from shared.models import shared_data_dir
-from shared.replay import read_log, replay
+from shared.replay import replay
+from shared.tasks import shared_data_dir
 from shared.train import ADAPTER_DIR, LOG_FILE, METRICS_FILE, TrainConfig, train
+from shared.train_log import read_log
 from tests.utils.tolerance import Z_MAX, loss_rtol, step_atols
 
 SST2 = shared_data_dir() / "sst2"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from shared.data import IGNORE_INDEX, Batch
+from shared.batch import IGNORE_INDEX, Batch
 
 VOCAB = 96
 

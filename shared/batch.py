@@ -1,0 +1,28 @@
+"""The batch the algorithm trains on: left-padded rows whose answers end at the last column (docs/contracts.md).
+
+Only the type and its layout live here, so the algorithm (``shared.zo``, ``shared.program``) needs no data
+loading; ``shared.data.training_batch`` builds batches from encoded examples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE_INDEX = -100  # target value of columns that are not answer tokens (torch's cross_entropy default)
+
+
+@dataclass
+class Batch:
+    """Left-padded rows of prompt + correct answer; ``targets[:, j]`` is the token at column ``T - L + j``."""
+
+    input_ids: torch.Tensor  # [N, T] long
+    attention_mask: torch.Tensor  # [N, T] long, 1 on real tokens
+    position_ids: torch.Tensor  # [N, T] long, cumsum(mask) - 1 clamped at 0
+    targets: torch.Tensor  # [N, L] long, IGNORE_INDEX where the column is not part of the answer
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions of left-padded rows: 0 at each row's first real token (also computed in-graph by the program)."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)

@@ -1,0 +1,150 @@
+"""The program contract, without torch: a program's config and the manifest written beside every ``.pte``.
+
+``ProgramConfig`` fixes a program's graph (shapes and LoRA layout) and checks itself; ``ProgramManifest`` is the
+``FILE.json`` that ``shared.program.export_program`` writes next to ``FILE.pte``: the config, the methods, the
+LoRA layout of the flat B, the files with their sha256, and the memory estimate. The server stores it, hands it to
+devices in their lease (``shared.schemas.LeasePublic``), and the agent, the replay and the adapter writer read it.
+The JSON on disk and over REST is the one docs/contracts.md describes; these models only type it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from shared import defaults
+from shared.backends import ProgramBackend
+from shared.errors import FieldError
+
+FORMAT_VERSION = 1
+ProgramMethod = Literal["forward", "get_lora_b", "set_lora_b", "evaluate"]
+PROGRAM_METHODS: tuple[str, ...] = get_args(ProgramMethod)  # every program has all of them
+
+
+def examples_per_query(batch_size: int, q: int) -> int:
+    """E = batch_size / q, each query's examples; ``FieldError`` naming ``batch_size`` when q does not divide it."""
+    if batch_size % q:
+        raise FieldError("batch_size", f"{batch_size} is not divisible by q={q}")
+    return batch_size // q
+
+
+def check_prompt_room(seq_len: int, answer_len: int) -> None:
+    """A row of ``seq_len`` tokens must hold at least one prompt token before ``answer_len`` answer tokens."""
+    if answer_len >= seq_len:
+        raise FieldError("seq_len", f"{seq_len} leaves no room for a prompt and {answer_len} answer tokens")
+
+
+class ProgramConfig(BaseModel):
+    """Everything that fixes a program's graph (shapes and LoRA layout); not the user's data or B."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    q: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    seq_len: int = Field(ge=2)
+    answer_len: int = Field(ge=1)
+    rank: int = Field(default=defaults.RANK, ge=1)
+    alpha: float = Field(default=defaults.ALPHA, gt=0)
+    targets: tuple[str, ...] = Field(default=defaults.TARGETS, min_length=1)
+    a_seed: int = Field(default=defaults.A_SEED, ge=0)
+    backend: ProgramBackend = defaults.PROGRAM_BACKEND
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProgramConfig:
+        examples_per_query(self.batch_size, self.q)
+        check_prompt_room(self.seq_len, self.answer_len)
+        return self
+
+    @property
+    def examples_per_query(self) -> int:
+        return self.batch_size // self.q
+
+    @classmethod
+    def from_spec(cls, spec: Any, answer_len: int) -> ProgramConfig:
+        """The program of a job spec (``shared.schemas.HyperParams`` or its JSON) with ``answer_len`` resolved."""
+        get = spec.get if isinstance(spec, dict) else lambda name: getattr(spec, name)
+        return cls(
+            q=get("q"),
+            batch_size=get("batch_size"),
+            seq_len=get("seq_len"),
+            answer_len=answer_len,
+            rank=get("rank"),
+            alpha=float(get("alpha")),
+            targets=tuple(get("targets")),
+            a_seed=get("a_seed"),
+            backend=get("program_backend"),
+        )
+
+
+class LoRAModule(BaseModel):
+    """Where one module's B lives in the flat vector (``shared.lora``'s layout)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    in_features: int
+    out_features: int
+    offset: int
+
+    def numel(self, rank: int) -> int:
+        return self.out_features * rank
+
+
+class ProgramFile(BaseModel):
+    """A file of the program (``.pte``, shared ``.ptd``, tokenizer), named and checked by content."""
+
+    file: str
+    sha256: str
+    size: int
+
+
+class ProgramInputs(BaseModel):
+    """The shapes of ``forward``'s inputs and how rows are padded."""
+
+    forward: dict[str, list[int]]
+    padding: str
+
+
+class ProgramManifest(BaseModel):
+    """``FILE.json`` beside ``FILE.pte``. ``model`` is the exporting machine's path of the base model; the server
+    leaves it out of leases, and the JSON then has no ``model`` key at all."""
+
+    format: int
+    model: str | None = None
+    config: ProgramConfig
+    methods: list[ProgramMethod]
+    lora: list[LoRAModule]
+    lora_size: int = Field(ge=0, description="D, the length of the flat B")
+    inputs: ProgramInputs
+    pte: ProgramFile
+    ptd: ProgramFile
+    tokenizer: ProgramFile
+    init_b: bool = Field(description="true: the program starts from a B of its own, not from zeros")
+    memory_mb: int = Field(description="RAM a device needs to run it (an estimate for the lease filter)")
+    export_seconds: float
+
+    @model_serializer(mode="wrap")
+    def _no_absent_model(self, handler):
+        data = handler(self)
+        if self.model is None:
+            data.pop("model", None)
+        return data
+
+    def for_device(self) -> ProgramManifest:
+        """The manifest without the server's model path (none of a device's business)."""
+        return self.model_copy(update={"model": None})
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), indent=2).encode()
+
+
+def manifest_path(pte: Path) -> Path:
+    return Path(pte).with_suffix(".json")
+
+
+def read_manifest(pte: Path) -> ProgramManifest:
+    """The manifest beside the program ``pte``."""
+    return ProgramManifest.model_validate_json(manifest_path(pte).read_bytes())

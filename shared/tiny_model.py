@@ -1,0 +1,126 @@
+"""The seeded tiny Llama for demos and tests (``mobizo make-tiny-model``), with a byte-level BPE tokenizer trained
+on a fixed slice of the task data, since nothing can be downloaded."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+from shared.errors import DataError, MobizoError, UsageError
+from shared.hf_models import build_random, save_model
+from shared.tasks import shared_data_dir
+
+# Tiny model: 4 query heads over 2 key/value heads, so grouped-query attention is exercised as in the real models.
+TINY_HEADS, TINY_KV_HEADS, TINY_MAX_POSITIONS = 4, 2, 1024
+TINY_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2
+MIN_TINY_VOCAB = 256 + len(TINY_SPECIAL_TOKENS)  # the byte alphabet and the special tokens, before any merge
+
+# Tokenizer training text: a fixed slice of the task data (file, fields, first N lines) so the vocabulary looks
+# like what the tasks feed it, plus the prompt templates and verbalizers, repeated so that they become single
+# tokens (" great", " terrible", " Yes", " No") even in a 512-token vocabulary.
+_CORPUS = (
+    ("sst2/train.jsonl", ("sentence",), 2000),
+    ("rte/train.jsonl", ("premise", "hypothesis"), 300),
+    ("superglue/boolq/train32.jsonl", ("passage", "question"), 32),
+)
+_PROMPT_TEXT = (
+    "It was great. It was terrible. Does this mean that it is true? Yes or No? Yes. No. "
+    "Do the following two sentences mean the same thing? Yes or No? The capital of France is Paris."
+)
+_PROMPT_REPEATS = 300
+
+
+def make_tiny_model(out_dir: Path, seed: int = 0, layers: int = 2, hidden: int = 64, vocab: int = 512) -> Path:
+    """Write a seeded tiny LlamaForCausalLM and its tokenizer to ``out_dir`` in Hugging Face layout.
+
+    The same arguments give byte-identical files, so tests and demos can pin numbers on it.
+    """
+    _check_tiny_args(layers, hidden, vocab)
+    tokenizer = _train_tokenizer(vocab)
+    model = build_random(_tiny_config(layers, hidden, vocab), seed, torch.float32, "cpu")
+    return save_model(out_dir, model, tokenizer)
+
+
+def _check_tiny_args(layers: int, hidden: int, vocab: int) -> None:
+    if layers < 1:
+        raise UsageError("--layers", f"must be at least 1, got {layers}")
+    if hidden < 2 * TINY_HEADS or hidden % (2 * TINY_HEADS):
+        # each of the 4 heads needs an even size for the rotary embedding
+        raise UsageError("--hidden", f"must be a positive multiple of {2 * TINY_HEADS}, got {hidden}")
+    if vocab < MIN_TINY_VOCAB:
+        raise UsageError("--vocab", f"must be at least {MIN_TINY_VOCAB} (256 bytes + special tokens), got {vocab}")
+
+
+def _tiny_config(layers: int, hidden: int, vocab: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,  # TinyLlama's MLP ratio
+        num_hidden_layers=layers,
+        num_attention_heads=TINY_HEADS,
+        num_key_value_heads=TINY_KV_HEADS,
+        max_position_embeddings=TINY_MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def _train_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE (any text encodes), adding BOS in front of every sequence as Llama tokenizers do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=list(TINY_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tokenizer_corpus(), trainer)
+    pad, bos, eos = TINY_SPECIAL_TOKENS
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, model_max_length=TINY_MAX_POSITIONS
+    )
+
+
+def _tokenizer_corpus() -> list[str]:
+    """The fixed training text: the prompt words plus the first lines of three task files.
+
+    All of them or none: a tokenizer trained on less text would silently be another tokenizer, and "same seed,
+    same bytes" would not hold.
+    """
+    texts = [_PROMPT_TEXT] * _PROMPT_REPEATS
+    data = shared_data_dir()
+    missing = [name for name, _, _ in _CORPUS if not (data / name).is_file()]
+    if missing:
+        raise MobizoError(
+            f"the tiny model's tokenizer is trained on the task data, and {data} lacks {', '.join(missing)} "
+            "(the read-only data folder beside the repository; set MOBIZO_SHARED_DIR to the folder that holds data/)"
+        )
+    for name, fields, n_lines in _CORPUS:
+        texts.extend(_read_fields(data / name, fields, n_lines))
+    return texts
+
+
+def _read_fields(path: Path, fields: tuple[str, ...], n_lines: int) -> Iterator[str]:
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(itertools.islice(fh, n_lines), start=1):
+            try:
+                row = json.loads(line)
+                yield from (str(row[field]) for field in fields)
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataError(f"{path}:{lineno}: {exc}") from exc

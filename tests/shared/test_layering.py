@@ -1,0 +1,126 @@
+"""The structure of ``shared/``: the torch-free modules import without torch, and no module imports itself back."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+# What the server's routes and the REST client need: they must import (and work) where torch is not installed.
+TORCH_FREE = (
+    "shared.b_file",
+    "shared.backends",
+    "shared.defaults",
+    "shared.errors",
+    "shared.files",
+    "shared.manifest",
+    "shared.memory",
+    "shared.model_files",
+    "shared.schemas",
+    "shared.tasks",
+    "shared.train_log",
+)
+
+_NO_TORCH = """
+import importlib.abc, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"torch is not importable here (imported {name})")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+for name in sys.argv[1:]:
+    __import__(name)
+
+import numpy as np
+from shared.b_file import b_file_bytes, read_b_file  # the upload check runs in the server's request
+from pathlib import Path
+import tempfile
+path = Path(tempfile.mkdtemp()) / "b.safetensors"
+path.write_bytes(b_file_bytes(np.arange(3, dtype=np.float32)))
+assert read_b_file(path, 3).tolist() == [0.0, 1.0, 2.0]
+assert "torch" not in sys.modules
+"""
+
+
+def test_torch_free_modules_import_without_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, *TORCH_FREE], capture_output=True, text=True, cwd=SHARED.parent
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SHARED.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(node: ast.AST, modules: set[str]) -> set[str]:
+    """The ``shared`` modules an import statement names (``from shared import x`` names ``shared.x``)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+    else:
+        return set()
+    found = set()
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the ``shared`` modules it imports anywhere in its body (module level and inside functions)."""
+    files = {_module_name(p): p for p in SHARED.rglob("*.py")}
+    modules = set(files)
+    graph = {}
+    for name, path in files.items():
+        edges = set().union(*(_imported(n, modules) for n in ast.walk(ast.parse(path.read_text()))))
+        graph[name] = edges - {name, "shared"}  # the package itself holds nothing
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that ends where it starts, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for child in sorted(graph[node]):
+            if state.get(child) == 1:
+                return path[path.index(child) :] + [child]
+            if child not in state and (cycle := visit(child, path + [child])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_shared_has_no_import_cycle() -> None:
+    graph = import_graph()
+    assert "shared.tasks" in graph["shared.data"]  # the graph sees imports
+    assert "shared.batch" in graph["shared.zo"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_algorithm_does_not_load_data() -> None:
+    graph = import_graph()
+    for module in ("shared.zo", "shared.program", "shared.baselines", "shared.replay"):
+        assert "shared.data" not in graph[module], module
