@@ -7,6 +7,11 @@ export; a second with the same config measures the cache path. Then ``--jobs`` m
 ``--devices`` asyncio clients each loop: lease → ``--heartbeats`` heartbeats → next lease, until the jobs run out
 or ``--duration`` passes. Client and server share this machine's cores, so the figures are a floor.
 
+Noisy neighbour (``--noisy-uploads N``, 0 to skip): a quiet user's device makes N small valid uploads, timed, first
+alone, then while ``--noisy-devices`` devices of another user upload well-formed 60,000-step logs whose B the log
+does not give (each costs a full replay before it is refused), over and over. The quiet user's p95 upload time
+with the noise should stay within 2x of the quiet case.
+
     python benchmarks/server.py --devices 32 --duration 15 --out runs/bench_server.json
 """
 
@@ -21,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -45,6 +51,9 @@ def running_server(db_url: str, data_dir: Path, log: Path):
         "MOBIZO_DATA_DIR": str(data_dir),
         "MOBIZO_ADMIN_TOKEN": ADMIN,
         "MOBIZO_LEASE_S": "600",
+        "MOBIZO_MAX_ACTIVE_JOBS": "100000",  # the load phase queues hundreds of jobs for one user
+        "MOBIZO_MAX_COMPILES": "100000",
+        "MOBIZO_ENROLLMENT_CODES_PER_HOUR": "100000",
     }
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -153,10 +162,109 @@ async def load(url: str, tokens: list[str], heartbeats: int, duration: float) ->
     return summary
 
 
+NOISY_STEPS = 60_000
+WARM_UPLOADS = 4  # more than the server's verify workers (2 by default)
+
+
+def result_files(spec: dict, d: int, replaying: bool) -> dict:
+    """A well-formed result of a lease: the job's seeds, lr, eps, g from the losses. ``replaying``: B is the replay
+    of the log (a valid upload); otherwise B is zeros, which the log does not give (refused after a full replay)."""
+    import numpy as np
+    import torch
+
+    from shared.b_file import b_file_bytes
+    from shared.noise import step_seed
+    from shared.replay import replay
+    from shared.train_log import log_line, log_record
+
+    rng = np.random.default_rng(spec["seed"])
+    losses = rng.uniform(1, 2, size=(spec["steps"], 2 * spec["q"])).astype(np.float32)
+    g = (losses[:, 0::2] - losses[:, 1::2]) / (np.float32(spec["eps"]) * np.float32(2))
+    records = [
+        log_record(k, step_seed(spec["seed"], k), spec["lr"], spec["eps"], g[k], losses[k])
+        for k in range(spec["steps"])
+    ]
+    b = replay(torch.zeros(d), records).numpy() if replaying else np.zeros(d, np.float32)
+    log = "".join(map(log_line, records)).encode()
+    return {"b_flat": ("b.safetensors", b_file_bytes(b)), "log": ("log.jsonl", log), "metrics": ("m.json", b"{}")}
+
+
+def _enrolled(url: str, user: httpx.Client, name: str) -> httpx.Client:
+    code = user.post("/v1/enrollment-codes", json={}).raise_for_status().json()["code"]
+    token = httpx.post(f"{url}/v1/devices", json={"code": code, "name": name}).raise_for_status().json()["token"]
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=600)
+
+
+def _timed_uploads(device: httpx.Client, n: int) -> list[float]:
+    """Lease, upload a valid result, n times → the upload times in seconds."""
+    times = []
+    for _ in range(n):
+        lease = device.post("/v1/leases").raise_for_status().json()
+        files = result_files(lease["spec"], lease["manifest"]["lora_size"], replaying=True)
+        started = time.perf_counter()
+        device.post(f"/v1/jobs/{lease['job_id']}/result", files=files).raise_for_status()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _p95_ms(values: list[float]) -> float:
+    values = sorted(values)
+    return round(1000 * values[int(0.95 * (len(values) - 1))], 1)
+
+
+def noisy_neighbour(url: str, uploads: int, noisy_devices: int) -> dict:
+    """The quiet user's p95 upload time alone and while another user's devices upload non-replaying 60k-step logs."""
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+    users = {}
+    for name in ("quiet", "noisy"):
+        key = admin.post("/v1/users", json={"name": name}).raise_for_status().json()["api_key"]
+        users[name] = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    quiet = _enrolled(url, users["quiet"], "quiet")
+    noisy = [_enrolled(url, users["noisy"], f"noisy{i}") for i in range(noisy_devices)]
+    quiet_jobs = 2 * uploads + WARM_UPLOADS
+    jobs = [users["quiet"].post("/v1/jobs", json=SPEC).raise_for_status().json()["id"] for _ in range(quiet_jobs)]
+    for _ in noisy:
+        jobs.append(
+            users["noisy"].post("/v1/jobs", json={**SPEC, "steps": NOISY_STEPS}).raise_for_status().json()["id"]
+        )
+    for i, job_id in enumerate(jobs):
+        wait_ready(users["quiet"] if i < quiet_jobs else users["noisy"], job_id)
+    _timed_uploads(quiet, WARM_UPLOADS)  # every verify worker started (torch imported) before timing
+    alone = _timed_uploads(quiet, uploads)
+
+    stop, statuses = threading.Event(), []
+
+    def make_noise(device: httpx.Client) -> None:
+        lease = device.post("/v1/leases").raise_for_status().json()
+        files = result_files(lease["spec"], lease["manifest"]["lora_size"], replaying=False)
+        while not stop.is_set():
+            r = device.post(f"/v1/jobs/{lease['job_id']}/result", files=files)
+            statuses.append(r.status_code)
+            stop.wait(float(r.headers.get("retry-after", 0)))  # as the agent does
+
+    threads = [threading.Thread(target=make_noise, args=(device,)) for device in noisy]
+    for thread in threads:
+        thread.start()
+    time.sleep(5)  # the noisy logs are spooled and replaying
+    crowded = _timed_uploads(quiet, uploads)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    quiet_p95, noisy_p95 = _p95_ms(alone), _p95_ms(crowded)
+    return {
+        "quiet_upload_p95_ms": quiet_p95,
+        "noisy_upload_p95_ms": noisy_p95,
+        "noisy_over_quiet": round(noisy_p95 / quiet_p95, 2),
+        "noise_statuses": {str(code): statuses.count(code) for code in sorted(set(statuses))},
+    }
+
+
 def bench_one(db: str, db_url: str, args, model_dir: Path, tmp: Path) -> dict:
     with running_server(db_url, tmp / f"data-{db}", tmp / f"server-{db}.log") as url:
         prepared = setup(url, model_dir, args.devices, args.jobs)
         result = asyncio.run(load(url, prepared.pop("tokens"), args.heartbeats, args.duration))
+        if args.noisy_uploads:
+            result |= noisy_neighbour(url, args.noisy_uploads, args.noisy_devices)
     return {"db": db, "devices": args.devices, **prepared, **result}
 
 
@@ -171,6 +279,8 @@ def main() -> None:
         default=os.environ.get("MOBIZO_TEST_DATABASE_URL"),
         help="PostgreSQL to compare with (a private schema is used and dropped)",
     )
+    parser.add_argument("--noisy-uploads", type=int, default=20, help="timed uploads of the quiet user (0: skip)")
+    parser.add_argument("--noisy-devices", type=int, default=4, help="devices of the noisy user")
     parser.add_argument("--model", type=Path, help="model directory (default: a fresh tiny model)")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args()
@@ -214,6 +324,13 @@ def print_table(rows: list[dict]) -> None:
         )
     base = rows[0]
     print(f"compile: cached config is {base['compile_new_s'] / base['compile_cached_s']:.0f}x faster than a new one")
+    for row in rows:
+        if "noisy_over_quiet" in row:
+            print(
+                f"noisy neighbour ({row['db']}): quiet user's upload p95 {row['quiet_upload_p95_ms']} ms alone, "
+                f"{row['noisy_upload_p95_ms']} ms beside the noise ({row['noisy_over_quiet']}x; noise answered "
+                f"{row['noise_statuses']})"
+            )
     if len(rows) > 1:
         print(f"postgresql / sqlite throughput: {rows[1]['requests_per_s'] / base['requests_per_s']:.2f}")
 

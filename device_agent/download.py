@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from shared.errors import MobizoError
-from shared.files import sha256_file
+from shared.files import make_dirs, open_private, sha256_file
 from shared.http_client import checked
 from shared.retry import RetryPolicy, call_with_retry
 
@@ -48,7 +48,7 @@ def _resume_offset(response: httpx.Response, offset: int) -> int:
 def _receive(response: httpx.Response, part: Path, start: int, progress: Callable[[int], None] | None) -> None:
     """Write the body to ``part`` from byte ``start`` on (0: the part is rewritten)."""
     done = start
-    with open(part, "ab" if start else "wb") as handle:
+    with open_private(part, "ab" if start else "wb") as handle:
         for block in response.iter_bytes():  # as received: a dropped connection loses nothing written
             handle.write(block)
             done += len(block)
@@ -120,6 +120,6 @@ class ContentCache:
         hit = self.get(sha256, suffix)
         if hit is not None:
             return hit
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.root)
         dest = self.path(sha256, suffix)
         return call_with_retry(policy or RetryPolicy(max_tries=1), download, client, url, dest, sha256, size, progress)

@@ -28,7 +28,7 @@ from device_agent.events import Reporter
 from device_agent.heartbeat import Heartbeat
 from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import MobizoError
-from shared.files import atomic_write_bytes
+from shared.files import atomic_write_bytes, private_dir
 from shared.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry
 from shared.schemas import LeasePublic
 
@@ -91,7 +91,7 @@ class JobDir:
         return len(read_complete(self.log))
 
     def save_lease(self, lease: LeasePublic) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)  # the job's tokenized data, log and checkpoint: 0700, files 0600
         atomic_write_bytes(self.lease, lease.model_dump_json().encode())
 
     def remove(self) -> None:

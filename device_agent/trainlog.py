@@ -20,7 +20,7 @@ from typing import TextIO
 import numpy as np
 
 from device_agent.checkpoint import load_checkpoint
-from shared.files import atomic_write_bytes
+from shared.files import atomic_write_bytes, open_private
 from shared.train_log import log_line
 
 
@@ -69,7 +69,7 @@ class LogWriter:
     """Appends records to the log, each line flushed at once (a checkpoint may follow right after)."""
 
     def __init__(self, path: Path) -> None:
-        self._file: TextIO = open(path, "a", encoding="utf-8")
+        self._file: TextIO = open_private(path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
         self._file.write(log_line(record))

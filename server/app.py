@@ -1,8 +1,10 @@
 """The FastAPI application: ``create_app(settings)`` wires the database, the store, the queues and the routers.
 
-On start (lifespan) it migrates the database, resubmits jobs a previous run left queued or compiling, and starts
-the lease sweeper; on stop it shuts the worker pools down. Nothing here imports torch: compilation and replay run
-in worker processes (``server.compile``, ``server.verify``).
+On start (lifespan) it takes the data dir's lock (with the in-process compile queue: a second server on the same
+data dir refuses to start before touching any job) and empties the upload spool, migrates the database, resubmits
+jobs a previous run left queued or compiling, and starts the lease sweeper; on stop it shuts the worker pools
+down. Nothing here imports torch: compilation and replay run in worker processes (``server.compile``,
+``server.verify``).
 """
 
 from __future__ import annotations
@@ -54,13 +56,22 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = ArtifactStore(settings.data_dir)
+        lock = None
+        if queue_factory is None:  # the in-process queue: this process alone may run jobs from this data dir
+            lock = store.lock()  # before the database, recover() or the spool are touched
+            cleaned = store.clean_tmp()
+            if cleaned:
+                log.info("removed %d stale spool and build entries", cleaned)
         engine = make_engine(settings.db_url)
         migrate(engine)
         sessions = make_sessionmaker(engine)
-        store = ArtifactStore(settings.data_dir)
         queue = (queue_factory or _default_queue)(sessions, store, settings)
         app.state.settings, app.state.sessionmaker, app.state.store = settings, sessions, store
-        app.state.compile_queue, app.state.verify_pool = queue, WorkerPool(settings.verify_workers)
+        app.state.compile_queue, app.state.verify_pool = (
+            queue,
+            WorkerPool(settings.verify_workers, per_owner=settings.verify_per_user),
+        )
         app.state.upload_slots = UploadSlots(settings.max_uploads, settings.max_uploads_per_device)
         queue.recover()
         stop = threading.Event()
@@ -74,6 +85,8 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
             app.state.verify_pool.close()
             sweeper.join(timeout=5)
             engine.dispose()
+            if lock is not None:
+                lock.close()
 
     app = FastAPI(
         title="mobizo",

@@ -37,6 +37,7 @@ def build_program(model_dir: str, model_sha256: str, spec: dict[str, Any], progr
     directory that is renamed into place, so a concurrent build of the same key simply loses the rename. The base
     weights and tokenizer go to ``blobs_dir`` by content, so every program of a model shares one ``.ptd``.
     """
+    from shared.files import make_dirs
     from shared.manifest import FORMAT_VERSION, ProgramConfig, manifest_path, read_manifest
     from shared.program import export_program
 
@@ -45,8 +46,7 @@ def build_program(model_dir: str, model_sha256: str, spec: dict[str, Any], progr
     key = program_key(model_sha256, config, FORMAT_VERSION)
     final = Path(programs_dir) / key
     if not manifest_path(final / "program.pte").is_file():
-        tmp = Path(programs_dir) / f".tmp-{uuid.uuid4().hex}"
-        tmp.mkdir()
+        tmp = make_dirs(Path(programs_dir) / f".tmp-{uuid.uuid4().hex}")
         export_program(
             Path(model_dir),
             ProgramConfig.model_validate(config),

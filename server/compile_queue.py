@@ -1,6 +1,6 @@
 """The compile queue: jobs go in by id, programs come out, outside any request.
 
-``CompileQueue`` is the whole interface the routes see (``submit``), so a distributed queue (Celery, RQ, a
+``CompileQueue`` is the whole interface the routes see (``submit``, ``cancel``), so a distributed queue (Celery, RQ, a
 PostgreSQL ``SKIP LOCKED`` table) can replace ``LocalCompileQueue`` without touching them. The local queue runs
 one driver thread per worker process: the driver moves the job to ``compiling``, has a worker export the program
 (``server.compile.build_program``) and records ``ready`` or ``failed`` with the error text. A job is thus
@@ -35,6 +35,9 @@ class CompileQueue(Protocol):
     def submit(self, job_id: int) -> None:
         """Compile the job's program eventually; the job is ``queued`` when this is called."""
 
+    def cancel(self, job_id: int) -> None:
+        """Stop the job's compilation if one is running; the job is already ``cancelled`` when this is called."""
+
     def recover(self) -> int:
         """On start: take back jobs a previous run left queued or compiling; returns how many."""
 
@@ -53,9 +56,14 @@ class LocalCompileQueue:
         self._build = build
         self._pool = WorkerPool(workers)
         self._drivers = ThreadPoolExecutor(workers, thread_name_prefix="compile")
+        self._closing = False
 
     def submit(self, job_id: int) -> None:
         self._drivers.submit(self._compile, job_id).add_done_callback(_log_crash)
+
+    def cancel(self, job_id: int) -> None:
+        """Kill the worker exporting the job's program; its driver then finds the job cancelled and moves on."""
+        self._pool.cancel(job_id)
 
     def recover(self) -> int:
         """Jobs a previous run left queued or compiling go (back) into the queue."""
@@ -78,8 +86,11 @@ class LocalCompileQueue:
                 work.spec,
                 str(self._store.programs_dir),
                 str(self._store.blobs_dir),
+                key=job_id,
             )
         except Exception as exc:  # any failure of the export is the job's error text
+            if self._closing:
+                return  # stopped by close(): the job stays compiling and recover() takes it back on restart
             log.warning("job %d: compile failed: %s", job_id, exc)
             with self._sessions() as session:
                 jobstate.fail(session, job_id, f"compile failed: {type(exc).__name__}: {exc}", ("compiling",))
@@ -88,6 +99,8 @@ class LocalCompileQueue:
             jobstate.finish_compiling(session, job_id, built)
 
     def close(self) -> None:
+        """Stop the drivers and kill the compile workers; jobs they were compiling are left for ``recover``."""
+        self._closing = True
         self._drivers.shutdown(wait=False, cancel_futures=True)
         self._pool.close()
 
@@ -98,6 +111,9 @@ class PausedCompileQueue:
 
     def submit(self, job_id: int) -> None:
         log.info("job %d: compile queue paused, the job stays queued", job_id)
+
+    def cancel(self, job_id: int) -> None:
+        """Nothing runs while paused: the job's state alone says it is cancelled."""
 
     def recover(self) -> int:
         return 0

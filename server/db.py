@@ -8,13 +8,16 @@ query's conditional UPDATE is safe under READ COMMITTED.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+from shared.files import PRIVATE_FILE
 
 _ALEMBIC_INI = Path(__file__).with_name("alembic.ini")
 
@@ -33,14 +36,24 @@ def _sqlite_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _private_sqlite_file(url: str) -> None:
+    """Create the SQLite file 0600 before SQLite does (it would follow the umask); its -wal and -shm files take
+    the database file's permissions."""
+    database = make_url(url).database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        os.close(os.open(database, os.O_CREAT | os.O_RDWR, PRIVATE_FILE))
+        os.chmod(database, PRIVATE_FILE)
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite files get WAL, foreign keys and immediate transactions.
+    """An engine for ``url``; SQLite files get WAL, foreign keys and immediate transactions, and mode 0600.
 
     The pool allows more connections than the server's 40 request threads plus its own background threads,
     so that a request never waits for a connection that another waiting request holds.
     """
     pool = {"pool_size": 10, "max_overflow": 50}
     if url.startswith("sqlite"):
+        _private_sqlite_file(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)

@@ -1,47 +1,201 @@
-"""A process pool for torch work (export, replay, archives) that survives a worker dying.
+"""Worker processes for torch work (export, replay, archives) whose tasks can be stopped: by a timeout, by a cancel,
+or by the server dying.
+
+Each of the pool's ``workers`` slots is one process that runs one task at a time. A task that runs past its
+timeout, or whose key is cancelled (``cancel``), has its process killed; the slot starts a fresh process for the
+next task, so one runaway task costs one slot for the length of the timeout and never the pool. A worker killed
+from outside (out of memory) is replaced the same way and its task reports ``WorkerDied``.
 
 Processes are started with ``spawn``: forking a server that runs threads (uvicorn's thread pool, SQLAlchemy's
-connection pool) can copy held locks into the child. A worker killed mid-task (out of memory, say) breaks a
-``ProcessPoolExecutor`` for good, so the pool is replaced and the task reports ``WorkerDied``.
+connection pool) can copy held locks into the child. Every worker watches its parent's pid and exits when the
+server is gone, even after a SIGKILL that left no chance to stop it (``prctl(PR_SET_PDEATHSIG)`` would be tied to
+the thread that started the worker, and the server's threads come and go).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import queue
 import threading
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import time
+from collections.abc import Callable, Hashable
+from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+PARENT_POLL_S = 1.0
 
 
 class WorkerDied(RuntimeError):
     """The worker process running the task exited (killed, out of memory, crashed)."""
 
 
-class WorkerPool:
-    def __init__(self, workers: int) -> None:
-        self._workers = workers
-        self._lock = threading.Lock()
-        self._executor = self._new_executor()
+class WorkTimedOut(TimeoutError):
+    """The task ran past its timeout; its process was killed."""
 
-    def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"))
 
-    def run(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
-        """Run ``fn(*args)`` in a worker and wait; exceptions raised there are raised here."""
-        with self._lock:
-            executor = self._executor
+class WorkCancelled(RuntimeError):
+    """The task was cancelled (``WorkerPool.cancel``); its process was killed."""
+
+
+class OwnerBusy(RuntimeError):
+    """The task's owner already has ``per_owner`` tasks running or waiting; nothing was started."""
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """In the worker: a daemon thread that ends the process once its parent is gone (reparented)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _serve(conn: Connection, parent_pid: int) -> None:
+    """The worker's loop: receive ``(fn, args)``, send back ``(True, result)`` or ``(False, exception)``."""
+    _exit_with_parent(parent_pid)
+    while True:
         try:
-            return executor.submit(fn, *args).result(timeout=timeout)
-        except BrokenProcessPool:
-            with self._lock:
-                if self._executor is executor:
-                    self._executor = self._new_executor()
+            fn, args = conn.recv()
+        except EOFError:
+            return
+        try:
+            reply = (True, fn(*args))
+        except Exception as exc:  # any failure of the task is its caller's to handle
+            reply = (False, exc)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # an unpicklable result or exception
+            conn.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
+class _Worker:
+    """One process and the pipe to it."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, os.getpid()), name="mobizo-worker", daemon=True)
+        self.process.start()
+        child.close()
+        self.cancelled = False
+        self.broken = False
+
+    def call(self, fn: Callable[..., T], args: tuple, timeout: float | None) -> T:
+        try:
+            self.conn.send((fn, args))
+        except OSError:  # the process died while idle
+            self.broken = True
+            raise WorkerDied("the worker process had exited (out of memory?)") from None
+        if not self.conn.poll(timeout):
+            self.kill()
+            raise WorkTimedOut(f"the task ran past its timeout of {timeout:g} s and was stopped")
+        try:
+            ok, value = self.conn.recv()
+        except (EOFError, OSError):
+            self.broken = True
+            if self.cancelled:
+                raise WorkCancelled("the task was cancelled") from None
             raise WorkerDied("the worker process exited before finishing (out of memory?)") from None
+        if not ok:
+            raise value
+        return value
+
+    def alive(self) -> bool:
+        return not (self.broken or self.cancelled) and self.process.is_alive()
+
+    def kill(self) -> None:
+        self.broken = True
+        self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+class WorkerPool:
+    """``workers`` slots of one process each; ``run`` waits for a free slot.
+
+    ``per_owner`` (optional) bounds the tasks one owner (a user) has running or waiting: with fewer than
+    ``workers``, one owner's slow tasks always leave a slot to everyone else.
+    """
+
+    def __init__(self, workers: int, per_owner: int | None = None) -> None:
+        self._per_owner = per_owner
+        self._owners: dict[Hashable, int] = {}
+        self._free: queue.Queue[_Worker | None] = queue.Queue()
+        for _ in range(workers):
+            self._free.put(None)  # started on first use
+        self._lock = threading.Lock()
+        self._busy: dict[Hashable, _Worker] = {}
+        self._all: set[_Worker] = set()
+        self._closed = False
+
+    def run(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        timeout: float | None = None,
+        key: Hashable | None = None,
+        owner: Hashable | None = None,
+    ) -> T:
+        """Run ``fn(*args)`` in a worker and wait; exceptions raised there are raised here.
+
+        ``timeout`` (seconds of running, not of waiting for a slot): past it the worker is killed and
+        ``WorkTimedOut`` raised. ``key`` names the task for ``cancel``. ``owner``: whose task it is, for
+        ``per_owner`` (``OwnerBusy`` at once when the owner has that many already).
+        """
+        with self._lock:
+            if owner is not None and self._per_owner is not None:
+                if self._owners.get(owner, 0) >= self._per_owner:
+                    raise OwnerBusy(f"{self._per_owner} tasks of this owner are running or waiting")
+            if owner is not None:
+                self._owners[owner] = self._owners.get(owner, 0) + 1
+        try:
+            return self._run(fn, args, timeout, key)
+        finally:
+            if owner is not None:
+                with self._lock:
+                    self._owners[owner] -= 1
+                    if not self._owners[owner]:
+                        del self._owners[owner]
+
+    def _run(self, fn: Callable[..., T], args: tuple, timeout: float | None, key: Hashable | None) -> T:
+        worker = self._free.get()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise WorkerDied("the pool is closed")
+                if worker is None or not worker.alive():
+                    if worker is not None:
+                        worker.conn.close()
+                        self._all.discard(worker)
+                    worker = _Worker()
+                    self._all.add(worker)
+                if key is not None:
+                    self._busy[key] = worker
+            return worker.call(fn, args, timeout)
+        finally:
+            with self._lock:
+                if key is not None and self._busy.get(key) is worker:
+                    del self._busy[key]
+            self._free.put(worker)
+
+    def cancel(self, key: Hashable) -> bool:
+        """Kill the worker running the task named ``key`` → whether one was running."""
+        with self._lock:
+            worker = self._busy.pop(key, None)
+            if worker is None:
+                return False
+            worker.cancelled = True
+        worker.process.kill()
+        return True
 
     def close(self) -> None:
+        """Kill every worker; tasks still running raise ``WorkerDied``."""
         with self._lock:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._closed = True
+            workers = list(self._all)
+        for worker in workers:
+            worker.process.kill()

@@ -16,9 +16,11 @@ from server.tables import Adapter, Job
 
 @dataclass(frozen=True)
 class StoredFiles:
-    """The content addresses of a result's files in the store (``server.store.ArtifactStore``)."""
+    """The content addresses of a result's files in the store (``server.store.ArtifactStore``), and the hash of
+    the B as uploaded (the store holds the replayed B)."""
 
     b_sha256: str
+    upload_b_sha256: str
     log_sha256: str
     archive_sha256: str
     archive_size: int
@@ -64,6 +66,7 @@ def add_version(
         targets=spec["targets"],
         a_seed=spec["a_seed"],
         b_sha256=files.b_sha256,
+        upload_b_sha256=files.upload_b_sha256,
         log_sha256=files.log_sha256,
         archive_sha256=files.archive_sha256,
         archive_size=files.archive_size,

@@ -30,6 +30,7 @@ _ERRORS = {
     413: "the request body is larger than this endpoint accepts",
     422: "a field is invalid: the detail names it and why",
     429: "too many requests in progress; retry after Retry-After seconds",
+    503: "the work was stopped (timed out, or its worker died); retry after Retry-After seconds",
 }
 _METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "PATCH", "TRACE"})
 FILE_RESPONSE = {
@@ -78,6 +79,11 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
 def field_error(field: str, message: str, code: int = status.HTTP_422_UNPROCESSABLE_CONTENT) -> HTTPException:
     """``{"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}`` with ``code``."""
     return HTTPException(code, [{"loc": ["body", field], "msg": message, "type": "value_error"}])
+
+
+def try_later(code: int, detail: str, retry_after_s: int) -> HTTPException:
+    """A 429 or 503 with ``Retry-After``: the same request may succeed later (the agent's retries honour it)."""
+    return HTTPException(code, detail, headers={"Retry-After": str(max(1, retry_after_s))})
 
 
 def not_found(what: str, object_id: int | str) -> HTTPException:

@@ -25,11 +25,22 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
     compile_workers: int = Field(default=1, ge=1, description="processes compiling programs")
     compile_paused: bool = Field(default=False, description="accept jobs but leave them queued (fuzzing, maintenance)")
-    verify_workers: int = Field(default=1, ge=1, description="processes replaying uploaded results")
+    verify_workers: int = Field(default=2, ge=1, description="processes replaying uploaded results")
+    verify_per_user: int = Field(
+        default=1, ge=1, description="verifications one user may have running or waiting (more: 429 Retry-After)"
+    )
     max_upload_mb: float = Field(default=256.0, gt=0, description="largest result upload accepted")
     max_uploads: int = Field(default=8, ge=1, description="result uploads received and verified at once, in all")
     max_uploads_per_device: int = Field(default=2, ge=1, description="result uploads at once from one device")
-    verify_timeout_s: float = Field(default=600.0, gt=0)
+    verify_timeout_s: float = Field(
+        default=600.0, gt=0, description="a replay running longer is stopped (its worker killed); the upload gets 503"
+    )
+
+    max_active_jobs: int = Field(default=100, ge=1, description="a user's unfinished jobs (more: 429 Retry-After)")
+    max_compiles: int = Field(default=8, ge=1, description="a user's jobs queued or compiling (more: 429 Retry-After)")
+    enrollment_codes_per_hour: int = Field(
+        default=60, ge=1, description="enrollment codes a user may make per hour (more: 429 Retry-After)"
+    )
 
     @property
     def db_url(self) -> str:

@@ -7,29 +7,37 @@ Layout (everything but ``tmp/`` is written once and then only read):
   adapters/<sha256>.safetensors              uploaded LoRA-B (``b_flat``)
   logs/<sha256>.jsonl                        training logs
   archives/<sha256>.zip                      PEFT archives
-  tmp/                                       uploads and builds in progress
+  tmp/                                       uploads and builds in progress (emptied at start, under the lock)
+  server.lock                                held (flock) by the one server that runs the in-process queues
 Files are written under ``tmp/`` (or a temporary sibling), fsynced and renamed (``shared.files``), so a reader
-never sees half a file; content-addressed names make a repeated write of the same bytes a no-op.
+never sees half a file; content-addressed names make a repeated write of the same bytes a no-op. Folders are 0700
+and files 0600 whatever the umask.
 """
 
 from __future__ import annotations
 
+import fcntl
+import shutil
 import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
-from shared.files import store_by_content
+from shared.files import open_private, private_dir, store_by_content
 
 _CHUNK = 1 << 20
 
 
+class DataDirInUse(RuntimeError):
+    """Another server process holds the data directory's lock."""
+
+
 class ArtifactStore:
-    """Paths of the store's files; creates its directories."""
+    """Paths of the store's files; creates its directories, 0700 like the root (files in them are 0600)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root).resolve()
+        self.root = private_dir(Path(root).resolve())
         for sub in ("programs", "blobs", "adapters", "logs", "archives", "tmp"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            private_dir(self.root / sub)
 
     @property
     def programs_dir(self) -> Path:
@@ -38,6 +46,29 @@ class ArtifactStore:
     @property
     def blobs_dir(self) -> Path:
         return self.root / "blobs"
+
+    def lock(self) -> TextIO:
+        """Take ``server.lock`` (an exclusive ``flock``, released when the process ends, however it ends) →
+        the open lock file, to keep open while serving; ``DataDirInUse`` if another process holds it."""
+        handle = open_private(self.root / "server.lock", "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            lock = self.root / "server.lock"
+            raise DataDirInUse(f"another mobizo server is using {self.root} (it holds {lock})") from None
+        return handle
+
+    def clean_tmp(self) -> int:
+        """Remove what a previous run left in ``tmp/`` and half-built programs → how many entries; only safe
+        while holding ``lock``."""
+        stale = [*(self.root / "tmp").iterdir(), *self.programs_dir.glob(".tmp-*")]
+        for path in stale:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return len(stale)
 
     def program(self, key: str) -> Path:
         return self.programs_dir / key / "program.pte"
@@ -66,7 +97,7 @@ class ArtifactStore:
     def spool(self, source: BinaryIO, limit: int, path: Path) -> bool:
         """Copy ``source`` to ``path``; False (and nothing kept) when it is larger than ``limit`` bytes."""
         size = 0
-        with open(path, "wb") as out:
+        with open_private(path) as out:
             while chunk := source.read(_CHUNK):
                 size += len(chunk)
                 if size > limit:

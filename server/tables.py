@@ -134,7 +134,8 @@ class Adapter(Base):
     alpha: Mapped[float] = mapped_column(Float)
     targets: Mapped[list[str]]
     a_seed: Mapped[int]
-    b_sha256: Mapped[str] = mapped_column(String(64))
+    b_sha256: Mapped[str] = mapped_column(String(64))  # the stored B: the replay of the log
+    upload_b_sha256: Mapped[str] = mapped_column(String(64))  # the B the device uploaded: finds a repeated upload
     log_sha256: Mapped[str] = mapped_column(String(64))
     archive_sha256: Mapped[str] = mapped_column(String(64))
     archive_size: Mapped[int] = mapped_column(BigInteger)

@@ -1,10 +1,13 @@
 """Checking an uploaded result, the one home of what a valid result is: then packaging it as a PEFT archive.
 
 In the request (cheap, no torch; bad tensors are rejected before a worker is asked to replay): the size limits
-(``b_limit``, ``log_limit``, ``METRICS_LIMIT``), B's safetensors layout and values (``check_b``) and the metrics
-(``parse_metrics``). In a worker process (``server.pool.WorkerPool``; torch is imported inside the functions):
-the log's checks against the job, the replay of the log from the starting B, and the archive
-(``verify_and_package``). Arguments and results of the worker side are plain data, so they pickle.
+(``b_limit``, ``log_limit``, ``METRICS_LIMIT``), the B file's layout and values (``check_b``), the log's line
+count against the job's steps (``check_step_count``) and the metrics (``parse_metrics``, ``UploadMetrics``). In a
+worker process (``server.pool.WorkerPool``; torch is imported inside the functions): the log's checks against the
+job, the replay of the log from the starting B (bit for bit, except for devices running eager torch:
+``exact_replay``), and the archive of the *replayed* B (``verify_and_package``): the registry stores the replay,
+so stored B == replay(stored log) for every adapter. Arguments and results of the worker side are plain data, so
+they pickle.
 
 Rejections raise ``ResultRejected(field, message)``: picklable, so a worker can raise it too, and turned into a
 422 naming the part by the route.
@@ -18,17 +21,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
-from shared.b_file import read_b_file
+from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import DataError
 from shared.manifest import ProgramManifest
-from shared.schemas import JobSpec
+from shared.schemas import JobSpec, UploadMetrics
 
 METRICS_LIMIT = 1 << 20
 _LOG_LINE_BYTES = 512  # step, seed, lr, eps and punctuation, generously
 _FLOAT_BYTES = 32  # one float written with repr() and a separator
 REPLAY_RTOL = 1e-4
 REPLAY_ATOL = 1e-6
+G_RTOL = 1e-5  # g against (l+ - l-) / (2 eps): float32 rounding of the logged losses, with room to spare
+MAX_LOSS = 1e4  # a mean cross-entropy in nats; the log's losses must lie in [0, MAX_LOSS]
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
@@ -67,24 +73,55 @@ def check_b(path: Path, d: int) -> None:
         raise ResultRejected("b_flat", str(exc)) from None
 
 
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_metrics(data: bytes) -> dict[str, Any]:
+    """The metrics part as ``UploadMetrics`` validates it, in the form stored (unknown keys dropped, JSON-safe)."""
     try:
-        metrics = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultRejected("metrics", f"not JSON ({exc})") from None
-    if not isinstance(metrics, dict):
+        raw = json.loads(data, parse_constant=_no_constants)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise ResultRejected("metrics", f"not JSON ({str(exc)[:200]})") from None
+    if not isinstance(raw, dict):
         raise ResultRejected("metrics", "must be a JSON object")
-    return metrics
+    try:
+        metrics = UploadMetrics.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ResultRejected("metrics", f"{where}: {first['msg']} ({exc.error_count()} errors)") from None
+    return metrics.model_dump(mode="json", exclude_unset=True)
 
 
 def replay_tolerance(max_abs_b: float) -> float:
-    """Largest accepted max |uploaded B - replayed B|: 1e-4 of max|B| plus 1e-6.
+    """Largest accepted max |uploaded B - replayed B| from a device running eager torch: 1e-4 of max|B| plus 1e-6.
 
     The ExecuTorch program and the replay agree bit for bit (the noise is integer arithmetic and the update is
-    the same float32 expression); the slack covers devices running the step in eager torch, whose kernels may
-    round a few ulps differently, while a forged or wrong B is off by far more.
+    the same float32 expression), so ExecuTorch devices get no slack at all; eager torch on other hardware may
+    round a few ulps differently, while a forged or wrong B is off by far more. Either way the server stores the
+    replayed B, so the registry always holds what the stored log gives.
     """
     return REPLAY_RTOL * max_abs_b + REPLAY_ATOL
+
+
+def exact_replay(device_backend: str) -> bool:
+    """Whether a device's B must equal the replay bit for bit: all but eager torch (which may run anywhere)."""
+    return device_backend != "torch"
+
+
+def count_log_lines(path: Path) -> int:
+    """Non-blank lines of the spooled log, counted without parsing: the cheap step check before any worker."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def check_step_count(log_path: Path, spec: JobSpec) -> None:
+    """No more log lines than the job has steps, before a worker parses or replays anything (a shorter log is
+    refused by the worker's parse, which says what is wrong with it)."""
+    lines = count_log_lines(log_path)
+    if lines > spec.steps:
+        raise ResultRejected("log", f"{lines} steps logged, the job has {spec.steps}")
 
 
 def _load_b(path: str | None, d: int):
@@ -94,23 +131,41 @@ def _load_b(path: str | None, d: int):
     return torch.zeros(d, dtype=torch.float32) if path is None else torch.from_numpy(read_b_file(Path(path), d))
 
 
-def _check_record(rec: dict, spec: dict[str, Any]) -> None:
+def _check_g(rec: dict, eps: float, where: str) -> None:
+    """Each g_i is what its two losses say, (l+ - l-) / (2 eps) in float32 (``shared.zo.projected_gradients``),
+    within float32 rounding of the losses: this bounds |g| by the losses, so a log cannot push B arbitrarily far."""
+    losses = np.asarray(rec["losses"], dtype=np.float32)
+    g = np.asarray(rec["g"], dtype=np.float64)
+    expected = (losses[0::2] - losses[1::2]) / (np.float32(eps) * np.float32(2))
+    scale = (np.abs(losses[0::2]) + np.abs(losses[1::2])).astype(np.float64) / (2 * eps)
+    if not (np.abs(g - expected) <= G_RTOL * scale).all():
+        raise ResultRejected("log", f"{where}: g does not follow from the losses, (l+ - l-) / (2 eps)")
+
+
+def _check_record(rec: dict, index: int, spec: dict[str, Any]) -> None:
     from shared.noise import step_seed
 
-    where = f"step {rec['step']}"
+    where = f"step {index}"
+    if type(rec["step"]) is not int or rec["step"] != index:
+        raise ResultRejected("log", f"line {index + 1}: step {rec['step']!r}, expected {index} (steps count from 0)")
+    if type(rec["seed"]) is not int:
+        raise ResultRejected("log", f"{where}: seed {rec['seed']!r} is not an integer")
     for key in ("lr", "eps"):
         if np.float32(rec[key]) != np.float32(spec[key]):
             raise ResultRejected("log", f"{where}: {key} {rec[key]!r} is not the job's {spec[key]}")
     if len(rec["g"]) != spec["q"] or len(rec["losses"]) != 2 * spec["q"]:
         raise ResultRejected("log", f"{where}: needs q={spec['q']} values of g and {2 * spec['q']} losses")
-    if not np.isfinite(np.asarray(rec["losses"], dtype=np.float64)).all():
-        raise ResultRejected("log", f"{where}: a loss is not finite")
+    losses = np.asarray(rec["losses"], dtype=np.float64)
+    if not (np.isfinite(losses).all() and (losses >= 0).all() and (losses <= MAX_LOSS).all()):
+        raise ResultRejected("log", f"{where}: a loss is not a finite number in [0, {MAX_LOSS:g}]")
+    _check_g(rec, spec["eps"], where)
     if rec["seed"] != step_seed(spec["seed"], rec["step"]):
         raise ResultRejected("log", f"{where}: seed {rec['seed']} is not the job's seed for this step")
 
 
 def read_checked_log(log_path: str, spec: dict[str, Any]) -> list[dict]:
-    """The log's records (``shared.train_log.parse_log``), checked against the job: steps, lr, eps, q, seeds."""
+    """The log's records (``shared.train_log.parse_log``), checked against the job: steps 0, 1, … steps-1, integer
+    seeds of the job, its lr and eps, q values of g that follow from their losses."""
     from shared.train_log import parse_log
 
     try:
@@ -119,22 +174,31 @@ def read_checked_log(log_path: str, spec: dict[str, Any]) -> list[dict]:
         raise ResultRejected("log", str(exc)) from None
     if len(log) != spec["steps"]:
         raise ResultRejected("log", f"{len(log)} steps logged, the job has {spec['steps']}")
-    for rec in log:
-        _check_record(rec, spec)
+    for index, rec in enumerate(log):
+        _check_record(rec, index, spec)
     return log
 
 
-def _check_replay(init_path: str | None, b_path: str, log: list[dict], d: int) -> dict[str, float]:
+def _replayed_b(init_path: str | None, b_path: str, log: list[dict], d: int, exact: bool, out: Path) -> dict:
+    """Replay the log, compare with the upload (bit for bit when ``exact``) and save the replay as ``out``."""
+    import torch
+
     from shared.replay import replay
 
     uploaded = _load_b(b_path, d)
     replayed = replay(_load_b(init_path, d), log)
     diff = float((replayed - uploaded).abs().max())
-    tolerance = replay_tolerance(float(uploaded.abs().max()))
-    if not diff <= tolerance:
-        raise ResultRejected(
-            "b_flat", f"does not match the replay of the log: max |diff| {diff:.3g} > tolerance {tolerance:.3g}"
-        )
+    if exact:
+        if not torch.equal(replayed.view(torch.int32), uploaded.view(torch.int32)):
+            raise ResultRejected("b_flat", f"does not match the replay of the log bit for bit (max |diff| {diff:.3g})")
+        tolerance = 0.0
+    else:
+        tolerance = replay_tolerance(float(uploaded.abs().max()))
+        if not diff <= tolerance:
+            raise ResultRejected(
+                "b_flat", f"does not match the replay of the log: max |diff| {diff:.3g} > tolerance {tolerance:.3g}"
+            )
+    out.write_bytes(b_file_bytes(replayed.numpy()))
     return {"replay_max_abs_diff": diff, "replay_tolerance": tolerance}
 
 
@@ -148,7 +212,7 @@ def _zip_dir(src: Path, archive: Path) -> None:
 
 
 def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:
-    """Write the PEFT archive (A regenerated from the seed, B from the upload) → path of the zip."""
+    """Write the PEFT archive (A regenerated from the seed, B from ``b_path``) → path of the zip."""
     from shared.adapter import save_program_adapter
 
     adapter_dir = Path(out_dir) / "adapter"
@@ -160,11 +224,14 @@ def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:
 
 
 def verify_and_package(job: dict[str, Any], b_path: str, log_path: str, init_path: str | None, out_dir: str) -> dict:
-    """Check the log, replay it from the starting B and compare with the upload; then build the PEFT archive.
+    """Check the log, replay it from the starting B and compare with the upload; save the replayed B (the one
+    stored) and build the PEFT archive from it → ``{"b_flat": path, "archive": path, **checks}``.
 
-    ``job`` holds ``spec`` (JobSpec as JSON), ``manifest``, ``d`` and ``base_model``. Raises ``ResultRejected``
-    for a log that is malformed, does not belong to the job, or does not reproduce the uploaded B.
+    ``job`` holds ``spec`` (JobSpec as JSON), ``manifest``, ``d``, ``base_model`` and ``exact`` (bit-for-bit
+    replay required, ``exact_replay``). Raises ``ResultRejected`` for a log that is malformed, does not belong to
+    the job, or does not reproduce the uploaded B.
     """
     log = read_checked_log(log_path, job["spec"])
-    checks = _check_replay(init_path, b_path, log, job["d"])
-    return {"archive": package_adapter(job, b_path, out_dir), **checks}
+    stored_b = Path(out_dir) / "replayed_b_flat"
+    checks = _replayed_b(init_path, b_path, log, job["d"], job["exact"], stored_b)
+    return {"b_flat": str(stored_b), "archive": package_adapter(job, str(stored_b), out_dir), **checks}

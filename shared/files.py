@@ -1,4 +1,11 @@
-"""Writing files and folders so that nothing is ever half-written, and naming files by content."""
+"""Writing files and folders so that nothing is ever half-written, and naming files by content; private whatever
+the umask.
+
+Files written here are 0600 and the folders created for them 0700 unless the caller asks otherwise: they hold
+private data (a device's tokenized examples and training log, the server's adapters and logs) and the umask of
+whoever started the process (often 022) must not make them readable by every local user. ``atomic_dir`` makes
+folders for people (a downloaded adapter), so it follows the umask.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +27,36 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+
+
+def make_dirs(path: Path) -> Path:
+    """``path`` and its missing parents, each created 0700 (``mkdir``'s mode is masked by the umask, so set after).
+    Folders that exist are left as they are: a caller owning one (a data dir) makes it private itself."""
+    path = Path(path)
+    missing = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+        os.chmod(folder, PRIVATE_DIR)
+    return path
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created (``make_dirs``) or made 0700 if it existed."""
+    os.chmod(make_dirs(path), PRIVATE_DIR)
+    return path
+
+
+def open_private(path: Path, mode: str = "wb", **kwargs):
+    """``open(path, mode)``, a file it creates being 0600 from its first byte."""
+    return open(path, mode, opener=lambda name, flags: os.open(name, flags, PRIVATE_FILE), **kwargs)
+
+
 def default_mode(directory: bool = False) -> int:
     """The mode ``open``/``mkdir`` would give under the current umask (mkstemp/mkdtemp give 0600/0700)."""
     umask = os.umask(0)
@@ -30,14 +67,14 @@ def default_mode(directory: bool = False) -> int:
 def atomic_write(path: Path, write: Callable[[BinaryIO], None], mode: int | None = None) -> Path:
     """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
 
-    The file gets ``mode`` (default: what the umask gives) before any byte is written, so a secret written
-    with mode 0600 is never readable by others, not even for a moment.
+    The file gets ``mode`` (default 0600, whatever the umask) before any byte is written, so it is never readable
+    by others, not even for a moment; missing folders are created 0700.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, default_mode() if mode is None else mode)
+        os.fchmod(fd, PRIVATE_FILE if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -100,13 +137,15 @@ def _fsync_tree(root: Path) -> None:
 
 
 def store_by_content(src: Path, store: Path, prefix: str, suffix: str) -> tuple[Path, str]:
-    """Rename ``src`` (on the same file system) to ``store/{prefix}{sha256}{suffix}``, or drop it if that exists."""
+    """Rename ``src`` (on the same file system) to ``store/{prefix}{sha256}{suffix}`` (made 0600), or drop it if
+    that exists."""
     digest = sha256_file(src)
     dst = Path(store) / f"{prefix}{digest}{suffix}"
     if dst.exists():
         Path(src).unlink()
     else:
         with open(src, "rb") as f:
+            os.fchmod(f.fileno(), PRIVATE_FILE)
             os.fsync(f.fileno())
         os.replace(src, dst)
     return dst, digest

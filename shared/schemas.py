@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,6 +35,8 @@ Method = Literal["mobizo"]
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _MAX_SEED = 2**31 - 1
 MAX_DB_INT = 2**31 - 1  # the largest value of an INTEGER column (PostgreSQL): ids, memory_mb, steps
+_MAX_INT64 = 2**63 - 1
+MAX_LABELS = 256  # a verbalizer's labels: each is scored on every evaluation example
 
 
 class _Strict(BaseModel):
@@ -127,7 +129,12 @@ class TaskSpec(BaseModel):
 
     task: str | None = Field(default=None, min_length=1, max_length=64, description="a task name (sst2, rte, lm, …)")
     template: str | None = Field(default=None, min_length=1, max_length=4096, examples=["{text} It was"])
-    verbalizer: dict[str, str] | None = Field(default=None, examples=[{"0": " terrible", "1": " great"}])
+    verbalizer: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] | None = Field(
+        default=None,
+        max_length=MAX_LABELS,
+        examples=[{"0": " terrible", "1": " great"}],
+        description=f"label → answer text; at most {MAX_LABELS} labels",
+    )
 
     @model_validator(mode="after")
     def _known_task(self) -> TaskSpec:
@@ -285,6 +292,58 @@ class JobFailureCreate(_Strict):
 class ResultPublic(BaseModel):
     adapter_id: int
     version: int
+
+
+_Count = Annotated[int, Field(ge=0, le=_MAX_INT64)]
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
+_Text = Annotated[str, Field(max_length=256)]
+
+
+class _Metrics(BaseModel):
+    """Unknown keys are dropped, not refused: an agent newer than the server still uploads; nested objects exist only
+    where a field declares one, so depth is bounded by the schema; NaN and Infinity are refused."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class EvalMetrics(_Metrics):
+    """One evaluation during or after training (``device_agent.evaluation``)."""
+
+    step: _Count | None = None
+    accuracy: _Finite | None = None
+    loss: _Finite | None = None
+    n: _Count | None = None
+
+
+class UploadMetrics(_Metrics):
+    """The ``metrics`` part of a result upload (``device_agent.metrics.training_metrics``), validated before it is
+    stored with the adapter; stored as sent (``exclude_unset``), less unknown keys, plus the server's ``server``."""
+
+    method: _Text | None = None
+    q: _Count | None = None
+    batch_size: _Count | None = None
+    examples_per_query: _Count | None = None
+    steps: _Count | None = None
+    losses: list[_Finite] | None = Field(default=None, max_length=1_000_000, description="per step: mean path loss")
+    step_time_s: _Finite | None = None
+    train_time_s: _Finite | None = None
+    peak_rss_mb: _Finite | None = None
+    eval: list[EvalMetrics] | None = Field(default=None, max_length=10_000)
+    seq_len: _Count | None = None
+    answer_len: _Count | None = None
+    rank: _Count | None = None
+    alpha: _Finite | None = None
+    targets: list[_Text] | None = Field(default=None, max_length=64)
+    a_seed: _Count | None = None
+    program_sha256: _Text | None = None
+    seed: _Count | None = None
+    lr: _Finite | None = None
+    eps: _Finite | None = None
+    task: _Text | None = None
+    backend: _Text | None = None
+    job_id: _Count | None = None
+    log_sha256: _Text | None = None
+    n_train: _Count | None = None
 
 
 # --- adapters, health ---------------------------------------------------------------------------------------------

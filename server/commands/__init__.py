@@ -2,7 +2,8 @@
 
 The client commands share their connection options: ``--server`` (env ``MOBIZO_SERVER``, default
 ``http://127.0.0.1:8000``) and ``--token`` (env ``MOBIZO_TOKEN``: a user's API key; ``MOBIZO_ADMIN_TOKEN`` for
-admin commands).
+admin commands) or ``--token-file FILE`` (the token on its first line): a token given as ``--token`` is visible
+to every local user in the process list, so the environment or a 0600 file is the way to pass it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -23,18 +25,34 @@ def add_connection_args(parser: argparse.ArgumentParser, admin: bool = False) ->
         default=os.environ.get("MOBIZO_SERVER", DEFAULT_SERVER),
         help=f"server URL (env MOBIZO_SERVER, default {DEFAULT_SERVER})",
     )
-    parser.add_argument(
-        "--token", default=os.environ.get(env), help=f"{'admin token' if admin else 'your API key'} (env {env})"
+    what = "admin token" if admin else "your API key"
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token", default=os.environ.get(env), help=f"{what} (env {env}; visible to others in the process list)"
     )
+    token.add_argument("--token-file", type=Path, help=f"a file whose first line is the {what}")
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    from shared.errors import UsageError
+
+    if args.token_file is None:
+        return args.token
+    try:
+        lines = args.token_file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError("--token-file", f"cannot read {args.token_file} ({exc})") from None
+    return lines[0].strip() if lines else None
 
 
 def client_from_args(args: argparse.Namespace):
     from server.client import ServerClient
     from shared.errors import UsageError
 
-    if not args.token:
-        raise UsageError("--token", "required (or set the environment variable shown in --help)")
-    return ServerClient(args.server, args.token)
+    token = _token(args)
+    if not token:
+        raise UsageError("--token", "required (or --token-file, or the environment variable shown in --help)")
+    return ServerClient(args.server, token)
 
 
 def print_json(data: Any) -> None:

@@ -1,4 +1,5 @@
-"""``POST /v1/enrollment-codes`` (user): a one-time, expiring code that enrolls one device for this user."""
+"""``POST /v1/enrollment-codes`` (user): a one-time, expiring code that enrolls one device for this user; at most
+``enrollment_codes_per_hour`` per user (``server.quotas``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from datetime import timedelta
 
 from fastapi import status
 
-from server.deps import CurrentUser, SessionDep
+from server import quotas
+from server.deps import CurrentUser, SessionDep, SettingsDep
 from server.responses import errors
 from server.router import Router
 from server.security import hash_secret, new_enrollment_code
@@ -20,11 +22,12 @@ router = Router(prefix="/v1/enrollment-codes", tags=["devices"])
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=EnrollmentCodePublic,
-    responses=errors(400, 401, 403, 413, 422),
+    responses=errors(400, 401, 403, 413, 422, 429, e429="too many codes made in the last hour (Retry-After)"),
 )
 def create_code(
-    user: CurrentUser, session: SessionDep, body: EnrollmentCodeCreate | None = None
+    user: CurrentUser, session: SessionDep, settings: SettingsDep, body: EnrollmentCodeCreate | None = None
 ) -> EnrollmentCodePublic:
+    quotas.check_code_quota(session, user.id, settings)
     body = body or EnrollmentCodeCreate()
     code = new_enrollment_code()
     expires_at = utcnow() + timedelta(seconds=body.ttl_s)

@@ -6,8 +6,8 @@ from fastapi import HTTPException, Query, status
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server import jobstate, registry
-from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep
+from server import jobstate, quotas, registry
+from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep
 from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.tables import Adapter, Device, Job, Model, User
@@ -86,10 +86,21 @@ def _check_answer_len(body: JobCreate) -> None:
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobPublic,
     responses=errors(
-        400, 401, 403, 404, 413, 422, e404="device_id or init_adapter_id names no device or adapter of yours"
+        400,
+        401,
+        403,
+        404,
+        413,
+        422,
+        429,
+        e404="device_id or init_adapter_id names no device or adapter of yours",
+        e429="too many unfinished or compiling jobs (Retry-After)",
     ),
 )
-def submit(body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep) -> JobPublic:
+def submit(
+    body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep, settings: SettingsDep
+) -> JobPublic:
+    quotas.check_job_quota(session, user.id, settings)
     model = _check_model(session, body)
     _check_device(session, user, body)
     _check_init_adapter(session, user, model, body)
@@ -143,8 +154,9 @@ def show(job_id: ObjectId, user: CurrentUser, session: SessionDep) -> JobPublic:
     response_model=JobPublic,
     responses=errors(401, 403, 404, 409, 413, 422, e409="the job already finished"),
 )
-def cancel(job_id: ObjectId, user: CurrentUser, session: SessionDep) -> JobPublic:
+def cancel(job_id: ObjectId, user: CurrentUser, session: SessionDep, queue: QueueDep) -> JobPublic:
     job = user_job(session, user.id, job_id)
     if not jobstate.cancel(session, job):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {job.status}")
+    queue.cancel(job_id)  # a running export stops now instead of finishing for nothing
     return _show(session, job)

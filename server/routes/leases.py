@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from server import jobstate
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep
-from server.responses import errors
+from server.responses import errors, field_error
 from server.router import Router
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Program, utcnow
@@ -73,7 +73,17 @@ def lease(
     "/v1/jobs/{job_id}/heartbeat",
     response_model=HeartbeatPublic,
     tags=["leases"],
-    responses=errors(400, 401, 403, 404, 409, 413, 422, e409="this device does not hold the lease"),
+    responses=errors(
+        400,
+        401,
+        403,
+        404,
+        409,
+        413,
+        422,
+        e409="this device does not hold the lease",
+        e422="malformed, or progress beyond the job's steps",
+    ),
 )
 def heartbeat(
     job: DeviceJob, body: HeartbeatCreate, device: CurrentDevice, session: SessionDep, settings: SettingsDep
@@ -81,9 +91,14 @@ def heartbeat(
     if job.status == "cancelled" and job.leased_device_id == device.id:
         session.commit()  # last_seen_at
         return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
+    lost = HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device does not hold its lease (expired?)")
+    if job.status != "running" or job.leased_device_id != device.id:
+        raise lost  # the lease before the body's content; the update below checks it again, atomically
+    if body.step > job.spec["steps"]:
+        raise field_error("step", f"progress {body.step} is beyond the job's {job.spec['steps']} steps")
     expires = jobstate.heartbeat(session, job, device, settings.lease_s, body.model_dump())
     if expires is None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device does not hold its lease (expired?)")
+        raise lost
     return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
 
 

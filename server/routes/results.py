@@ -4,10 +4,12 @@ Multipart parts (``shared.schemas.RESULT_PARTS``): ``b_flat`` (safetensors, one 
 ``log`` (JSON Lines, one record per step), ``metrics`` (a JSON object). Checked in order: the token (401/403),
 the job and the device's lease (404/409), before a byte of the body is read; then, holding one of the upload slots
 (429 when none is free), the sizes (413) while the parts are spooled to a private temporary directory, B's name,
-dtype, shape and finiteness, the log's structure (422), then a worker replays the log from the starting B and
-compares (422 if it does not reproduce B). Only then are B, the log and the PEFT archive published (temporary
-name, fsync, rename) and the adapter recorded, in the same transaction that marks the job succeeded. The same
-upload again answers 200 with the same adapter; a different one after success is 409.
+dtype, shape and finiteness, the log's structure and its line count against the job's steps (422), then a worker
+replays the log from the starting B and compares (422 if it does not reproduce B: bit for bit, or within
+``replay_tolerance`` for devices running eager torch). Only then are the *replayed* B, the log and the PEFT
+archive published (temporary name, fsync, rename) and the adapter recorded, in the same transaction that marks the
+job succeeded. The same upload again (the same uploaded bytes) answers 200 with the same adapter; a different one
+after success is 409.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from starlette.datastructures import FormData, UploadFile
 
 from server import jobstate, registry
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, UploadSlotsDep, VerifyPoolDep
-from server.pool import WorkerPool
-from server.responses import errors, field_error
+from server.pool import OwnerBusy, WorkerDied, WorkerPool, WorkTimedOut
+from server.responses import errors, field_error, try_later
 from server.router import Router
+from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program
 from server.verify import (
@@ -37,6 +40,8 @@ from server.verify import (
     b_limit,
     b_size,
     check_b,
+    check_step_count,
+    exact_replay,
     log_limit,
     parse_metrics,
     verify_and_package,
@@ -79,14 +84,15 @@ class Upload:
     metrics: dict[str, Any]
 
 
-def _context(session: Session, job: Job) -> dict[str, Any]:
-    """What checking and packaging need to know about the job (plain data, for the worker)."""
+def _context(session: Session, job: Job, device: Device) -> dict[str, Any]:
+    """What checking and packaging need to know about the job and the device (plain data, for the worker)."""
     program = session.get_one(Program, job.program_id)
     return {
         "spec": jobstate.device_spec(job).model_dump(mode="json"),
         "manifest": program.manifest,
         "d": b_size(program.manifest),
         "base_model": session.get_one(Model, job.model_id).name,
+        "exact": exact_replay(device.backend),
     }
 
 
@@ -110,6 +116,7 @@ def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: tuple[UploadFile
     metrics_path = _spool(store, tmp, parts[2], METRICS_LIMIT, "metrics")
     try:
         check_b(b_path, ctx["d"])
+        check_step_count(log_path, spec)
         metrics = parse_metrics(metrics_path.read_bytes())
     except ResultRejected as exc:
         raise field_error(exc.field, exc.message) from None
@@ -117,18 +124,18 @@ def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: tuple[UploadFile
 
 
 def _repeat(session: Session, job: Job, upload: Upload) -> ResultPublic | None:
-    """The stored result if this upload repeats it; 409 if the job holds a different one."""
+    """The stored result if this upload repeats it (the same uploaded bytes); 409 if the job holds a different one."""
     adapter = registry.job_adapter(session, job.id)
     if adapter is None:
         return None
-    if (adapter.b_sha256, adapter.log_sha256) != (upload.b_sha256, upload.log_sha256):
+    if (adapter.upload_b_sha256, adapter.log_sha256) != (upload.b_sha256, upload.log_sha256):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} already has a different result")
     return ResultPublic(adapter_id=adapter.id, version=adapter.version)
 
 
-def _publish(store: ArtifactStore, upload: Upload, archive: Path) -> None:
-    """Content-addressed, so the same bytes stored before are simply kept."""
-    store.keep(upload.b_path, "adapters", ".safetensors")
+def _publish(store: ArtifactStore, upload: Upload, replayed_b: Path, archive: Path) -> None:
+    """Content-addressed, so the same bytes stored before are simply kept. The B stored is the replayed one."""
+    store.keep(replayed_b, "adapters", ".safetensors")
     store.keep(upload.log_path, "logs", ".jsonl")
     store.keep(archive, "archives", ".zip")
 
@@ -138,14 +145,15 @@ def _record(
 ) -> ResultPublic:
     """running → succeeded and the new adapter version, in one transaction; files published before commit."""
     archive, archive_sha, archive_size = outcome["archive"]
+    replayed_b, replayed_b_sha = outcome["b_flat"]
     spec = ctx["spec"]
     if not jobstate.succeed(session, job, device, spec["steps"]):
         session.rollback()
         session.refresh(job)
         return _repeat(session, job, upload) or _lost(job)
-    files = registry.StoredFiles(upload.b_sha256, upload.log_sha256, archive_sha, archive_size)
+    files = registry.StoredFiles(replayed_b_sha, upload.b_sha256, upload.log_sha256, archive_sha, archive_size)
     adapter = registry.add_version(session, job, spec, files, {**upload.metrics, "server": outcome["checks"]})
-    _publish(store, upload, archive)
+    _publish(store, upload, replayed_b, archive)
     session.commit()
     return ResultPublic(adapter_id=adapter.id, version=adapter.version)
 
@@ -155,22 +163,35 @@ def _lost(job: Job) -> NoReturn:
     raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} {reason}")
 
 
-def _verify(pool: WorkerPool, timeout: float, ctx: dict, upload: Upload, init: Path | None, tmp: Path) -> dict:
-    """Replay and package in a worker → ``{"archive": (path, sha256, size), "checks": {...}}``."""
+def _verify(
+    pool: WorkerPool, settings: Settings, owner: int, ctx: dict, upload: Upload, init: Path | None, tmp: Path
+) -> dict:
+    """Replay and package in a worker → ``{"b_flat": (path, sha256), "archive": (path, sha256, size), "checks"}``.
+
+    At most ``verify_per_user`` verifications per user run or wait (429 past that); a replay that runs past
+    ``verify_timeout_s`` is stopped and answers 503, as does a worker that died: neither says the result is bad.
+    """
+    args = (ctx, str(upload.b_path), str(upload.log_path), init and str(init), str(tmp))
     try:
-        checks = pool.run(
-            verify_and_package,
-            ctx,
-            str(upload.b_path),
-            str(upload.log_path),
-            init and str(init),
-            str(tmp),
-            timeout=timeout,
-        )
+        checks = pool.run(verify_and_package, *args, timeout=settings.verify_timeout_s, owner=owner)
     except ResultRejected as exc:
         raise field_error(exc.field, exc.message) from None
-    archive = Path(checks.pop("archive"))
-    return {"archive": (archive, sha256_file(archive), archive.stat().st_size), "checks": checks}
+    except OwnerBusy:
+        raise try_later(
+            status.HTTP_429_TOO_MANY_REQUESTS, "this user's devices already have results being verified", 10
+        ) from None
+    except WorkTimedOut:
+        raise try_later(
+            status.HTTP_503_SERVICE_UNAVAILABLE, f"verification ran past {settings.verify_timeout_s:g} s", 60
+        ) from None
+    except WorkerDied:
+        raise try_later(status.HTTP_503_SERVICE_UNAVAILABLE, "the verification worker died; retry", 10) from None
+    b_flat, archive = Path(checks.pop("b_flat")), Path(checks.pop("archive"))
+    return {
+        "b_flat": (b_flat, sha256_file(b_flat)),
+        "archive": (archive, sha256_file(archive), archive.stat().st_size),
+        "checks": checks,
+    }
 
 
 def _admit(job: Job, device: Device) -> None:
@@ -218,10 +239,13 @@ def _close_form(form: FormData) -> None:
             413,
             422,
             429,
+            503,
             e409="the job was cancelled, its lease lost, or it holds a different result",
             e413="the body, or a part, is larger than the job allows",
             e422="a part is missing or malformed, or the log does not replay to the uploaded B",
-            e429="too many uploads in progress (from this device, or in all); retry after Retry-After seconds",
+            e429="too many uploads in progress (from this device, or in all), or this user's devices already have "
+            "results being verified; retry after Retry-After seconds",
+            e503="verification ran past its timeout or its worker died; retry after Retry-After seconds",
         ),
     },
     openapi_extra={"requestBody": RESULT_BODY},
@@ -239,7 +263,7 @@ def upload_result(
 ) -> ResultPublic:
     """Checked in order: the token, the job and its lease, the sizes, the content (nothing read before the lease)."""
     _admit(job, device)
-    ctx = _context(session, job)
+    ctx = _context(session, job, device)
     init = store.adapter_b(session.get_one(Adapter, job.init_adapter_id).b_sha256) if job.init_adapter_id else None
     session.commit()  # no transaction (and on SQLite no write lock) while receiving and replaying
     with slots.hold(device.id):
@@ -254,7 +278,7 @@ def upload_result(
             session.commit()  # again no transaction while a worker replays
             if job.status != "running" or job.leased_device_id != device.id:
                 _lost(job)
-            outcome = _verify(pool, settings.verify_timeout_s, ctx, upload, init, tmp)
+            outcome = _verify(pool, settings, device.user_id, ctx, upload, init, tmp)
             for _ in range(3):  # a concurrent result of the same (user, model, task) may take our version number
                 try:
                     return _record(session, store, job, device, ctx, upload, outcome)

@@ -56,6 +56,7 @@ class FakeCompileQueue:
         self.hold = False
         self.fail_with: str | None = None
         self.pending: list[int] = []
+        self.cancelled: list[int] = []
 
     def bind(self, sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> FakeCompileQueue:
         self.sessions, self.store = sessions, store
@@ -65,6 +66,9 @@ class FakeCompileQueue:
         self.pending.append(job_id)
         if not self.hold:
             self.run_pending()
+
+    def cancel(self, job_id: int) -> None:
+        self.cancelled.append(job_id)
 
     def recover(self) -> int:
         return 0
@@ -114,7 +118,7 @@ class FakeCompileQueue:
 class InlinePool:
     """Runs worker tasks in the test process (no spawn), as ``server.pool.WorkerPool`` would in a worker."""
 
-    def run(self, fn, *args, timeout=None):
+    def run(self, fn, *args, timeout=None, key=None, owner=None):
         return fn(*args)
 
     def close(self) -> None:
@@ -155,7 +159,7 @@ def b_flat_bytes(values: np.ndarray, name: str = "b_flat") -> bytes:
 def fake_training(
     spec: dict[str, Any], d: int, init: np.ndarray | None = None, seed: int = 1
 ) -> tuple[np.ndarray, str]:
-    """A log a device could have written (random g and losses, the job's seeds) and the B it leads to."""
+    """A log a device could have written (random losses, their g, the job's seeds) and the B it leads to."""
     import torch
 
     from shared.noise import step_seed
@@ -165,8 +169,8 @@ def fake_training(
     rng = np.random.default_rng(seed)
     lines = []
     for step in range(spec["steps"]):
-        g = rng.normal(size=spec["q"]).astype(np.float32)
         losses = rng.uniform(1, 2, size=2 * spec["q"]).astype(np.float32)
+        g = (losses[0::2] - losses[1::2]) / (np.float32(spec["eps"]) * np.float32(2))  # as the program computes it
         lines.append(log_line(log_record(step, step_seed(spec["seed"], step), spec["lr"], spec["eps"], g, losses)))
     start = torch.zeros(d) if init is None else torch.from_numpy(init)
     records = [json.loads(line) for line in lines]

@@ -1,4 +1,5 @@
-"""A real ``mobizo server`` process on a free loopback port, for end-to-end tests."""
+"""A real server on a free loopback port, for end-to-end tests: a ``mobizo server`` process (``server_process``),
+or an app built in the test served by uvicorn in a thread (``app_in_thread``), to plug in a fake compile queue."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import uvicorn
+from fastapi import FastAPI
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,3 +63,25 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log_file: Path, timeout: flo
             pass
         time.sleep(0.1)
     raise RuntimeError(f"server did not answer within {timeout} s:\n{log_file.read_text()[-3000:]}")
+
+
+@contextmanager
+def app_in_thread(app: FastAPI) -> Iterator[str]:
+    """Serve ``app`` (lifespan included) on a free loopback port from a thread; yields its URL once started."""
+    import threading
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server thread exited before starting")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from mobizo.cli import main
 from server.app import create_app
@@ -23,30 +19,21 @@ from tests.server.factories import (
     fake_training,
     make_fake_model,
 )
+from tests.server.live import app_in_thread
 
 
 @pytest.fixture
 def server_url(settings, tmp_path) -> Iterator[str]:
     app = create_app(settings, queue_factory=FakeCompileQueue().bind)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    app.state.verify_pool.close()
-    app.state.verify_pool = InlinePool()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    httpx.post(
-        f"{url}/v1/models",
-        json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))},
-        headers=bearer(ADMIN_TOKEN),
-    ).raise_for_status()
-    yield url
-    server.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with app_in_thread(app) as url:
+        app.state.verify_pool.close()
+        app.state.verify_pool = InlinePool()
+        httpx.post(
+            f"{url}/v1/models",
+            json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))},
+            headers=bearer(ADMIN_TOKEN),
+        ).raise_for_status()
+        yield url
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -156,3 +143,13 @@ def test_models_register_and_list(server_url, capsys, tmp_path):
         ADMIN_TOKEN,
     )
     assert code == 1 and "HTTP 4" in err
+
+
+def test_token_file_keeps_the_token_out_of_the_process_list(server_url, capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("MOBIZO_ADMIN_TOKEN", raising=False)
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    code, out, _ = _run(capsys, "users", "create", "carol", "--server", server_url, "--token-file", str(token_file))
+    assert code == 0 and json.loads(out)["name"] == "carol"
+    code, _, err = _run(capsys, "users", "create", "dave", "--server", server_url, "--token-file", str(tmp_path / "no"))
+    assert code == 2 and "--token-file" in err

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 
-from server.pool import WorkerDied, WorkerPool
+from server.pool import WorkCancelled, WorkerDied, WorkerPool, WorkTimedOut
 from server.verify import ResultRejected
 
 
@@ -32,6 +34,50 @@ def test_pool_runs_tasks_and_survives_a_dead_worker():
         with pytest.raises(WorkerDied):
             pool.run(_die)
         assert pool.run(_square, 3) == 9  # a fresh pool took over
+    finally:
+        pool.close()
+
+
+def _sleep(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_a_timeout_stops_the_work_and_the_next_task_runs():
+    """The timed-out task's process is killed, not left running; the slot serves the next task at once."""
+    pool = WorkerPool(1)
+    try:
+        first = pool.run(_sleep, 0)
+        start = time.monotonic()
+        with pytest.raises(WorkTimedOut):
+            pool.run(_sleep, 60, timeout=0.5)
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)  # the worker that ran past its timeout is gone
+        assert pool.run(_square, 4) == 16 and time.monotonic() - start < 30
+    finally:
+        pool.close()
+
+
+def test_cancel_kills_the_task_by_key():
+    pool = WorkerPool(2)
+    try:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                pool.run(_sleep, 60, key="job-1")
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not pool.cancel("job-1"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        thread.join(10)
+        assert [type(e) for e in errors] == [WorkCancelled]
+        assert not pool.cancel("job-1") and pool.run(_square, 5) == 25
     finally:
         pool.close()
 

@@ -1,0 +1,140 @@
+"""Issue 9 item 3: one user's slow, non-replaying uploads neither starve another user nor break the server.
+
+A real server on loopback with real verify worker processes (the compile queue is the fake one: programs are
+instant). User A uploads a long log whose B the log does not give; while it replays, A's second upload is told to
+wait (429 Retry-After), user B's small valid uploads go through, and when A's replay runs past the timeout it is
+stopped (503 Retry-After, its worker killed and replaced) and B's next upload still succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from server.app import create_app
+from server.settings import Settings
+from shared.noise import step_seed
+from shared.train_log import log_line, log_record
+from tests.server.factories import (
+    ADMIN_TOKEN,
+    FakeCompileQueue,
+    b_flat_bytes,
+    bearer,
+    fake_training,
+    make_fake_model,
+)
+from tests.server.live import app_in_thread
+
+TIMEOUT_S = 8.0
+NOISY = {"model": "tiny", "task": "sst2", "q": 1, "batch_size": 1, "steps": 30_000, "rank": 256}  # D = 6144
+SMALL = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 3, "rank": 2}
+
+
+def noisy_log(spec: dict) -> str:
+    """A well-formed log of the job (its seeds, lr, eps; g from the losses) that does not give the uploaded B."""
+    rng = np.random.default_rng(0)
+    losses = rng.uniform(1, 2, size=(spec["steps"], 2)).astype(np.float32)
+    g = (losses[:, 0] - losses[:, 1]) / (np.float32(spec["eps"]) * np.float32(2))
+    return "".join(
+        log_line(log_record(k, step_seed(spec["seed"], k), spec["lr"], spec["eps"], g[k : k + 1], losses[k]))
+        for k in range(spec["steps"])
+    )
+
+
+@pytest.fixture
+def live(tmp_path) -> Iterator[dict]:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        admin_token=ADMIN_TOKEN,
+        lease_s=600,
+        verify_workers=2,
+        verify_per_user=1,
+        verify_timeout_s=TIMEOUT_S,
+    )
+    app = create_app(settings, queue_factory=FakeCompileQueue().bind)
+    with app_in_thread(app) as url:
+        admin = httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=60)
+        admin.post("/v1/models", json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))})
+        yield {"url": url, "admin": admin, "app": app}
+
+
+def _user(live: dict, name: str, devices: int) -> dict:
+    key = live["admin"].post("/v1/users", json={"name": name}).json()["api_key"]
+    http = httpx.Client(base_url=live["url"], headers=bearer(key), timeout=60)
+    tokens = []
+    for i in range(devices):
+        code = http.post("/v1/enrollment-codes", json={}).json()["code"]
+        r = httpx.post(f"{live['url']}/v1/devices", json={"code": code, "name": f"{name}-{i}"})
+        tokens.append(httpx.Client(base_url=live["url"], headers=bearer(r.json()["token"]), timeout=120))
+    return {"http": http, "devices": tokens}
+
+
+def _lease(user: dict, device: int, spec: dict) -> dict:
+    assert user["http"].post("/v1/jobs", json=spec).status_code == 202
+    lease = user["devices"][device].post("/v1/leases")
+    assert lease.status_code == 200, lease.text
+    return lease.json()
+
+
+def _upload(device: httpx.Client, job_id: int, b: bytes, log: str) -> httpx.Response:
+    files = {"b_flat": ("b", b), "log": ("log", log.encode()), "metrics": ("m", json.dumps({"steps": 3}).encode())}
+    return device.post(f"/v1/jobs/{job_id}/result", files=files)
+
+
+def _valid_upload(user: dict) -> tuple[httpx.Response, float]:
+    lease = _lease(user, 0, SMALL)
+    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
+    start = time.perf_counter()
+    r = _upload(user["devices"][0], lease["job_id"], b_flat_bytes(b), log)
+    return r, time.perf_counter() - start
+
+
+def test_a_noisy_tenant_is_limited_stopped_and_starves_no_one(live):
+    alice, bob = _user(live, "alice", 2), _user(live, "bob", 1)
+    for _ in range(2):  # one upload per worker slot: both workers have imported torch
+        r, _ = _valid_upload(bob)
+        assert r.status_code == 201, r.text
+
+    noisy = _lease(alice, 0, NOISY)
+    noisy_b = b_flat_bytes(np.zeros(noisy["manifest"]["lora_size"], np.float32))
+    outcome: dict = {}
+
+    def upload_noisy() -> None:
+        start = time.perf_counter()
+        outcome["response"] = _upload(alice["devices"][0], noisy["job_id"], noisy_b, noisy_log(noisy["spec"]))
+        outcome["seconds"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=upload_noisy)
+    thread.start()
+    pool = live["app"].state.verify_pool
+    deadline = time.monotonic() + 30
+    while not pool._owners:  # noqa: SLF001 - wait until alice's replay holds a worker
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+
+    second = _lease(alice, 1, SMALL)
+    b, log = fake_training(second["spec"], second["manifest"]["lora_size"])
+    r = _upload(alice["devices"][1], second["job_id"], b_flat_bytes(b), log)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) > 0, r.text
+
+    r, seconds = _valid_upload(bob)
+    assert r.status_code == 201 and seconds < TIMEOUT_S / 2, (r.text, seconds)
+    assert thread.is_alive()  # bob was served while alice's replay was still running
+
+    thread.join(120)
+    r = outcome["response"]
+    assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, r.text
+    workers = [p for p in multiprocessing.active_children() if p.name == "mobizo-worker"]
+    assert len(workers) <= 2  # the stopped replay's process is gone, not left running beside its replacement
+
+    r, _ = _valid_upload(bob)
+    assert r.status_code == 201, r.text
+    r = _upload(alice["devices"][1], second["job_id"], b_flat_bytes(b), log)  # alice's turn now
+    assert r.status_code == 201, r.text
