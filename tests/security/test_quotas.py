@@ -64,9 +64,11 @@ def test_enrollment_codes_per_hour(client, alice):  # noqa: F811
 
 def test_spec_lists_are_bounded(client, alice):  # noqa: F811
     custom = {**JOB, "task": "custom", "template": "{text} It was"}
-    huge = {str(i): f" w{i}" for i in range(20_000)}
-    r = client.post("/v1/jobs", json={**custom, "verbalizer": huge}, headers=alice)
+    too_many = {str(i): f" w{i}" for i in range(300)}  # over MAX_LABELS (256), well under the 64 KB body cap
+    r = client.post("/v1/jobs", json={**custom, "verbalizer": too_many}, headers=alice)
     assert r.status_code == 422 and "verbalizer" in r.text
+    huge = {str(i): f" w{i}" for i in range(20_000)}  # the body cap refuses it before it is parsed
+    assert client.post("/v1/jobs", json={**custom, "verbalizer": huge}, headers=alice).status_code == 413
     r = client.post("/v1/jobs", json={**custom, "verbalizer": {"0": " no", "1": " y" * 500}}, headers=alice)
     assert r.status_code == 422
     r = client.post("/v1/jobs", json={**JOB, "targets": [f"t{i}" for i in range(100)]}, headers=alice)
