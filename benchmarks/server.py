@@ -7,12 +7,21 @@ export; a second with the same config measures the cache path. Then ``--jobs`` m
 ``--devices`` asyncio clients each loop: lease → ``--heartbeats`` heartbeats → next lease, until the jobs run out
 or ``--duration`` passes. Client and server share this machine's cores, so the figures are a floor.
 
+Scale-out (``--api-workers 1,2,4`` with ``--broker-url``): PostgreSQL is measured with each number of API
+processes (``mobizo server --workers N``, ``MOBIZO_QUEUE=celery``, one ``mobizo worker`` compiling), sharing one
+data dir so only the first run exports. Each run measures the closed loop above (``--devices`` clients, no think
+time: req/s, p50/p95/p99) and an open loop (``--open-devices`` simulated devices, each sending one request per
+second at fixed times whatever the answers: p50/p95/p99 measured from the scheduled time, and errors).
+
 Noisy neighbour (``--noisy-uploads N``, 0 to skip): a quiet user's device makes N small valid uploads, timed, first
 alone, then while ``--noisy-devices`` devices of another user upload well-formed 60,000-step logs whose B the log
 does not give (each costs a full replay before it is refused), over and over. The quiet user's p95 upload time
 with the noise should stay within 2x of the quiet case.
 
     python benchmarks/server.py --devices 32 --duration 15 --out runs/bench_server.json
+    python benchmarks/server.py --devices 32 --open-devices 256 --noisy-uploads 0 \
+        --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test --broker-url redis://127.0.0.1:6379/0 \
+        --api-workers 1,2,4
 """
 
 from __future__ import annotations
@@ -22,7 +31,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +48,9 @@ SPEC = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 10, "
 
 
 @contextmanager
-def running_server(db_url: str, data_dir: Path, log: Path):
+def running_server(db_url: str, data_dir: Path, log: Path, workers: int = 1, broker_url: str | None = None):
+    """A ``mobizo server`` process (``workers`` API processes); with ``broker_url``, on the Celery queue with one
+    ``mobizo worker`` beside it."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -55,14 +65,15 @@ def running_server(db_url: str, data_dir: Path, log: Path):
         "MOBIZO_MAX_COMPILES": "100000",
         "MOBIZO_ENROLLMENT_CODES_PER_HOUR": "100000",
     }
+    if broker_url:
+        env |= {"MOBIZO_QUEUE": "celery", "MOBIZO_BROKER_URL": broker_url}
+    command = [sys.executable, "-m", "mobizo", "server", "--port", str(port), "--log-level", "warning"]
+    procs = []
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mobizo", "server", "--port", str(port), "--log-level", "warning"],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        procs.append(subprocess.Popen(command + ["--workers", str(workers)], cwd=REPO, env=env, stdout=out, stderr=out))
+        if broker_url:
+            worker = [sys.executable, "-m", "mobizo", "worker", "--queues", "compile", "--log-level", "warning"]
+            procs.append(subprocess.Popen(worker, cwd=REPO, env=env, stdout=out, stderr=out))
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -75,8 +86,10 @@ def running_server(db_url: str, data_dir: Path, log: Path):
             raise SystemExit(f"server did not start; see {log}")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=60)
 
 
 @contextmanager
@@ -155,11 +168,55 @@ async def load(url: str, tokens: list[str], heartbeats: int, duration: float) ->
     total = len(lat["lease"]) + len(lat["heartbeat"])
     summary = {"requests": total, "seconds": round(elapsed, 2), "requests_per_s": round(total / elapsed, 1)}
     for kind, values in lat.items():
-        values.sort()
-        if values:
-            summary[f"{kind}_p50_ms"] = round(1000 * statistics.median(values), 1)
-            summary[f"{kind}_p95_ms"] = round(1000 * values[int(0.95 * (len(values) - 1))], 1)
-    return summary
+        summary |= percentiles(kind, values)
+    return summary | percentiles("all", lat["lease"] + lat["heartbeat"])
+
+
+def percentiles(kind: str, values: list[float]) -> dict[str, float]:
+    """p50, p95 and p99 of ``values`` (seconds) in ms, named ``<kind>_p50_ms`` …; nothing for no values."""
+    values = sorted(values)
+    if not values:
+        return {}
+    return {f"{kind}_p{q}_ms": round(1000 * values[int(q / 100 * (len(values) - 1))], 1) for q in (50, 95, 99)}
+
+
+async def open_device(
+    url: str, token: str, heartbeats: int, start: float, stop_at: float, lat: list[float], errors: list[str]
+) -> None:
+    """One request per second at fixed times (lease, then ``heartbeats`` heartbeats, then the next lease);
+    latency counts from the scheduled time, so a slow server shows as latency, not as fewer requests."""
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+        job_id, beats, due = None, 0, start
+        while due < stop_at:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            try:
+                if job_id is None:
+                    r = await http.post("/v1/leases")
+                    if r.status_code == 200:
+                        job_id, beats = r.json()["job_id"], 0
+                else:
+                    r = await http.post(f"/v1/jobs/{job_id}/heartbeat", json={"step": beats, "loss": 1.0})
+                    beats += 1
+                    if beats >= heartbeats:
+                        job_id = None
+                if r.status_code >= 300:
+                    errors.append(str(r.status_code))
+            except httpx.HTTPError as exc:
+                errors.append(type(exc).__name__)
+            lat.append(time.perf_counter() - due)
+            due += 1.0
+
+
+async def open_load(url: str, tokens: list[str], heartbeats: int, duration: float) -> dict:
+    lat: list[float] = []
+    errors: list[str] = []
+    start = time.perf_counter() + 1.0
+    phases = [start + i / len(tokens) for i in range(len(tokens))]  # spread over the first second
+    await asyncio.gather(
+        *(open_device(url, t, heartbeats, p, start + duration, lat, errors) for t, p in zip(tokens, phases))
+    )
+    summary = {"open_devices": len(tokens), "open_requests": len(lat), "open_errors": len(errors)}
+    return summary | percentiles("open", lat)
 
 
 NOISY_STEPS = 60_000
@@ -259,13 +316,26 @@ def noisy_neighbour(url: str, uploads: int, noisy_devices: int) -> dict:
     }
 
 
-def bench_one(db: str, db_url: str, args, model_dir: Path, tmp: Path) -> dict:
-    with running_server(db_url, tmp / f"data-{db}", tmp / f"server-{db}.log") as url:
-        prepared = setup(url, model_dir, args.devices, args.jobs)
-        result = asyncio.run(load(url, prepared.pop("tokens"), args.heartbeats, args.duration))
+def bench_one(
+    db: str, db_url: str, args, model_dir: Path, tmp: Path, workers: int = 1, broker_url: str | None = None
+) -> dict:
+    label = f"{db}-{workers}" if broker_url else db
+    data_dir = tmp / "data"  # one program cache for every run: only the first exports
+    cached = (data_dir / "programs").is_dir() and any((data_dir / "programs").iterdir())
+    with running_server(db_url, data_dir, tmp / f"server-{label}.log", workers, broker_url) as url:
+        n_devices = max(args.devices, args.open_devices)
+        jobs = args.jobs + (args.open_devices * int(args.duration + 2) // (args.heartbeats + 1) + 1)
+        prepared = setup(url, model_dir, n_devices, jobs)
+        if cached:  # the "new" config was compiled by an earlier run
+            prepared.pop("compile_new_s")
+        tokens = prepared.pop("tokens")
+        result = {}
+        if args.open_devices:  # first: the closed loop may use up its jobs
+            result |= asyncio.run(open_load(url, tokens[: args.open_devices], args.heartbeats, args.duration))
+        result |= asyncio.run(load(url, tokens[: args.devices], args.heartbeats, args.duration))
         if args.noisy_uploads:
             result |= noisy_neighbour(url, args.noisy_uploads, args.noisy_devices)
-    return {"db": db, "devices": args.devices, **prepared, **result}
+    return {"db": label, "api_processes": workers, "devices": args.devices, **prepared, **result}
 
 
 def main() -> None:
@@ -279,6 +349,9 @@ def main() -> None:
         default=os.environ.get("MOBIZO_TEST_DATABASE_URL"),
         help="PostgreSQL to compare with (a private schema is used and dropped)",
     )
+    parser.add_argument("--open-devices", type=int, default=0, help="devices of the open loop (0: skip it)")
+    parser.add_argument("--broker-url", help="Celery broker: PostgreSQL is then measured with --api-workers")
+    parser.add_argument("--api-workers", default="1,2,4", help="API processes to measure on PostgreSQL (comma list)")
     parser.add_argument("--noisy-uploads", type=int, default=20, help="timed uploads of the quiet user (0: skip)")
     parser.add_argument("--noisy-devices", type=int, default=4, help="devices of the noisy user")
     parser.add_argument("--model", type=Path, help="model directory (default: a fresh tiny model)")
@@ -292,7 +365,11 @@ def main() -> None:
 
             args.model = make_tiny_model(tmp / "tiny", seed=0)
         rows = [bench_one("sqlite", f"sqlite:///{tmp / 'bench.db'}", args, args.model, tmp)]
-        if args.database_url:
+        if args.database_url and args.broker_url:
+            for workers in (int(n) for n in args.api_workers.split(",")):
+                with pg_schema(args.database_url) as url:
+                    rows.append(bench_one("postgresql", url, args, args.model, tmp, workers, args.broker_url))
+        elif args.database_url:
             with pg_schema(args.database_url) as url:
                 rows.append(bench_one("postgresql", url, args, args.model, tmp))
     print_table(rows)
@@ -309,10 +386,14 @@ def print_table(rows: list[dict]) -> None:
         "compile_cached_s",
         "requests",
         "requests_per_s",
-        "lease_p50_ms",
-        "lease_p95_ms",
-        "heartbeat_p50_ms",
-        "heartbeat_p95_ms",
+        "all_p50_ms",
+        "all_p95_ms",
+        "all_p99_ms",
+        "open_devices",
+        "open_p50_ms",
+        "open_p95_ms",
+        "open_p99_ms",
+        "open_errors",
     ]
     print(" | ".join(cols))
     for row in rows:
@@ -331,8 +412,10 @@ def print_table(rows: list[dict]) -> None:
                 f"{row['noisy_upload_p95_ms']} ms beside the noise ({row['noisy_over_quiet']}x; noise answered "
                 f"{row['noise_statuses']})"
             )
-    if len(rows) > 1:
-        print(f"postgresql / sqlite throughput: {rows[1]['requests_per_s'] / base['requests_per_s']:.2f}")
+    for row in rows[1:]:
+        print(
+            f"{row['db']} / {base['db']} closed-loop throughput: {row['requests_per_s'] / base['requests_per_s']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """How much faster is the parallel MobiZO step? Per-step time and memory of every method at one q·E.
 
-Methods: ``mezo`` (full parameters), ``mezo-lora``, ``mobizo`` with each ``--parallel`` schedule, ``fo-lora``; the
-baselines use one query on the whole batch, mobizo q queries of E = batch/q examples, so all do the same work per
+Methods: ``mezo`` (full parameters), ``mezo-lora``, ``mobizo`` with each ``--parallel`` schedule, ``fo-lora``, and
+``inference``: a plain ``no_grad`` forward of the same 2q·E rows a MobiZO step runs (the base model, LoRA idle), the
+memory a step should not exceed ("training at the memory cost of inference"). The baselines use one query on the
+whole batch, mobizo q queries of E = batch/q examples, so all do the same work per
 step except for how it is grouped. They run INTERLEAVED (round-robin, after warm-up rounds) on one model, so
 machine noise hits them alike; the table gives medians and ratios to ``mezo-lora``. The steps are the training
 loop's own (``shared.train.MethodStep``), so what is timed is what trains. All share one model with LoRA injected;
@@ -14,7 +16,8 @@ Memory, measured around each step:
   ``malloc_trim(0)`` hands freed heap pages back, so that a step's buffers must show up as new resident pages
   (step = peak minus RSS before the step). This counts what the allocator keeps resident during the step too
   (e.g. mezo's freed z buffers). Linux only; elsewhere the memory columns are empty.
-The table shows the median step memory over the measured steps (robust to allocator noise) and the largest peak.
+The table shows the median step memory over the measured steps (robust to allocator noise) and the largest peak,
+each also as a ratio to ``inference``.
 
 Batches are synthetic: random tokens, exactly ``--seq-len`` long, no padding, one answer token per row. With
 ``--arch`` the model is a seeded random init of a named architecture, so nothing needs to be downloaded.
@@ -31,12 +34,14 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from shared.architectures import random_model
+from shared.backends import PARALLEL_MODES
 from shared.batch import Batch
 from shared.errors import MobizoError, UsageError
 from shared.files import atomic_write_bytes
@@ -44,9 +49,10 @@ from shared.hf_models import load_model
 from shared.lora import inject_lora
 from shared.noise import step_seed
 from shared.train import MethodStep, resolve_device
-from shared.zo import PARALLEL_MODES
+from shared.zo import forward_losses
 
 REFERENCE = "mezo-lora"
+INFERENCE = "inference"
 LR = {"mezo": 1e-6, "mezo-lora": 1e-4, "mobizo": 1e-4, "fo-lora": 1e-4}  # small: timing does not depend on them
 
 
@@ -156,11 +162,29 @@ class Entry:
     """One benchmarked method: its step, its batch, and the samples taken."""
 
     label: str
-    step: MethodStep
+    step: Callable[[Batch, int], object]  # (batch, seed): a MethodStep, or InferenceStep
     batch: Batch
     times: list[float]
     peaks: list[float]
     deltas: list[float]
+
+
+class InferenceStep:
+    """A plain forward under ``no_grad`` (the base model: the LoRA layers idle) — what serving the model costs."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, batch: Batch, seed: int) -> torch.Tensor:
+        with torch.no_grad():
+            return forward_losses(self.model, batch)
+
+
+def doubled(batch: Batch) -> Batch:
+    """The 2q·E rows of a step's paths (each row twice: the ± pair), as one inference batch."""
+    return Batch(
+        *(torch.cat([x, x]) for x in (batch.input_ids, batch.attention_mask, batch.position_ids, batch.targets))
+    )
 
 
 def entries(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> list[Entry]:
@@ -170,10 +194,11 @@ def entries(args: argparse.Namespace, model: torch.nn.Module, device: torch.devi
     plan = [("mezo", "mezo", 1, "both"), ("mezo-lora", "mezo-lora", 1, "both")]
     plan += [(f"mobizo-{mode}", "mobizo", args.q, mode) for mode in PARALLEL_MODES]
     plan += [("fo-lora", "fo-lora", 1, "both")]
-    return [
+    steps = [
         Entry(label, MethodStep(method, model, lora, q, mode, LR[method], 1e-2), batch, [], [], [])
         for label, method, q, mode in plan
     ]
+    return steps + [Entry(INFERENCE, InferenceStep(model), doubled(batch), [], [], [])]
 
 
 def measure(items: list[Entry], rounds: int, warmup: int, probe, device: torch.device, seed: int) -> None:
@@ -198,19 +223,29 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None
+
+
 def summarize(items: list[Entry]) -> dict[str, dict]:
-    """Medians (time; step memory, robust to allocator noise), the largest peak, and ratios to mezo-lora."""
+    """Medians (time; step memory, robust to allocator noise), the largest peak, ratios to mezo-lora and to
+    inference."""
     ref = next(i for i in items if i.label == REFERENCE)
     ref_time, ref_delta = statistics.median(ref.times), _median(ref.deltas)
+    inference = next(i for i in items if i.label == INFERENCE)
+    inf_delta, inf_peak = _median(inference.deltas), max(inference.peaks, default=None)
     out = {}
     for item in items:
         time_s, delta = statistics.median(item.times), _median(item.deltas)
+        peak = max(item.peaks, default=None)
         out[item.label] = {
             "median_s": time_s,
             "time_ratio": time_s / ref_time,
-            "peak_mb": max(item.peaks, default=None),
+            "peak_mb": peak,
             "step_mb": delta,
-            "step_mb_ratio": delta / ref_delta if delta is not None and ref_delta else None,
+            "step_mb_ratio": _ratio(delta, ref_delta),
+            "step_mb_vs_inference": _ratio(delta, inf_delta),
+            "peak_mb_vs_inference": _ratio(peak, inf_peak),
             "times_s": item.times,
         }
     return out
@@ -222,13 +257,15 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def table(results: dict[str, dict]) -> str:
     lines = [
-        f"| method | s/step (median) | time × {REFERENCE} | step memory MB | memory × {REFERENCE} | peak MB |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| method | s/step (median) | time × {REFERENCE} | step memory MB | memory × {REFERENCE} | "
+        f"memory × {INFERENCE} | peak MB | peak × {INFERENCE} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, r in results.items():
         lines.append(
             f"| {label} | {r['median_s']:.4f} | {r['time_ratio']:.2f} | {_fmt(r['step_mb'], '.1f')} | "
-            f"{_fmt(r['step_mb_ratio'], '.2f')} | {_fmt(r['peak_mb'], '.0f')} |"
+            f"{_fmt(r['step_mb_ratio'], '.2f')} | {_fmt(r['step_mb_vs_inference'], '.2f')} | "
+            f"{_fmt(r['peak_mb'], '.0f')} | {_fmt(r['peak_mb_vs_inference'], '.2f')} |"
         )
     return "\n".join(lines)
 

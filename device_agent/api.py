@@ -15,16 +15,21 @@ import httpx
 
 from shared import http_client
 from shared.http_client import checked
+from shared.manifest import InferenceConfig
 from shared.schemas import (
+    AdapterPublic,
     DeviceCreate,
     DeviceEnrolled,
     HeartbeatCreate,
     HeartbeatPublic,
+    InferenceCreate,
+    InferencePublic,
     JobFailureCreate,
     LeaseCreate,
     LeasePublic,
     ModelsPublic,
     ResultPublic,
+    RoundReportPublic,
 )
 
 USER_AGENT = "mobizo-agent"
@@ -41,35 +46,61 @@ def enroll(http: httpx.Client, body: DeviceCreate) -> DeviceEnrolled:
     return DeviceEnrolled.model_validate(checked(http.post("/v1/devices", json=body.model_dump())).json())
 
 
+def work_path(work: int | str) -> str:
+    """Where a piece of work's heartbeats and failure go: a job id → ``/v1/jobs/{id}``; a lease's ``work_path``
+    (``/v1/round-clients/{id}`` for a part in a federated round) as it is."""
+    return work if isinstance(work, str) else f"/v1/jobs/{work}"
+
+
 class DeviceAPI:
     """Calls made with a device token."""
 
     def __init__(self, http: httpx.Client) -> None:
         self.http = http
 
-    def lease(self, backend: str, memory_mb: int | None) -> LeasePublic | None:
-        """The next job that fits what this device reports now (its backend, its free memory), or None (204)."""
-        body = LeaseCreate(backend=backend, memory_mb=memory_mb).model_dump()
+    def lease(self, backend: str, memory_mb: int | None, eligible: bool | None = None) -> LeasePublic | None:
+        """The next job that fits what this device reports now (its backend, its free memory, whether its policy
+        holds: round work only then), or None (204)."""
+        body = LeaseCreate(backend=backend, memory_mb=memory_mb, eligible=eligible).model_dump()
         response = checked(self.http.post("/v1/leases", json=body))
         return None if response.status_code == 204 else LeasePublic.model_validate(response.json())
 
-    def heartbeat(self, job_id: int, body: HeartbeatCreate) -> HeartbeatPublic:
-        response = self.http.post(f"/v1/jobs/{job_id}/heartbeat", json=body.model_dump())
+    def heartbeat(self, work: int | str, body: HeartbeatCreate) -> HeartbeatPublic:
+        response = self.http.post(f"{work_path(work)}/heartbeat", json=body.model_dump())
         return HeartbeatPublic.model_validate(checked(response).json())
 
-    def upload(self, job_id: int, b_flat: bytes, log: bytes, metrics: bytes) -> ResultPublic:
-        files = {
-            "b_flat": ("b_flat.safetensors", io.BytesIO(b_flat), "application/octet-stream"),
-            "log": ("train_log.jsonl", io.BytesIO(log), "application/x-ndjson"),
-            "metrics": ("metrics.json", io.BytesIO(metrics), "application/json"),
-        }
-        return ResultPublic.model_validate(checked(self.http.post(f"/v1/jobs/{job_id}/result", files=files)).json())
+    def _post_result(self, path: str, b_flat: bytes | None, log: bytes, metrics: bytes) -> dict:
+        files = (
+            {} if b_flat is None else {"b_flat": ("b_flat.safetensors", io.BytesIO(b_flat), "application/octet-stream")}
+        )
+        files["log"] = ("train_log.jsonl", io.BytesIO(log), "application/x-ndjson")
+        files["metrics"] = ("metrics.json", io.BytesIO(metrics), "application/json")
+        return checked(self.http.post(f"{path}/result", files=files)).json()
 
-    def fail(self, job_id: int, error: str) -> None:
-        """Give up on a leased job: it fails on the server with this reason (which reaches the user)."""
-        checked(self.http.post(f"/v1/jobs/{job_id}/fail", json=JobFailureCreate(error=error[:4000]).model_dump()))
+    def upload(self, job_id: int, b_flat: bytes | None, log: bytes, metrics: bytes) -> ResultPublic:
+        """A job's result: B, the log and metrics (``b_flat`` None: the log alone, for a job with upload: log)."""
+        return ResultPublic.model_validate(self._post_result(work_path(job_id), b_flat, log, metrics))
+
+    def upload_round(self, path: str, log: bytes, metrics: bytes) -> RoundReportPublic:
+        """A part in a federated round: the log alone; the server replays it from the round's B."""
+        return RoundReportPublic.model_validate(self._post_result(path, None, log, metrics))
+
+    def fail(self, work: int | str, error: str) -> None:
+        """Give up on a leased job (it fails on the server with this reason, which reaches the user), or on a part in
+        a round (its slot goes to another device)."""
+        body = JobFailureCreate(error=error[:4000]).model_dump()
+        checked(self.http.post(f"{work_path(work)}/fail", json=body))
 
     def registered_models(self) -> set[str]:
         """Content hashes of the server's models (the torch backend checks its local copy against them)."""
         models = ModelsPublic.model_validate(checked(self.http.get("/v1/models")).json())
         return {model.sha256 for model in models.data}
+
+    def adapter(self, adapter_id: int) -> AdapterPublic:
+        """One of this device's user's adapters (model and LoRA layout; 404 for anyone else's)."""
+        return AdapterPublic.model_validate(checked(self.http.get(f"/v1/device/adapters/{adapter_id}")).json())
+
+    def inference_program(self, model: str, config: InferenceConfig) -> InferencePublic:
+        """The model's inference program for this LoRA layout; 503 + Retry-After while the server compiles it."""
+        body = InferenceCreate(model=model, config=config).model_dump(mode="json")
+        return InferencePublic.model_validate(checked(self.http.post("/v1/device/inference", json=body)).json())

@@ -12,6 +12,7 @@ import os
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from shared.backends import DEVICE_BACKENDS
 from shared.errors import MobizoError
@@ -28,6 +29,9 @@ class AgentConfig:
     token: str
     backend: str = DEFAULT_BACKEND
     name: str = ""
+    # The training policy (``device_agent.eligibility.Policy`` fields, ``sysfs_root``, ``check_s``,
+    # ``pause_limit_s``); the ``agent run`` options override it; absent: the defaults.
+    policy: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in DEVICE_BACKENDS:

@@ -32,13 +32,19 @@ class RunOptions:
 def unfinished(ctx: AgentContext) -> list[LeasePublic]:
     """Leases of the jobs left in the work folder, oldest job first."""
     leases = []
-    for path in sorted((ctx.work_dir / "jobs").glob("*/lease.json"), key=lambda p: int(p.parent.name)):
+    for path in sorted((ctx.work_dir / "jobs").glob("*/lease.json"), key=_work_order):
         try:
             leases.append(LeasePublic.model_validate_json(path.read_text()))
         except ValueError:
             ctx.reporter.event("discarded", path=str(path.parent), reason="unreadable lease")
-            ctx.job_dir(int(path.parent.name)).remove()
+            ctx.job_dir(path.parent.name).remove()
     return leases
+
+
+def _work_order(lease_file: Path) -> tuple[int, str]:
+    """Folders are named by ``LeasePublic.work_key``: the job id, then for a round part its round and client."""
+    job, _, rest = lease_file.parent.name.partition("-")
+    return (int(job) if job.isdigit() else -1, rest)
 
 
 def still_mine(ctx: AgentContext, lease: LeasePublic) -> bool:
@@ -46,16 +52,22 @@ def still_mine(ctx: AgentContext, lease: LeasePublic) -> bool:
 
     No answer (the server is down) counts as yes: training goes on and the heartbeats will tell.
     """
-    beat = Heartbeat(ctx.api, lease.job_id, 0.0, ctx.reporter.event, ctx.job_dir(lease.job_id).steps_logged())
+    jobs = ctx.job_dir(lease.work_key)
+    beat = Heartbeat(ctx.api, lease.job_id, 0.0, ctx.reporter.event, jobs.steps_logged(), lease.work_path)
     beat.beat()
     if beat.halted:  # cancelled, gone, or its lease ran out (then it is leased afresh, maybe to another device)
-        ctx.job_dir(lease.job_id).remove()
+        jobs.remove()
     return not beat.halted
 
 
 def next_lease(ctx: AgentContext) -> LeasePublic | None:
-    """A new job for this device, or None; waits out a server that is down (until the agent stops)."""
-    return call_with_retry(ctx.policy(), ctx.api.lease, ctx.backend.name, ctx.backend.free_memory_mb())
+    """A new job for this device, or None; waits out a server that is down (until the agent stops). A device whose
+    policy does not hold (not charging, too hot, …) takes no work at all."""
+    reason = ctx.eligibility.reason()
+    if reason is not None:
+        ctx.reporter.event("ineligible", reason=reason)
+        return None
+    return call_with_retry(ctx.policy(), ctx.api.lease, ctx.backend.name, ctx.backend.free_memory_mb(), True)
 
 
 def serve(ctx: AgentContext, options: RunOptions) -> ExitCode:

@@ -24,9 +24,20 @@ LOST_STATUS = frozenset({401, 403, 404, 409})  # the token, the job or the lease
 
 
 class Heartbeat:
-    def __init__(self, api: DeviceAPI, job_id: int, interval: float, warn: Callable[..., None], step: int = 0) -> None:
-        """``warn(event, **fields)`` reports what happened; ``step``: steps done before this session."""
+    def __init__(
+        self,
+        api: DeviceAPI,
+        job_id: int,
+        interval: float,
+        warn: Callable[..., None],
+        step: int = 0,
+        path: str | None = None,
+    ) -> None:
+        """``warn(event, **fields)`` reports what happened; ``step``: steps done before this session; ``path``: where
+        the heartbeats go when not to the job (a lease's ``work_path``)."""
         self.api, self.job_id, self.interval, self.warn = api, job_id, interval, warn
+        self.work: int | str = path or job_id
+        self.paused = False  # set while the device's policy keeps training paused: heartbeats say so
         self.cancelled = threading.Event()
         self.lost = threading.Event()
         self._done = threading.Event()
@@ -53,7 +64,9 @@ class Heartbeat:
         """Send one heartbeat now and act on the answer."""
         step, loss, rate = self._latest
         try:
-            answer = self.api.heartbeat(self.job_id, HeartbeatCreate(step=step, loss=loss, steps_per_s=rate))
+            answer = self.api.heartbeat(
+                self.work, HeartbeatCreate(step=step, loss=loss, steps_per_s=rate, paused=self.paused)
+            )
         except httpx.HTTPError as error:
             status = error.response.status_code if isinstance(error, httpx.HTTPStatusError) else None
             if status in LOST_STATUS:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import numpy as np
 from device_agent.api import DeviceAPI
 from device_agent.backends import Backend, StepRecord, TrainRun
 from device_agent.download import ContentCache
+from device_agent.eligibility import Eligibility, always
 from device_agent.events import Reporter
 from device_agent.heartbeat import Heartbeat
 from shared.b_file import b_file_bytes, read_b_file
@@ -50,13 +52,16 @@ class AgentContext:
     checkpoint_every: int = 50
     heartbeat_s: float = 5.0  # at most this long between heartbeats (sooner if the lease asks)
     backoff: Backoff = field(default_factory=Backoff)
+    eligibility: Eligibility = field(default_factory=always)  # the device's policy (charging, battery, …)
+    pause_limit_s: float = 1800.0  # a paused job keeps its lease this long, then gives it back
 
     @property
     def cache(self) -> ContentCache:
         return ContentCache(self.work_dir / "cache")
 
-    def job_dir(self, job_id: int) -> JobDir:
-        return JobDir(self.work_dir / "jobs" / str(job_id))
+    def job_dir(self, work_key: int | str) -> JobDir:
+        """The folder of a job (its id) or of a part in a round (``LeasePublic.work_key``)."""
+        return JobDir(self.work_dir / "jobs" / str(work_key))
 
     def policy(self) -> RetryPolicy:
         return retry_policy(self.stop, self.backoff, self.reporter)
@@ -100,7 +105,7 @@ class JobDir:
 
 def run_key(lease: LeasePublic) -> str:
     """A run's identity in checkpoints (shell-safe: the adb backend passes it on a command line)."""
-    return f"job-{lease.job_id}-{lease.program.sha256[:16]}"
+    return f"job-{lease.work_key}-{lease.program.sha256[:16]}"
 
 
 def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[TrainRun, Path]:
@@ -111,7 +116,8 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
         return cache.fetch(ctx.api.http, ref.url, ref.sha256, suffix, ref.size, policy)
 
     program, weights, tokenizer = get(lease.program, ".pte"), get(lease.weights, ".ptd"), get(lease.tokenizer, ".json")
-    init_b = None if lease.init is None else read_b_file(get(lease.init, ".safetensors"), lease.manifest.lora_size)
+    d = lease.manifest.lora_size
+    init_b = np.zeros(d, np.float32) if lease.init is None else read_b_file(get(lease.init, ".safetensors"), d)
     spec = lease.spec
     run = TrainRun(
         key=run_key(lease),
@@ -128,42 +134,69 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
     return run, tokenizer
 
 
-def initial_b(run: TrainRun) -> np.ndarray | None:
-    """B before step 0: the job's starting adapter, else the zeros a server-compiled program starts from (None for a
-    program exported with its own starting B, which only the program knows)."""
-    if run.init_b is not None:
-        return run.init_b
-    return None if run.manifest.init_b else np.zeros(run.manifest.lora_size, np.float32)
-
-
 def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path, jobs: JobDir) -> None:
     """Write every step's batch of the job from the device's data (once: a resumed job reuses them)."""
     if jobs.batches.is_file():
         return
     from device_agent.batches import write_batches
-    from device_agent.local_data import find_train_file, program_shape, step_batches
-    from shared.data import load_examples
-    from shared.tasks import get_task
+    from device_agent.local_data import program_shape, step_batches
     from shared.tokenizer_file import load_tokenizer_file
 
     spec, shape = lease.spec, program_shape(lease.manifest.config)
     if (spec.batch_size, spec.seq_len, spec.answer_len) != (shape.rows, shape.seq_len, shape.answer_len):
         raise MobizoError(f"job {lease.job_id}: its spec and its program's shape disagree")
-    task = get_task(spec.task_name, spec.template, spec.verbalizer)
-    examples = load_examples(task, find_train_file(ctx.data_dir, spec.task_key, spec.task_name))
+    _, examples, held_out = local_examples(ctx, lease)
     tokenizer = load_tokenizer_file(tokenizer_file)
     write_batches(jobs.batches, shape, step_batches(examples, tokenizer, shape, spec.seed, spec.steps))
-    ctx.reporter.event("data", job_id=lease.job_id, examples=len(examples), steps=spec.steps)
+    ctx.reporter.event("data", job_id=lease.job_id, examples=len(examples), held_out=len(held_out), steps=spec.steps)
 
 
-def train(ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, beat: Heartbeat) -> str:
+def local_examples(ctx: AgentContext, lease: LeasePublic) -> tuple:
+    """(task, training examples, held-out examples) of the job from the device's own data, rendered as the job's
+    program frames prompts (chat template or not)."""
+    from device_agent.local_data import find_train_file, split_held_out
+    from shared.data import load_examples
+    from shared.tasks import get_task, with_chat
+
+    spec = lease.spec
+    task = with_chat(get_task(spec.task_name, spec.template, spec.verbalizer), lease.manifest.config.chat)
+    examples = load_examples(task, find_train_file(ctx.data_dir, spec.task_key, spec.task_name))
+    return (task, *split_held_out(examples, spec.eval_examples))
+
+
+def evaluate_held_out(
+    ctx: AgentContext, lease: LeasePublic, run: TrainRun, tokenizer_file: Path, final_b: np.ndarray
+) -> list[dict]:
+    """Accuracy and loss on the held-out slice with the starting B (step 0) and the trained one ([] without a
+    slice). Run by the ExecuTorch runtime on this host with the job's own program, whatever backend trained."""
+    from device_agent.et_program import ProgramSession
+    from device_agent.evaluation import evaluate_program
+    from device_agent.local_data import program_shape
+    from shared.tokenizer_file import load_tokenizer_file
+
+    task, _, held_out = local_examples(ctx, lease)
+    if not held_out:
+        return []
+    session, tokenizer = ProgramSession(run.program, run.weights), load_tokenizer_file(tokenizer_file)
+    shape, start = program_shape(run.manifest.config), run.init_b
+    evals = []
+    for step, b in ((0, start), (lease.spec.steps, final_b)):
+        session.set_b(b)
+        evals.append({"step": step, **evaluate_program(session, held_out, tokenizer, shape, task.kind)})
+    ctx.reporter.event("held_out", job_id=lease.job_id, before=evals[0], after=evals[1])
+    return evals
+
+
+def train(
+    ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, beat: Heartbeat, tokenizer_file: Path
+) -> str:
     """Train from the last checkpoint; "trained" (result written), or why it stopped early."""
     from device_agent.metrics import training_metrics
     from device_agent.trainlog import LogWriter, read_complete, resume_point
     from shared.train_log import log_record
 
     ctx.backend.recover(run)
-    start, start_b = resume_point(jobs.log, jobs.checkpoint, run.key, initial_b(run))
+    start, start_b = resume_point(jobs.log, jobs.checkpoint, run.key, run.init_b)
     ctx.reporter.start_training(lease.job_id, lease.spec.steps, start)
     seconds: list[float] = []
 
@@ -174,13 +207,18 @@ def train(ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, be
         loss = sum(entry["losses"]) / len(entry["losses"])
         ctx.reporter.step(lease.job_id, record.step + 1, loss, beat.progress(record.step + 1, loss))
 
+    def should_stop() -> bool:
+        return ctx.stop.is_set() or beat.halted or not ctx.eligibility.holds()
+
     try:
         with LogWriter(jobs.log) as log:
-            outcome = ctx.backend.train(run, start, start_b, on_step, lambda: ctx.stop.is_set() or beat.halted)
+            outcome = ctx.backend.train(run, start, start_b, on_step, should_stop)
     finally:
         ctx.reporter.end_training()
     if outcome.b is None:
-        return "cancelled" if beat.cancelled.is_set() else "lost" if beat.lost.is_set() else "stopped"
+        if beat.halted or ctx.stop.is_set():
+            return "cancelled" if beat.cancelled.is_set() else "lost" if beat.lost.is_set() else "stopped"
+        return "paused"  # checkpointed after its last step; resumes bit-identically
     log_bytes = jobs.log.read_bytes()
     extra = {
         "seed": lease.spec.seed,
@@ -190,6 +228,7 @@ def train(ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, be
         "backend": ctx.backend.name,
         "job_id": lease.job_id,
         "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
+        "eval": evaluate_held_out(ctx, lease, run, tokenizer_file, outcome.b),
     }
     metrics = training_metrics(lease.manifest, read_complete(jobs.log), seconds, extra)
     atomic_write_bytes(jobs.b_flat, b_file_bytes(outcome.b))
@@ -198,16 +237,24 @@ def train(ctx: AgentContext, lease: LeasePublic, run: TrainRun, jobs: JobDir, be
 
 
 def upload(ctx: AgentContext, lease: LeasePublic, jobs: JobDir, beat: Heartbeat) -> str:
-    """Send the result, retrying until the server takes it (or the agent stops)."""
-    parts = (jobs.b_flat.read_bytes(), jobs.log.read_bytes(), jobs.metrics.read_bytes())
+    """Send the result — B, the log and metrics, or the log and metrics alone (a round's part, or a job with
+    upload: log) — retrying until the server takes it (or the agent stops)."""
+    log, metrics = jobs.log.read_bytes(), jobs.metrics.read_bytes()
+    b_flat = None if lease.round is not None or lease.spec.upload == "log" else jobs.b_flat.read_bytes()
+    sent = {"upload_bytes": len(log) + len(metrics) + len(b_flat or b""), "b_bytes": len(b_flat or b"")}
     try:
-        result = call_with_retry(ctx.policy(), ctx.api.upload, lease.job_id, *parts)
+        if lease.round is not None:
+            report = call_with_retry(ctx.policy(), ctx.api.upload_round, lease.work_path, log, metrics)
+            done = {"round": report.round, "client_id": report.client_id}
+        else:
+            result = call_with_retry(ctx.policy(), ctx.api.upload, lease.job_id, b_flat, log, metrics)
+            done = {"adapter_id": result.adapter_id, "version": result.version}
     except httpx.HTTPStatusError as error:
         if error.response.status_code != 409:
             raise
-        beat.beat()  # a 409 is a cancel or a lost lease: ask which
+        beat.beat()  # a 409 is a cancel, a lost lease or a round that closed: ask which
         return "cancelled" if beat.cancelled.is_set() else "lost"
-    ctx.reporter.event("uploaded", job_id=lease.job_id, adapter_id=result.adapter_id, version=result.version)
+    ctx.reporter.event("uploaded", job_id=lease.job_id, **done, **sent)
     return "succeeded"
 
 
@@ -218,39 +265,67 @@ def run_job(ctx: AgentContext, lease: LeasePublic) -> str:
     fails here (no local data for its task, a program that does not load, a result the server refuses) is
     reported to the server, which fails it with the reason.
     """
-    jobs = ctx.job_dir(lease.job_id)
+    jobs = ctx.job_dir(lease.work_key)
     jobs.save_lease(lease)
-    ctx.reporter.event("leased", job_id=lease.job_id, attempt=lease.attempt, steps=lease.spec.steps)
+    round_info = {} if lease.round is None else {"round": lease.round.index, "client_id": lease.round.client_id}
+    ctx.reporter.event("leased", job_id=lease.job_id, attempt=lease.attempt, steps=lease.spec.steps, **round_info)
+    interval = min(ctx.heartbeat_s, lease.heartbeat_s)
     try:
         with Heartbeat(
-            ctx.api, lease.job_id, min(ctx.heartbeat_s, lease.heartbeat_s), ctx.reporter.event, jobs.steps_logged()
+            ctx.api, lease.job_id, interval, ctx.reporter.event, jobs.steps_logged(), lease.work_path
         ) as beat:
             state = _run(ctx, lease, jobs, beat)
     except Exception as error:  # noqa: BLE001 - one job's failure (bad data, a runtime error) must not end the daemon
         state = "stopped" if ctx.stop.is_set() else "failed"
         if state == "failed":
-            report_failure(ctx, lease.job_id, f"{type(error).__name__}: {error}")
-    if state in ENDED:
+            report_failure(ctx, lease.job_id, f"{type(error).__name__}: {error}", lease.work_path)
+    if state in ENDED or (state == "released" and lease.round is not None):
         jobs.remove()
     ctx.reporter.event("job_" + state, job_id=lease.job_id)
     return state
 
 
-def report_failure(ctx: AgentContext, job_id: int, error: str) -> None:
-    """Tell the server this device gives up on the job (retried while the server is down; a refusal is moot)."""
+def report_failure(ctx: AgentContext, job_id: int, error: str, path: str | None = None) -> None:
+    """Tell the server this device gives up on the job, or on its part in a round (``path``: the lease's
+    ``work_path``); retried while the server is down; a refusal is moot."""
     ctx.reporter.event("error", job_id=job_id, error=error)
     try:
-        call_with_retry(ctx.policy(), ctx.api.fail, job_id, error)
+        call_with_retry(ctx.policy(), ctx.api.fail, path or job_id, error)
     except httpx.HTTPError as refused:  # the job was cancelled or its lease lost meanwhile: nothing to report
         ctx.reporter.event("failure_not_reported", job_id=job_id, reason=str(refused))
+
+
+def pause(ctx: AgentContext, lease: LeasePublic, beat: Heartbeat) -> str:
+    """Wait, heartbeating as ``paused``, until the policy holds again ("resume"), or the limit passes ("released": a
+    round part is given back to the server; a job's lease is left to expire), or the job or the agent ends."""
+    ctx.reporter.event("paused", job_id=lease.job_id, reason=ctx.eligibility.reason())
+    beat.paused = True
+    deadline = time.monotonic() + ctx.pause_limit_s
+    try:
+        while not (ctx.stop.is_set() or beat.halted):
+            if ctx.eligibility.holds():
+                ctx.reporter.event("resumed", job_id=lease.job_id)
+                return "resume"
+            if time.monotonic() >= deadline:
+                ctx.reporter.event("released", job_id=lease.job_id, paused_s=ctx.pause_limit_s)
+                if lease.round is not None:
+                    report_failure(ctx, lease.job_id, "paused past the device's limit", lease.work_path)
+                return "released"
+            ctx.stop.wait(min(ctx.eligibility.check_s, 1.0))
+    finally:
+        beat.paused = False
+    return "cancelled" if beat.cancelled.is_set() else "lost" if beat.lost.is_set() else "stopped"
 
 
 def _run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir, beat: Heartbeat) -> str:
     run, tokenizer_file = fetch_run(ctx, lease, jobs)
     state = "trained" if jobs.trained() else "preparing"
-    if state == "preparing":
+    while state == "preparing":
         prepare_batches(ctx, lease, tokenizer_file, jobs)
-        state = train(ctx, lease, run, jobs, beat)
+        state = train(ctx, lease, run, jobs, beat, tokenizer_file)
+        if state == "paused":
+            after = pause(ctx, lease, beat)
+            state = "preparing" if after == "resume" else after
     if state == "trained":
         state = upload(ctx, lease, jobs, beat)
     if state in ENDED:

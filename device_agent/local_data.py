@@ -40,6 +40,13 @@ def find_train_file(data_dir: Path, task_key: str, task_name: str) -> Path:
     raise DataError(f"no training data for task {task_key!r} in {data_dir} (looked for {looked})")
 
 
+def split_held_out(examples: list, wanted: int) -> tuple[list, list]:
+    """(training examples, held-out examples): the LAST ``wanted`` examples, at most a fifth of them, are kept out
+    of training to measure the adapter on data it never saw (the device's own; nothing of it is uploaded)."""
+    held = min(wanted, len(examples) // 5)
+    return (examples[: len(examples) - held], examples[len(examples) - held :]) if held else (examples, [])
+
+
 def program_shape(config: ProgramConfig) -> Shape:
     """The batches shape of a program (its manifest's ``config``): q*E rows, seq_len, answer_len."""
     return Shape(rows=config.batch_size, seq_len=config.seq_len, answer_len=config.answer_len)

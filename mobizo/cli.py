@@ -19,16 +19,20 @@ from shared.errors import ExitCode, MobizoError, UsageError
 
 COMMANDS: dict[str, str] = {
     "make-tiny-model": "shared.commands.make_tiny_model",
+    "make-random-model": "shared.commands.make_random_model",
     "train": "shared.commands.train",
     "eval": "shared.commands.eval",
+    "generate": "shared.commands.generate",
     "export": "shared.commands.export",
     "run-program": "device_agent.commands.run_program",
     "replay": "shared.commands.replay",
     "server": "server.commands.serve",
+    "worker": "server.commands.worker",
     "users": "server.commands.users",
     "enroll-code": "server.commands.enroll_code",
     "jobs": "server.commands.jobs",
     "adapters": "server.commands.adapters",
+    "cohorts": "server.commands.cohorts",
     "agent": "device_agent.commands.agent",
 }
 
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args))
     except UsageError as exc:
         args._parser.print_usage(sys.stderr)
-        print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
+        command = args._parser.prog.partition(" ")[2]  # "mobizo export" → "export"
+        print(f"{args._parser.prog}: error: {exc.message(command)}", file=sys.stderr)
         return ExitCode.USAGE
     except MobizoError as exc:
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)

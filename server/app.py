@@ -2,9 +2,12 @@
 
 On start (lifespan) it takes the data dir's lock (with the in-process compile queue: a second server on the same
 data dir refuses to start before touching any job) and empties the upload spool, migrates the database, resubmits
-jobs a previous run left queued or compiling, and starts the lease sweeper; on stop it shuts the worker pools
-down. Nothing here imports torch: compilation and replay run in worker processes (``server.compile``,
-``server.verify``).
+jobs a previous run left queued or compiling, and starts the lease sweeper; on stop it shuts the worker pools down.
+With ``MOBIZO_QUEUE=celery`` the data dir is shared with the workers and with other API processes: there is no file
+lock; migration and recovery run under the database's startup lock (``server.db.startup_lock``) and only the
+first of the processes starting together recovers, removing only spool and build entries older than a day. Every
+process runs a lease sweeper: its transitions are conditional UPDATEs, so sweeps never conflict. Nothing here
+imports torch: compilation and replay run in worker processes (``server.compile``, ``server.verify``).
 """
 
 from __future__ import annotations
@@ -13,30 +16,66 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import jobstate
+from server import federation, jobstate
+from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
-from server.db import make_engine, make_sessionmaker, migrate
+from server.db import make_engine, make_sessionmaker, migrate, startup_lock
+from server.inference_builds import InferenceBuilds
 from server.limits import BodyLimits, UploadSlots
 from server.pool import WorkerPool
 from server.responses import http_error, validation_error
-from server.routes import adapters, devices, enrollment, health, jobs, leases, models, programs, results, users
+from server.routes import (
+    adapters,
+    cohorts,
+    devices,
+    enrollment,
+    health,
+    inference,
+    jobs,
+    leases,
+    models,
+    programs,
+    results,
+    rounds,
+    users,
+)
 from server.settings import Settings, get_settings
 from server.store import ArtifactStore
 
+if TYPE_CHECKING:
+    from server.celery_queue import CeleryVerifyPool
+
 log = logging.getLogger(__name__)
+STALE_TMP_S = 24 * 3600  # with a shared data dir, spool and build entries this old belong to no live upload or export
 QueueFactory = Callable[[sessionmaker[Session], ArtifactStore, Settings], CompileQueue]
 
 
 def _default_queue(sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> CompileQueue:
     if settings.compile_paused:
         return PausedCompileQueue()
-    return LocalCompileQueue(sessions, store, settings.compile_workers)
+    if settings.queue == "celery":
+        from server.celery_queue import CeleryCompileQueue  # Celery is imported only by servers that use it
+
+        return CeleryCompileQueue(sessions, settings)
+    build = partial(build_program, memory_mb=settings.compile_memory_mb)
+    return LocalCompileQueue(sessions, store, settings.compile_workers, build)
+
+
+def _verify_pool(settings: Settings) -> WorkerPool | CeleryVerifyPool:
+    """Replays run in this server's worker processes, or (``MOBIZO_QUEUE=celery``) on the verify queue's workers."""
+    if settings.queue == "celery":
+        from server.celery_queue import CeleryVerifyPool
+
+        return CeleryVerifyPool(settings)
+    return WorkerPool(settings.verify_workers, per_owner=settings.verify_per_user)
 
 
 def _sweep_leases(sessions: sessionmaker[Session], settings: Settings, stop: threading.Event) -> None:
@@ -51,6 +90,20 @@ def _sweep_leases(sessions: sessionmaker[Session], settings: Settings, stop: thr
             log.exception("lease sweep failed")
 
 
+ROUND_SWEEP_S = 0.5
+
+
+def _sweep_rounds(state: Any, stop: threading.Event) -> None:
+    """Close, reopen or fail federated rounds at their deadline, even when no device is asking for work (the pool
+    is looked up on each sweep: tests swap it)."""
+    while not stop.wait(ROUND_SWEEP_S):
+        try:
+            with state.sessionmaker() as session:
+                federation.sweep(session, state.store, state.verify_pool, state.settings)
+        except Exception:  # a database hiccup must not kill the sweeper
+            log.exception("round sweep failed")
+
+
 def create_app(settings: Settings | None = None, queue_factory: QueueFactory | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -58,32 +111,40 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = ArtifactStore(settings.data_dir)
         lock = None
-        if queue_factory is None:  # the in-process queue: this process alone may run jobs from this data dir
+        if queue_factory is None and settings.queue == "local":  # this process alone runs jobs from this data dir
             lock = store.lock()  # before the database, recover() or the spool are touched
             cleaned = store.clean_tmp()
             if cleaned:
                 log.info("removed %d stale spool and build entries", cleaned)
         engine = make_engine(settings.db_url)
-        migrate(engine)
         sessions = make_sessionmaker(engine)
         queue = (queue_factory or _default_queue)(sessions, store, settings)
         app.state.settings, app.state.sessionmaker, app.state.store = settings, sessions, store
-        app.state.compile_queue, app.state.verify_pool = (
-            queue,
-            WorkerPool(settings.verify_workers, per_owner=settings.verify_per_user),
-        )
+        app.state.compile_queue, app.state.verify_pool = queue, _verify_pool(settings)
         app.state.upload_slots = UploadSlots(settings.max_uploads, settings.max_uploads_per_device)
-        queue.recover()
+        app.state.inference_builds = InferenceBuilds(store, settings.compile_workers, settings.compile_paused)
+        with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
+            migrate(engine)
+            if lock is not None or first:
+                if lock is None:  # shared data dir: only what no live process can still be using
+                    store.clean_tmp(older_than_s=STALE_TMP_S)
+                log.info("startup: resubmitted %d unfinished jobs", queue.recover())
+            else:
+                log.info("startup: another API process started at the same time and recovered the jobs")
         stop = threading.Event()
         sweeper = threading.Thread(target=_sweep_leases, args=(sessions, settings, stop), daemon=True)
         sweeper.start()
+        round_sweeper = threading.Thread(target=_sweep_rounds, args=(app.state, stop), daemon=True)
+        round_sweeper.start()
         try:
             yield
         finally:
             stop.set()
             queue.close()
             app.state.verify_pool.close()
+            app.state.inference_builds.close()
             sweeper.join(timeout=5)
+            round_sweeper.join(timeout=5)
             engine.dispose()
             if lock is not None:
                 lock.close()
@@ -94,7 +155,21 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         version="0.1.0",
         lifespan=lifespan,
     )
-    for module in (health, users, models, enrollment, devices, jobs, leases, programs, results, adapters):
+    for module in (
+        health,
+        users,
+        models,
+        enrollment,
+        devices,
+        jobs,
+        leases,
+        programs,
+        results,
+        adapters,
+        cohorts,
+        rounds,
+        inference,
+    ):
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 
-def program_config(spec: dict[str, Any], answer_len: int) -> dict[str, Any]:
+def program_config(spec: dict[str, Any], answer_len: int, chat: tuple[str, str] | None = None) -> dict[str, Any]:
     """The program config (as JSON) of a job spec (``JobCreate`` as JSON); ``ValueError`` if it does not fit."""
     from shared.manifest import ProgramConfig
 
-    return ProgramConfig.from_spec(spec, answer_len).model_dump(mode="json")
+    return ProgramConfig.from_spec(spec, answer_len, chat).model_dump(mode="json")
 
 
 def program_key(model_sha256: str, config: dict[str, Any], format_version: int) -> str:
@@ -30,7 +30,34 @@ def program_key(model_sha256: str, config: dict[str, Any], format_version: int) 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def build_program(model_dir: str, model_sha256: str, spec: dict[str, Any], programs_dir: str, blobs_dir: str) -> dict:
+class ExportTooLarge(Exception):
+    """The export would need more memory than the compile worker has: the job fails with the figures."""
+
+
+def check_export_memory(model_dir: Path, limit_mb: int | None) -> None:
+    """Refuse, before loading anything, an export that would not fit: a worker killed by the kernel's OOM killer
+    says nothing useful (and may take the machine's other work down with it). ``limit_mb``: the configured budget
+    (``MOBIZO_COMPILE_MEMORY_MB``); None: the memory available now."""
+    from shared.memory import export_need_mb, free_memory_mb
+    from shared.model_files import float32_bytes
+
+    need = export_need_mb(float32_bytes(model_dir))
+    have, where = (limit_mb, "MOBIZO_COMPILE_MEMORY_MB") if limit_mb is not None else (free_memory_mb(), "available")
+    if have is not None and need > have:
+        raise ExportTooLarge(
+            f"exporting this model's program needs about {need} MB of memory and {have} MB is {where}: "
+            "compile it on a server with more memory"
+        )
+
+
+def build_program(
+    model_dir: str,
+    model_sha256: str,
+    spec: dict[str, Any],
+    programs_dir: str,
+    blobs_dir: str,
+    memory_mb: int | None = None,
+) -> dict:
     """Compile (or find in the cache) the program of a job → ``{"key", "manifest", "answer_len"}``.
 
     A config compiled before is found by its key and costs nothing; a new one is exported into a temporary
@@ -41,11 +68,13 @@ def build_program(model_dir: str, model_sha256: str, spec: dict[str, Any], progr
     from shared.manifest import FORMAT_VERSION, ProgramConfig, manifest_path, read_manifest
     from shared.program import export_program
 
-    answer_len = spec["answer_len"] or resolve_answer_len(Path(model_dir), spec)
-    config = program_config(spec, answer_len)
+    chat = resolve_chat(Path(model_dir), spec)
+    answer_len = spec["answer_len"] or resolve_answer_len(Path(model_dir), spec, chat)
+    config = program_config(spec, answer_len, chat)
     key = program_key(model_sha256, config, FORMAT_VERSION)
     final = Path(programs_dir) / key
     if not manifest_path(final / "program.pte").is_file():
+        check_export_memory(Path(model_dir), memory_mb)
         tmp = make_dirs(Path(programs_dir) / f".tmp-{uuid.uuid4().hex}")
         export_program(
             Path(model_dir),
@@ -70,11 +99,50 @@ def _tokenizer(model_dir: str):
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
 
-def resolve_answer_len(model_dir: Path, spec: dict[str, Any]) -> int:
+def resolve_chat(model_dir: Path, spec: dict[str, Any]) -> tuple[str, str] | None:
+    """The model's chat frame for a job submitted with ``chat_template``, else None."""
+    from shared.tasks import chat_frame
+
+    return chat_frame(_tokenizer(str(model_dir))) if spec.get("chat_template") else None
+
+
+def resolve_answer_len(model_dir: Path, spec: dict[str, Any], chat: tuple[str, str] | None = None) -> int:
     """Tokens of the task's longest verbalizer answer (``shared.data.answer_len_for``), for classification jobs
     submitted without ``answer_len`` (the route requires it for the others, whose answers come from the data)."""
     from shared.data import answer_len_for
-    from shared.tasks import get_task
+    from shared.tasks import get_task, with_chat
 
-    task = get_task(spec["task"] or "custom", spec["template"], spec["verbalizer"])
+    task = with_chat(get_task(spec["task"] or "custom", spec["template"], spec["verbalizer"]), chat)
     return answer_len_for(task, _tokenizer(str(model_dir)))
+
+
+INFERENCE_PTE = "inference.pte"
+
+
+def build_inference(
+    model_dir: str, model_sha256: str, config: dict[str, Any], programs_dir: str, blobs_dir: str
+) -> dict:
+    """Compile (or find in the cache) a model's inference program → its manifest (JSON), like ``build_program``:
+    cached under ``inference_key``, published by renaming a temporary folder, weights and tokenizer by content in
+    ``blobs_dir`` (the very ``.ptd`` of the model's training programs of the same LoRA layout)."""
+    from shared.files import make_dirs
+    from shared.inference_program import export_inference_program
+    from shared.manifest import InferenceConfig, manifest_path, read_inference_manifest
+
+    final = Path(programs_dir) / inference_key(model_sha256, config)
+    if not manifest_path(final / INFERENCE_PTE).is_file():
+        tmp = make_dirs(Path(programs_dir) / f".tmp-{uuid.uuid4().hex}")
+        cfg = InferenceConfig.model_validate(config)
+        export_inference_program(Path(model_dir), cfg, tmp / INFERENCE_PTE, Path(blobs_dir), progress=lambda _: None)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another worker published the same key first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return read_inference_manifest(final / INFERENCE_PTE).model_dump(mode="json")
+
+
+def inference_key(model_sha256: str, config: dict[str, Any]) -> str:
+    """The cache key of an inference program: (model, config, format), apart from every training program's key."""
+    from shared.manifest import INFERENCE_FORMAT_VERSION
+
+    return program_key(model_sha256, {"inference": config}, INFERENCE_FORMAT_VERSION)

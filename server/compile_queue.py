@@ -1,10 +1,10 @@
 """The compile queue: jobs go in by id, programs come out, outside any request.
 
-``CompileQueue`` is the whole interface the routes see (``submit``, ``cancel``), so a distributed queue (Celery, RQ, a
-PostgreSQL ``SKIP LOCKED`` table) can replace ``LocalCompileQueue`` without touching them. The local queue runs
-one driver thread per worker process: the driver moves the job to ``compiling``, has a worker export the program
-(``server.compile.build_program``) and records ``ready`` or ``failed`` with the error text. A job is thus
-``compiling`` exactly while a process works on it.
+``CompileQueue`` is the whole interface the routes see (``submit``, ``cancel``), so a distributed queue replaces
+``LocalCompileQueue`` without touching them: ``server.celery_queue.CeleryCompileQueue`` (``MOBIZO_QUEUE=celery``).
+Both run one job the same way (``compile_job``): move it to ``compiling``, export the program
+(``server.compile.build_program``), record ``ready`` or ``failed`` with the error text. The local queue runs one
+driver thread per worker process of its own, so a job is ``compiling`` exactly while a process works on it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate
 from server.compile import build_program
+from server.jobstate import CompileInput
 from server.pool import WorkerPool
 from server.store import ArtifactStore
 
@@ -29,6 +30,35 @@ def _log_crash(future: Future) -> None:
     """A driver that died (database unreachable, say) leaves its job for ``recover``; say so in the log."""
     if not future.cancelled() and future.exception() is not None:
         log.error("compile driver failed", exc_info=future.exception())
+
+
+def compile_job(
+    sessions: sessionmaker[Session],
+    job_id: int,
+    export: Callable[[CompileInput], dict[str, Any]],
+    resume: bool = False,
+    abandoned: Callable[[], bool] = lambda: False,
+) -> None:
+    """Run one job's compilation: queued → compiling, ``export`` it, → ready (or failed with the export's error).
+
+    ``resume`` takes over a job left ``compiling`` (``jobstate.start_compiling``). ``abandoned()`` is asked when
+    the export raised: True means the queue itself is stopping, and the job stays ``compiling`` for recovery.
+    """
+    with sessions() as session:
+        work = jobstate.start_compiling(session, job_id, resume=resume)
+    if work is None:
+        return
+    try:
+        built = export(work)
+    except Exception as exc:  # any failure of the export is the job's error text
+        if abandoned():
+            return
+        log.warning("job %d: compile failed: %s", job_id, exc)
+        with sessions() as session:
+            jobstate.fail(session, job_id, f"compile failed: {type(exc).__name__}: {exc}", ("compiling",))
+        return
+    with sessions() as session:
+        jobstate.finish_compiling(session, job_id, built)
 
 
 class CompileQueue(Protocol):
@@ -74,29 +104,15 @@ class LocalCompileQueue:
         return len(ids)
 
     def _compile(self, job_id: int) -> None:
-        with self._sessions() as session:
-            work = jobstate.start_compiling(session, job_id)
-        if work is None:
-            return
-        try:
-            built = self._pool.run(
-                self._build,
-                work.model_dir,
-                work.model_sha256,
-                work.spec,
-                str(self._store.programs_dir),
-                str(self._store.blobs_dir),
-                key=job_id,
+        """Export in a pool worker; a failure while closing leaves the job compiling for ``recover`` on restart."""
+
+        def export(work: CompileInput) -> dict[str, Any]:
+            programs, blobs = str(self._store.programs_dir), str(self._store.blobs_dir)
+            return self._pool.run(
+                self._build, work.model_dir, work.model_sha256, work.spec, programs, blobs, key=job_id
             )
-        except Exception as exc:  # any failure of the export is the job's error text
-            if self._closing:
-                return  # stopped by close(): the job stays compiling and recover() takes it back on restart
-            log.warning("job %d: compile failed: %s", job_id, exc)
-            with self._sessions() as session:
-                jobstate.fail(session, job_id, f"compile failed: {type(exc).__name__}: {exc}", ("compiling",))
-            return
-        with self._sessions() as session:
-            jobstate.finish_compiling(session, job_id, built)
+
+        compile_job(self._sessions, job_id, export, abandoned=lambda: self._closing)
 
     def close(self) -> None:
         """Stop the drivers and kill the compile workers; jobs they were compiling are left for ``recover``."""

@@ -9,17 +9,20 @@ query's conditional UPDATE is safe under READ COMMITTED.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.files import PRIVATE_FILE
 
 _ALEMBIC_INI = Path(__file__).with_name("alembic.ini")
+STARTUP_LOCK_KEY = 0x6D6F62697A6F  # "mobizo": the advisory lock of migrations and startup recovery
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -71,3 +74,28 @@ def migrate(engine: Engine) -> None:
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
+
+
+@contextmanager
+def startup_lock(engine: Engine) -> Iterator[bool]:
+    """Hold the database's startup lock for the block → whether this process got it first.
+
+    On PostgreSQL, a session advisory lock (``STARTUP_LOCK_KEY``): of several API processes starting at once, on
+    one machine or many, one migrates and recovers while the others wait; they then find the schema current and
+    are told ``False`` (recovery done). A process starting alone gets ``True``. The lock goes with the session, so
+    a process killed while holding it releases it. SQLite needs no lock (its migrations run in one ``BEGIN
+    IMMEDIATE`` transaction, which serializes them) and always gets ``True``.
+    """
+    if engine.dialect.name != "postgresql":
+        yield True
+        return
+    with engine.connect() as conn:
+        first = bool(conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": STARTUP_LOCK_KEY}))
+        if not first:
+            conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": STARTUP_LOCK_KEY})
+        conn.commit()
+        try:
+            yield first
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": STARTUP_LOCK_KEY})
+            conn.commit()

@@ -144,7 +144,16 @@ def require_any(credentials: Credentials, session: SessionDep, settings: Setting
         raise _unauthorized("invalid token")
 
 
+def get_user_or_admin(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> User | None:
+    """A user (their ``User``) or the admin (None): for cohorts and federated jobs, which both see."""
+    token = _token(credentials)
+    if _is_admin(token, settings):
+        return None
+    return get_current_user(credentials, session, settings)
+
+
 AdminDep = Annotated[None, Depends(require_admin)]
+UserOrAdmin = Annotated[User | None, Depends(get_user_or_admin)]
 CurrentUser = Annotated[User, Depends(get_current_user)]
 CurrentDevice = Annotated[Device, Depends(get_current_device)]
 AnyAuth = Annotated[None, Depends(require_any)]

@@ -6,6 +6,15 @@ routes, the compile queue and the lease sweeper (``tests/server/test_structure.p
                                 └───┘ lease expired: back to ready, attempts counted
     cancelled from any state before succeeded/failed.
 
+A federated job (``cohort_id`` set) is ``ready`` until its first client leases round 0, then ``running`` through
+its rounds, each of which goes
+
+    open → closing → closed (B_{r+1} published; the next round opens, or after the last the job succeeds)
+      ↘ reopened once at the timeout with fewer than M reports; at the second timeout: failed (and so is the job)
+
+and each client's part in a round goes leased → reported (its log replayed), or leased → expired (its lease ran
+out: the slot is free again). This module writes those statuses too.
+
 Transitions that race (a heartbeat against the sweeper, a result against a cancel) are conditional UPDATEs
 checked by their row count, which is safe on SQLite and on PostgreSQL alike; leasing locks the row it takes.
 """
@@ -20,7 +29,7 @@ from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.tables import Device, Job, Model, Program, utcnow
+from server.tables import Device, Job, Model, Program, Round, RoundClient, utcnow
 from shared.manifest import ProgramManifest
 from shared.schemas import TERMINAL_STATUSES, JobCreate, JobSpec
 
@@ -58,10 +67,21 @@ def requeue_unfinished(session: Session) -> list[int]:
     return ids
 
 
-def start_compiling(session: Session, job_id: int) -> CompileInput | None:
-    """queued → compiling; None when the job is gone or no longer queued (cancelled meanwhile)."""
+def queued_ids(session: Session) -> list[int]:
+    """Ids of the queued jobs, oldest first: what a distributed queue resubmits on start, in case the server
+    stopped between committing a job and handing it to the broker (compiling jobs are the broker's to redeliver)."""
+    return list(session.scalars(select(Job.id).where(Job.status == "queued").order_by(Job.id)))
+
+
+def start_compiling(session: Session, job_id: int, resume: bool = False) -> CompileInput | None:
+    """queued → compiling; None when the job is gone or no longer queued (cancelled meanwhile).
+
+    ``resume``: also take a job already ``compiling``, for a task the broker redelivered because the worker that
+    had it died mid-export (a duplicate delivery that is not a redelivery leaves such a job to its live worker).
+    """
+    statuses = ("queued", "compiling") if resume else ("queued",)
     moved = session.execute(
-        update(Job).where(Job.id == job_id, Job.status == "queued").values(status="compiling", updated_at=utcnow())
+        update(Job).where(Job.id == job_id, Job.status.in_(statuses)).values(status="compiling", updated_at=utcnow())
     ).rowcount
     if not moved:
         session.rollback()
@@ -165,7 +185,7 @@ def expire_leases(session: Session, max_attempts: int, now: datetime | None = No
     )
 
 
-def _fits_memory(free_mb: int | None):
+def fits_memory(free_mb: int | None):
     """SQL condition: the job's program needs at most ``free_mb`` (no report, or no estimate: it fits)."""
     if free_mb is None:
         return true()
@@ -189,7 +209,7 @@ def lease_next(session: Session, device: Device, lease_s: int) -> Job | None:
             Job.status == "ready",
             or_(Job.device_id.is_(None), Job.device_id == device.id),
             or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
-            _fits_memory(device.memory_mb),
+            fits_memory(device.memory_mb),
         )
         .order_by(Job.id)
         .limit(1)
@@ -227,3 +247,168 @@ def heartbeat(session: Session, job: Job, device: Device, lease_s: int, progress
     ).rowcount
     session.commit()
     return expires if moved else None
+
+
+# --- federated rounds ----------------------------------------------------------------------------------------------
+
+
+def open_first_round(session: Session, job: Job, b_sha256: str) -> Round | None:
+    """ready → running with round 0 open from ``b_sha256`` (B_0); the open round if another request did it first.
+    Flushed, not committed (the caller leases in the same transaction)."""
+    moved = session.execute(
+        update(Job).where(Job.id == job.id, Job.status == "ready").values(status="running", updated_at=utcnow())
+    ).rowcount
+    if moved:
+        session.add(Round(job_id=job.id, index=0, status="open", b_sha256=b_sha256))
+        session.flush()
+    return open_round(session, job.id)
+
+
+def open_round(session: Session, job_id: int) -> Round | None:
+    """The job's open round, locked for the caller's transaction (PostgreSQL; SQLite's writer lock does it)."""
+    return session.scalars(
+        select(Round).where(Round.job_id == job_id, Round.status == "open").with_for_update()
+    ).first()
+
+
+def lease_round_client(
+    session: Session, round_: Round, device: Device, seed: int, lease_s: int, timeout_s: float
+) -> RoundClient:
+    """A new client of an open round on ``device``; the first one starts the round's clock (flushed)."""
+    now = utcnow()
+    if round_.deadline_at is None:
+        round_.deadline_at = now + timedelta(seconds=timeout_s)
+    client = RoundClient(
+        round_id=round_.id,
+        user_id=device.user_id,
+        device_id=device.id,
+        device_backend=device.backend,
+        seed=seed,
+        status="leased",
+        lease_expires_at=now + timedelta(seconds=lease_s),
+    )
+    session.add(client)
+    session.flush()
+    return client
+
+
+def _client_is_live(client_id: int):
+    """SQL condition: the client holds an unexpired lease in a round that is still open."""
+    open_rounds = select(Round.id).where(Round.status == "open")
+    return and_(
+        RoundClient.id == client_id,
+        RoundClient.status == "leased",
+        RoundClient.lease_expires_at >= utcnow(),
+        RoundClient.round_id.in_(open_rounds),
+    )
+
+
+def client_heartbeat(session: Session, client: RoundClient, lease_s: int, step: int) -> datetime | None:
+    """Extend a round client's lease → the new expiry; None when its lease or its round is over."""
+    expires = utcnow() + timedelta(seconds=lease_s)
+    moved = session.execute(
+        update(RoundClient)
+        .where(_client_is_live(client.id))
+        .values(lease_expires_at=expires, progress_step=step)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    session.commit()
+    return expires if moved else None
+
+
+def client_reported(session: Session, client: RoundClient, report: dict[str, Any]) -> bool:
+    """leased → reported with its replayed B (``report``: log_sha256, b_sha256, mean_loss, replay_s, log_bytes), if
+    its lease and its round are still open: a straggler's late report changes nothing (the caller answers 409)."""
+    moved = session.execute(
+        update(RoundClient)
+        .where(_client_is_live(client.id))
+        .values(status="reported", reported_at=utcnow(), lease_expires_at=None, **report)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    session.commit()
+    return bool(moved)
+
+
+def client_gave_up(session: Session, client: RoundClient) -> bool:
+    """leased → expired at the device's request: its slot in the round is free again."""
+    moved = session.execute(
+        update(RoundClient)
+        .where(_client_is_live(client.id))
+        .values(status="expired", lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    session.commit()
+    return bool(moved)
+
+
+def expire_round_clients(session: Session, now: datetime | None = None) -> None:
+    """Clients whose lease ran out (killed, or gone quiet) free their slot: leased → expired (caller commits)."""
+    now = now or utcnow()
+    session.execute(
+        update(RoundClient)
+        .where(RoundClient.status == "leased", RoundClient.lease_expires_at < now)
+        .values(status="expired", lease_expires_at=None)
+    )
+
+
+def begin_close(session: Session, round_id: int) -> bool:
+    """open → closing: only one request or sweep aggregates a round."""
+    moved = session.execute(
+        update(Round).where(Round.id == round_id, Round.status == "open").values(status="closing")
+    ).rowcount
+    session.commit()
+    return bool(moved)
+
+
+def finish_close(session: Session, round_: Round, adapter_id: int, stats: dict[str, Any], next_b: str) -> None:
+    """closing → closed with its published adapter; the next round opens from ``next_b`` (B_{r+1}), or after the
+    last round the job succeeds. Leased clients left behind are stragglers: expired. The caller commits."""
+    now = utcnow()
+    session.execute(
+        update(Round)
+        .where(Round.id == round_.id, Round.status == "closing")
+        .values(status="closed", adapter_id=adapter_id, closed_at=now, **stats)
+    )
+    session.execute(
+        update(RoundClient)
+        .where(RoundClient.round_id == round_.id, RoundClient.status == "leased")
+        .values(status="expired", lease_expires_at=None)
+    )
+    job = session.get_one(Job, round_.job_id)
+    if round_.index + 1 < job.federation["rounds"]:
+        session.add(Round(job_id=job.id, index=round_.index + 1, status="open", b_sha256=next_b))
+    else:
+        session.execute(
+            update(Job)
+            .where(Job.id == job.id, Job.status == "running")
+            .values(status="succeeded", progress_step=job.spec["steps"], updated_at=now)
+        )
+
+
+def abort_close(session: Session, round_: Round, error: str) -> None:
+    """closing → failed, and the job with it (aggregation could not finish: a missing file, a worker error)."""
+    session.execute(update(Round).where(Round.id == round_.id).values(status="failed", closed_at=utcnow()))
+    session.commit()
+    fail(session, round_.job_id, f"round {round_.index}: {error}", ("running",))
+
+
+def reopen(session: Session, round_: Round, timeout_s: float) -> bool:
+    """At the timeout with fewer than M reports, once: the round stays open for another ``timeout_s``."""
+    moved = session.execute(
+        update(Round)
+        .where(Round.id == round_.id, Round.status == "open", Round.reopened == 0)
+        .values(reopened=1, deadline_at=utcnow() + timedelta(seconds=timeout_s))
+    ).rowcount
+    session.commit()
+    return bool(moved)
+
+
+def fail_round(session: Session, round_: Round, reason: str) -> bool:
+    """open → failed at its second timeout with fewer than M reports; the job fails with the reason."""
+    moved = session.execute(
+        update(Round).where(Round.id == round_.id, Round.status == "open").values(status="failed", closed_at=utcnow())
+    ).rowcount
+    session.commit()
+    if moved:
+        fail(session, round_.job_id, f"round {round_.index}: {reason}", ("running",))
+    return bool(moved)

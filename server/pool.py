@@ -19,7 +19,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
@@ -114,6 +115,38 @@ class _Worker:
         self.conn.close()
 
 
+class OwnerLimit:
+    """At most ``per_owner`` tasks of one owner (a user) running or waiting at once (None: no bound)."""
+
+    def __init__(self, per_owner: int | None) -> None:
+        self._per_owner = per_owner
+        self._owners: dict[Hashable, int] = {}
+        self._lock = threading.Lock()
+
+    def held(self, owner: Hashable | None = None) -> int:
+        """How many tasks of ``owner`` (None: of anyone) are running or waiting now."""
+        with self._lock:
+            return sum(self._owners.values()) if owner is None else self._owners.get(owner, 0)
+
+    @contextmanager
+    def hold(self, owner: Hashable | None) -> Iterator[None]:
+        """One of ``owner``'s places for the length of the block; ``OwnerBusy`` at once when none is free."""
+        if owner is None:
+            yield
+            return
+        with self._lock:
+            if self._per_owner is not None and self._owners.get(owner, 0) >= self._per_owner:
+                raise OwnerBusy(f"{self._per_owner} tasks of this owner are running or waiting")
+            self._owners[owner] = self._owners.get(owner, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._owners[owner] -= 1
+                if not self._owners[owner]:
+                    del self._owners[owner]
+
+
 class WorkerPool:
     """``workers`` slots of one process each; ``run`` waits for a free slot.
 
@@ -122,8 +155,7 @@ class WorkerPool:
     """
 
     def __init__(self, workers: int, per_owner: int | None = None) -> None:
-        self._per_owner = per_owner
-        self._owners: dict[Hashable, int] = {}
+        self._owners = OwnerLimit(per_owner)
         self._free: queue.Queue[_Worker | None] = queue.Queue()
         for _ in range(workers):
             self._free.put(None)  # started on first use
@@ -146,20 +178,8 @@ class WorkerPool:
         ``WorkTimedOut`` raised. ``key`` names the task for ``cancel``. ``owner``: whose task it is, for
         ``per_owner`` (``OwnerBusy`` at once when the owner has that many already).
         """
-        with self._lock:
-            if owner is not None and self._per_owner is not None:
-                if self._owners.get(owner, 0) >= self._per_owner:
-                    raise OwnerBusy(f"{self._per_owner} tasks of this owner are running or waiting")
-            if owner is not None:
-                self._owners[owner] = self._owners.get(owner, 0) + 1
-        try:
+        with self._owners.hold(owner):
             return self._run(fn, args, timeout, key)
-        finally:
-            if owner is not None:
-                with self._lock:
-                    self._owners[owner] -= 1
-                    if not self._owners[owner]:
-                        del self._owners[owner]
 
     def _run(self, fn: Callable[..., T], args: tuple, timeout: float | None, key: Hashable | None) -> T:
         worker = self._free.get()

@@ -1,5 +1,6 @@
-"""The adapter registry: versions counted per (user, model, task), and each version's lineage (the job that trained
-it, the adapter it started from). Routes record and read adapters through it; it never commits, so a new version
+"""The adapter registry: versions counted per (user, model, task) — or per cohort for a cohort's adapters, which
+belong to the cohort rather than a user — and each version's lineage (the job, or the round, that trained it, the
+adapter it started from). Routes record and read adapters through it; it never commits, so a new version
 lands in the same transaction as its job's ``succeeded``.
 """
 
@@ -11,7 +12,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server.tables import Adapter, Job
+from server.tables import Adapter, Job, Round
+from shared.schemas import AdapterPublic
 
 
 @dataclass(frozen=True)
@@ -61,17 +63,79 @@ def add_version(
         version=_next_version(session, job),
         job_id=job.id,
         parent_id=job.init_adapter_id,
-        rank=spec["rank"],
-        alpha=spec["alpha"],
-        targets=spec["targets"],
-        a_seed=spec["a_seed"],
-        b_sha256=files.b_sha256,
-        upload_b_sha256=files.upload_b_sha256,
-        log_sha256=files.log_sha256,
-        archive_sha256=files.archive_sha256,
-        archive_size=files.archive_size,
-        metrics=metrics,
+        held_out=_held_out(metrics),
+        **_layout_and_files(spec, files, metrics),
     )
     session.add(adapter)
     session.flush()
     return adapter
+
+
+def _layout_and_files(spec: dict[str, Any], files: StoredFiles, metrics: dict[str, Any]) -> dict[str, Any]:
+    """What every adapter row holds, a user's or a cohort's: the LoRA layout, the stored files, the metrics."""
+    return {
+        "rank": spec["rank"],
+        "alpha": spec["alpha"],
+        "targets": spec["targets"],
+        "a_seed": spec["a_seed"],
+        "b_sha256": files.b_sha256,
+        "upload_b_sha256": files.upload_b_sha256,
+        "log_sha256": files.log_sha256,
+        "archive_sha256": files.archive_sha256,
+        "archive_size": files.archive_size,
+        "metrics": metrics,
+    }
+
+
+def _held_out(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The before/after summary the registry shows (``HeldOut``), from the verified upload's evaluations."""
+    from shared.schemas import HeldOut
+
+    summary = HeldOut.from_metrics(metrics)
+    return None if summary is None else summary.model_dump(mode="json")
+
+
+def add_cohort_version(
+    session: Session, job: Job, round_: Round, files: StoredFiles, metrics: dict[str, Any]
+) -> Adapter:
+    """The cohort's next version (B_{r+1} of ``round_``), owned by the cohort, not a user; its parent is the
+    version the round started from, if any. Flushed, not committed (the round closes in the same transaction)."""
+    latest = session.scalar(select(func.max(Adapter.version)).where(Adapter.cohort_id == job.cohort_id))
+    parent = session.scalar(select(Round.adapter_id).where(Round.job_id == job.id, Round.index == round_.index - 1))
+    adapter = Adapter(
+        user_id=None,
+        cohort_id=job.cohort_id,
+        round_id=round_.id,
+        model_id=job.model_id,
+        task=job.task,
+        version=(latest or 0) + 1,
+        job_id=None,
+        parent_id=parent,
+        **_layout_and_files(job.spec, files, metrics),
+    )
+    session.add(adapter)
+    session.flush()
+    return adapter
+
+
+def adapter_public(session: Session, adapter: Adapter, model_name: str) -> AdapterPublic:
+    """An adapter as the REST answers show it (to its user, the cohort's members, and the user's devices)."""
+    round_ = None if adapter.round_id is None else session.get_one(Round, adapter.round_id)
+    return AdapterPublic(
+        id=adapter.id,
+        model=model_name,
+        task=adapter.task,
+        version=adapter.version,
+        job_id=adapter.job_id if round_ is None else round_.job_id,
+        cohort_id=adapter.cohort_id,
+        round=None if round_ is None else round_.index,
+        parent_adapter_id=adapter.parent_id,
+        rank=adapter.rank,
+        alpha=adapter.alpha,
+        targets=adapter.targets,
+        a_seed=adapter.a_seed,
+        b_sha256=adapter.b_sha256,
+        metrics=adapter.metrics,
+        held_out=adapter.held_out,
+        created_at=adapter.created_at,
+    )

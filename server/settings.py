@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,9 +24,36 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(default=None, description="bearer token of the administrator (unset: no admin)")
     lease_s: int = Field(default=300, ge=5, description="a lease lasts this long after the last heartbeat")
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
-    compile_workers: int = Field(default=1, ge=1, description="processes compiling programs")
+    queue: Literal["local", "celery"] = Field(
+        default="local",
+        description="local: compile and verify in the server's own worker processes (one server per data dir); "
+        "celery: on `mobizo worker` processes through the broker at MOBIZO_BROKER_URL",
+    )
+    broker_url: str | None = Field(
+        default=None, description="Celery broker with MOBIZO_QUEUE=celery: redis://host:6379/0 or amqp://host:5672//"
+    )
+    broker_visibility_timeout_s: int = Field(
+        default=7200,
+        ge=1,
+        description="Redis broker: a task not acknowledged this long after delivery is delivered again; must exceed "
+        "the longest export (RabbitMQ: its consumer_timeout must)",
+    )
+    result_backend_url: str | None = Field(
+        default=None,
+        description="where Celery workers leave verification results for the server waiting on them; default: the "
+        "broker URL when it is Redis (with RabbitMQ, name a Redis here)",
+    )
+    compile_workers: int = Field(default=1, ge=1, description="processes compiling programs (MOBIZO_QUEUE=local)")
     compile_paused: bool = Field(default=False, description="accept jobs but leave them queued (fuzzing, maintenance)")
-    verify_workers: int = Field(default=2, ge=1, description="processes replaying uploaded results")
+    compile_memory_mb: int | None = Field(
+        default=None,
+        ge=1,
+        description="memory a program export may use; one that needs more fails its job with the figure, before it "
+        "starts (default: the memory available on the machine when the compile starts)",
+    )
+    verify_workers: int = Field(
+        default=2, ge=1, description="processes replaying uploaded results (MOBIZO_QUEUE=local)"
+    )
     verify_per_user: int = Field(
         default=1, ge=1, description="verifications one user may have running or waiting (more: 429 Retry-After)"
     )
@@ -45,6 +73,13 @@ class Settings(BaseSettings):
     @property
     def db_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'mobizo.db').resolve()}"
+
+    @property
+    def result_backend(self) -> str | None:
+        """The Celery result backend: ``result_backend_url``, or the broker itself when it is Redis."""
+        if self.result_backend_url:
+            return self.result_backend_url
+        return self.broker_url if self.broker_url and self.broker_url.startswith(("redis://", "rediss://")) else None
 
     @property
     def heartbeat_s(self) -> int:

@@ -7,6 +7,7 @@ Layout (everything but ``tmp/`` is written once and then only read):
   adapters/<sha256>.safetensors              uploaded LoRA-B (``b_flat``)
   logs/<sha256>.jsonl                        training logs
   archives/<sha256>.zip                      PEFT archives
+  rounds/<sha256>.json                       a federated round's account (its clients, logs, B_r and B_{r+1})
   tmp/                                       uploads and builds in progress (emptied at start, under the lock)
   server.lock                                held (flock) by the one server that runs the in-process queues
 Files are written under ``tmp/`` (or a temporary sibling), fsynced and renamed (``shared.files``), so a reader
@@ -19,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -36,7 +38,7 @@ class ArtifactStore:
 
     def __init__(self, root: Path) -> None:
         self.root = private_dir(Path(root).resolve())
-        for sub in ("programs", "blobs", "adapters", "logs", "archives", "tmp"):
+        for sub in ("programs", "blobs", "adapters", "logs", "archives", "rounds", "tmp"):
             private_dir(self.root / sub)
 
     @property
@@ -59,10 +61,13 @@ class ArtifactStore:
             raise DataDirInUse(f"another mobizo server is using {self.root} (it holds {lock})") from None
         return handle
 
-    def clean_tmp(self) -> int:
+    def clean_tmp(self, older_than_s: float = 0.0) -> int:
         """Remove what a previous run left in ``tmp/`` and half-built programs → how many entries; only safe
-        while holding ``lock``."""
-        stale = [*(self.root / "tmp").iterdir(), *self.programs_dir.glob(".tmp-*")]
+        while holding ``lock``, or (a data dir shared by servers and workers) for entries older than any live
+        upload or export (``older_than_s``, by modification time)."""
+        cutoff = time.time() - older_than_s
+        entries = [*(self.root / "tmp").iterdir(), *self.programs_dir.glob(".tmp-*")]
+        stale = [path for path in entries if not older_than_s or path.lstat().st_mtime < cutoff]
         for path in stale:
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
@@ -85,6 +90,10 @@ class ArtifactStore:
 
     def archive(self, sha256: str) -> Path:
         return self.root / "archives" / f"{sha256}.zip"
+
+    def round_record(self, sha256: str) -> Path:
+        """A federated round's account (``server.federation``): B_r, its clients in order, their logs, B_{r+1}."""
+        return self.root / "rounds" / f"{sha256}.json"
 
     def keep(self, src: Path, kind: str, suffix: str) -> tuple[Path, str]:
         """Publish ``src`` (under ``tmp/``) as ``<kind>/<sha256><suffix>`` → (path, sha256)."""

@@ -93,13 +93,40 @@ class Program(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Cohort(Base):
+    """A group of users who opted in to learn one shared adapter of a model on a task (created by the admin)."""
+
+    __tablename__ = "cohorts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    task: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class CohortMember(Base):
+    """A user's consent: ``left_at`` set means the user left (and gets no round work); joining again clears it."""
+
+    __tablename__ = "cohort_members"
+    __table_args__ = (UniqueConstraint("cohort_id", "user_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    cohort_id: Mapped[int] = mapped_column(ForeignKey("cohorts.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    joined_at: Mapped[datetime] = mapped_column(default=utcnow)
+    left_at: Mapped[datetime | None]
+
+
 class Job(Base):
+    """A personal job (``user_id`` set) or a federated job of a cohort (``cohort_id`` set, ``user_id`` None)."""
+
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(primary_key=True)
-    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    cohort_id: Mapped[int | None] = mapped_column(ForeignKey("cohorts.id"), index=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     task: Mapped[str] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]] = mapped_column(doc="the JobCreate as submitted")
+    federation: Mapped[dict[str, Any] | None] = mapped_column(doc="a federated job's FederationSpec")
     answer_len: Mapped[int | None] = mapped_column(doc="resolved when the program is compiled")
     status: Mapped[str] = mapped_column(String(16), index=True)
     error: Mapped[str | None] = mapped_column(Text)
@@ -118,17 +145,66 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
+class Round(Base):
+    """Round ``index`` of a federated job: it starts from ``b_sha256`` (B_r) and, once closed, has published the
+    cohort adapter ``adapter_id`` (B_{r+1})."""
+
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("job_id", "index"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    index: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16), doc="open, closing, closed, failed")
+    b_sha256: Mapped[str] = mapped_column(String(64))
+    deadline_at: Mapped[datetime | None] = mapped_column(doc="set when the first client leases the round")
+    reopened: Mapped[int] = mapped_column(default=0)
+    adapter_id: Mapped[int | None]
+    mean_loss: Mapped[float | None] = mapped_column(Float)
+    aggregate_s: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    closed_at: Mapped[datetime | None]
+
+
+class RoundClient(Base):
+    """One device's part in a round (at most one per user): leased → reported, or expired / refused."""
+
+    __tablename__ = "round_clients"
+    __table_args__ = (UniqueConstraint("round_id", "user_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    device_backend: Mapped[str] = mapped_column(String(16))
+    seed: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16), doc="leased, reported, expired")
+    lease_expires_at: Mapped[datetime | None]
+    progress_step: Mapped[int | None]
+    log_sha256: Mapped[str | None] = mapped_column(String(64))
+    b_sha256: Mapped[str | None] = mapped_column(String(64), doc="the replay of its log from the round's B")
+    mean_loss: Mapped[float | None] = mapped_column(Float)
+    replay_s: Mapped[float | None] = mapped_column(Float)
+    log_bytes: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    reported_at: Mapped[datetime | None]
+
+
 class Adapter(Base):
-    """One trained version; ``version`` counts per (user, model, task); lineage via ``job_id``/``parent_id``."""
+    """One trained version; ``version`` counts per (user, model, task), lineage via ``job_id``/``parent_id``; or per
+    cohort for a cohort's adapter (``cohort_id`` set, ``user_id`` and ``job_id`` None, lineage via ``round_id``)."""
 
     __tablename__ = "adapters"
-    __table_args__ = (UniqueConstraint("user_id", "model_id", "task", "version"),)
+    __table_args__ = (
+        UniqueConstraint("user_id", "model_id", "task", "version"),
+        UniqueConstraint("cohort_id", "version", name="uq_adapters_cohort_version"),
+    )
     id: Mapped[int] = mapped_column(primary_key=True)
-    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    cohort_id: Mapped[int | None] = mapped_column(ForeignKey("cohorts.id"), index=True)
+    round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"))
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     task: Mapped[str] = mapped_column(String(64))
     version: Mapped[int]
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), unique=True)
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"))
     rank: Mapped[int]
     alpha: Mapped[float] = mapped_column(Float)
@@ -140,4 +216,5 @@ class Adapter(Base):
     archive_sha256: Mapped[str] = mapped_column(String(64))
     archive_size: Mapped[int] = mapped_column(BigInteger)
     metrics: Mapped[dict[str, Any]]
+    held_out: Mapped[dict[str, Any] | None]  # shared.schemas.HeldOut: before/after on the device's held-out data
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

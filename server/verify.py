@@ -142,7 +142,7 @@ def _check_g(rec: dict, eps: float, where: str) -> None:
         raise ResultRejected("log", f"{where}: g does not follow from the losses, (l+ - l-) / (2 eps)")
 
 
-def _check_record(rec: dict, index: int, spec: dict[str, Any]) -> None:
+def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float | None = None) -> None:
     from shared.noise import step_seed
 
     where = f"step {index}"
@@ -161,11 +161,13 @@ def _check_record(rec: dict, index: int, spec: dict[str, Any]) -> None:
     _check_g(rec, spec["eps"], where)
     if rec["seed"] != step_seed(spec["seed"], rec["step"]):
         raise ResultRejected("log", f"{where}: seed {rec['seed']} is not the job's seed for this step")
+    if max_abs_g is not None and not (np.abs(np.asarray(rec["g"], dtype=np.float64)) <= max_abs_g).all():
+        raise ResultRejected("log", f"{where}: a |g| is above the bound {max_abs_g:g}")
 
 
-def read_checked_log(log_path: str, spec: dict[str, Any]) -> list[dict]:
+def read_checked_log(log_path: str, spec: dict[str, Any], max_abs_g: float | None = None) -> list[dict]:
     """The log's records (``shared.train_log.parse_log``), checked against the job: steps 0, 1, … steps-1, integer
-    seeds of the job, its lr and eps, q values of g that follow from their losses."""
+    seeds of the job, its lr and eps, q values of g that follow from their losses (and within ``max_abs_g``)."""
     from shared.train_log import parse_log
 
     try:
@@ -175,7 +177,7 @@ def read_checked_log(log_path: str, spec: dict[str, Any]) -> list[dict]:
     if len(log) != spec["steps"]:
         raise ResultRejected("log", f"{len(log)} steps logged, the job has {spec['steps']}")
     for index, rec in enumerate(log):
-        _check_record(rec, index, spec)
+        _check_record(rec, index, spec, max_abs_g)
     return log
 
 
@@ -223,15 +225,43 @@ def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:
     return str(archive)
 
 
-def verify_and_package(job: dict[str, Any], b_path: str, log_path: str, init_path: str | None, out_dir: str) -> dict:
+def verify_and_package(
+    job: dict[str, Any], b_path: str | None, log_path: str, init_path: str | None, out_dir: str
+) -> dict:
     """Check the log, replay it from the starting B and compare with the upload; save the replayed B (the one
-    stored) and build the PEFT archive from it → ``{"b_flat": path, "archive": path, **checks}``.
+    stored) and build the PEFT archive from it → ``{"b_flat": path, "archive": path, **checks}``. With no uploaded
+    B (``b_path`` None: a log-only upload) the replay is the result.
 
     ``job`` holds ``spec`` (JobSpec as JSON), ``manifest``, ``d``, ``base_model`` and ``exact`` (bit-for-bit
     replay required, ``exact_replay``). Raises ``ResultRejected`` for a log that is malformed, does not belong to
     the job, or does not reproduce the uploaded B.
     """
-    log = read_checked_log(log_path, job["spec"])
-    stored_b = Path(out_dir) / "replayed_b_flat"
-    checks = _replayed_b(init_path, b_path, log, job["d"], job["exact"], stored_b)
+    if b_path is None:
+        checks = replay_log_only(job, log_path, init_path, out_dir)
+        stored_b = Path(checks.pop("b_flat"))
+    else:
+        log = read_checked_log(log_path, job["spec"])
+        stored_b = Path(out_dir) / "replayed_b_flat"
+        checks = _replayed_b(init_path, b_path, log, job["d"], job["exact"], stored_b)
     return {"b_flat": str(stored_b), "archive": package_adapter(job, str(stored_b), out_dir), **checks}
+
+
+def replay_log_only(job: dict[str, Any], log_path: str, init_path: str | None, out_dir: str) -> dict:
+    """A log-only upload (a round client's, or a personal job's with ``upload: log``): check the log, replay it from
+    the starting B and save the replay, which *is* the result → ``{"b_flat": path, "replay_s", "mean_loss"}``.
+
+    Replay proves what the log means, not that its g were honestly measured: the log checks, ``max_abs_g`` (in
+    ``job``, optional) and a robust aggregation are the defences against a lying client.
+    """
+    import time
+
+    from shared.replay import replay
+
+    log = read_checked_log(log_path, job["spec"], job.get("max_abs_g"))
+    start = time.perf_counter()
+    replayed = replay(_load_b(init_path, job["d"]), log)
+    seconds = time.perf_counter() - start
+    out = Path(out_dir) / "replayed_b_flat"
+    out.write_bytes(b_file_bytes(replayed.numpy()))
+    losses = [loss for rec in log for loss in rec["losses"]]
+    return {"b_flat": str(out), "replay_s": seconds, "mean_loss": float(np.mean(losses))}

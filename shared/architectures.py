@@ -1,12 +1,14 @@
 """The paper's model architectures by name (public ``config.json`` shapes, no weights), built with random
-weights for timing and memory at real scales (``benchmarks/``)."""
+weights for timing and memory at real scales (``benchmarks/``) or written as model folders (``make_random_model``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from transformers import LlamaConfig, PreTrainedModel
 
-from shared.errors import UsageError
-from shared.hf_models import build_random, resolve_dtype
+from shared.errors import MobizoError, UsageError
+from shared.hf_models import build_random, resolve_dtype, save_model
 
 # Public config.json values of the models the paper (and our benchmarks) use; shapes only, no weights.
 _LLAMA_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "vocab_size": 32000, "rope_theta": 10000.0}
@@ -54,7 +56,7 @@ ARCHS: dict[str, dict[str, object]] = {
 def arch_config(name: str) -> LlamaConfig:
     """A fresh LlamaConfig of a named architecture (see ``ARCHS``)."""
     if name not in ARCHS:
-        raise UsageError("--arch", f"unknown architecture {name!r} (choose from {', '.join(ARCHS)})")
+        raise UsageError("arch", f"unknown architecture {name!r} (choose from {', '.join(ARCHS)})")
     return LlamaConfig(**ARCHS[name])
 
 
@@ -64,3 +66,16 @@ def random_model(arch: str, seed: int, dtype: str = "float32", device: str = "cp
     Weights depend on the seed and the device type (CPU and CUDA generators differ).
     """
     return build_random(arch_config(arch), seed, resolve_dtype(dtype), device)
+
+
+def make_random_model(arch: str, out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a seeded random-init model of a named architecture as a Hugging Face folder, with a seeded byte-level
+    BPE tokenizer of the architecture's vocabulary size (``mobizo make-random-model``): 1B-class exports and
+    benchmarks where nothing can be downloaded. Weights depend on the seed alone (CPU generator)."""
+    from shared.tiny_model import train_tokenizer
+
+    config = arch_config(arch)
+    tokenizer = train_tokenizer(config.vocab_size, seed=seed)
+    if len(tokenizer) != config.vocab_size:
+        raise MobizoError(f"the tokenizer reached {len(tokenizer)} tokens, not the {config.vocab_size} of {arch}")
+    return save_model(out_dir, random_model(arch, seed, dtype), tokenizer)

@@ -1,4 +1,5 @@
-"""The backend names, written once: where a program's frozen matmuls run, and where a device runs its steps.
+"""The backend names, written once: where a program's frozen matmuls run, where a device runs its steps, and how
+a step groups its passes (the schedules).
 
 Standard library only, so the command line lists them as choices without importing pydantic or torch.
 """
@@ -9,5 +10,10 @@ from typing import Literal, get_args
 
 ProgramBackend = Literal["xnnpack", "portable"]  # XNNPACK delegate, or ExecuTorch's portable kernels only
 PROGRAM_BACKENDS: tuple[str, ...] = get_args(ProgramBackend)
+Quantization = Literal["none", "8da4w"]  # the base linears: float32, or int4 groupwise with int8 activations
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 DeviceBackend = Literal["executorch", "torch", "adb"]  # ExecuTorch runtime here, eager PyTorch, a phone over adb
 DEVICE_BACKENDS: tuple[str, ...] = get_args(DeviceBackend)
+# How a MobiZO step groups its 2q paths into forward passes (shared.zo): the same losses and B, different speed.
+Parallel = Literal["both", "outer", "inner", "none"]
+PARALLEL_MODES: tuple[str, ...] = get_args(Parallel)

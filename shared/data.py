@@ -207,6 +207,11 @@ def answer_len_for(task: Task, tokenizer: Any) -> int:
     """Tokens of a classification task's longest answer as it follows the task's prompt: the answer length a
     fixed-shape program needs. Other kinds take their answers from the data, so the caller must say."""
     if task.kind != "classification":
-        raise UsageError("--answer-len", f"is required for task {task.name} (its answers come from the data)")
+        raise UsageError("answer_len", f"is required for task {task.name} (its answers come from the data)")
     (encoded,) = encode([task.render(placeholder_record(task))], tokenizer)
     return max(map(len, encoded.candidate_ids))
+
+
+def prompt_token_ids(tokenizer: Any, text: str) -> list[int]:
+    """A free-text prompt as the model sees it in training: [BOS] (when the tokenizer uses one) + the text's tokens."""
+    return _bos(tokenizer) + _token_ids(tokenizer, [text])[0]

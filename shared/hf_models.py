@@ -31,7 +31,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def resolve_dtype(name: str) -> torch.dtype:
     """The torch dtype for a ``--dtype`` value."""
     if name not in DTYPES:
-        raise UsageError("--dtype", f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
+        raise UsageError("dtype", f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
     return DTYPES[name]
 
 
@@ -84,6 +84,13 @@ def load_model(
     return frozen(model), tokenizer
 
 
+def model_chat_frame(model_dir: Path) -> tuple[str, str]:
+    """``shared.tasks.chat_frame`` of a model folder's tokenizer (loaded alone: quick, no weights)."""
+    from shared.tasks import chat_frame
+
+    return chat_frame(AutoTokenizer.from_pretrained(Path(model_dir), local_files_only=True))
+
+
 def float64_throughout(model: torch.nn.Module) -> torch.nn.Module:
     """Make a float64 model compute in float64 everywhere (in place).
 
@@ -116,7 +123,7 @@ def save_model(out_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedToken
     sees half a model. Only an empty folder or an earlier model folder (one with config.json) is replaced."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not _replaceable(out_dir):
-        raise UsageError("--out", f"{out_dir} exists and is not an empty folder or a model folder")
+        raise UsageError("out", f"{out_dir} exists and is not an empty folder or a model folder")
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

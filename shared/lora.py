@@ -139,7 +139,7 @@ def inject_lora(
 ) -> MPLoRA:
     """Wrap every ``nn.Linear`` whose last name part is in ``targets`` with :class:`MPLoRALinear` (in place)."""
     if rank < 1:
-        raise UsageError("--rank", f"must be >= 1 (got {rank})")
+        raise UsageError("rank", f"must be >= 1 (got {rank})")
     found: dict[str, nn.Linear] = {
         name: module
         for name, module in model.named_modules()
@@ -147,7 +147,7 @@ def inject_lora(
     }
     missing = [t for t in targets if not any(n.rsplit(".", 1)[-1] == t for n in found)]
     if missing:
-        raise UsageError("--targets", f"no linear module named {', '.join(missing)} in this model")
+        raise UsageError("targets", f"no linear module named {', '.join(missing)} in this model")
     layers: dict[str, MPLoRALinear] = {}
     for name in layout_order(found):
         base = found[name]

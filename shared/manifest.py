@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from shared import defaults
-from shared.backends import ProgramBackend
+from shared.backends import Parallel, ProgramBackend, Quantization
 from shared.errors import FieldError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the .pte carries no B; the device sets it before step 1 (issue 11)
 ProgramMethod = Literal["forward", "get_lora_b", "set_lora_b", "evaluate"]
 PROGRAM_METHODS: tuple[str, ...] = get_args(ProgramMethod)  # every program has all of them
 
@@ -51,6 +51,13 @@ class ProgramConfig(BaseModel):
     targets: tuple[str, ...] = Field(default=defaults.TARGETS, min_length=1)
     a_seed: int = Field(default=defaults.A_SEED, ge=0)
     backend: ProgramBackend = defaults.PROGRAM_BACKEND
+    parallel: Parallel = defaults.PARALLEL
+    quantize: Quantization = defaults.QUANTIZE
+    group_size: int = Field(default=defaults.GROUP_SIZE, ge=32, multiple_of=32)
+    # Not the graph but how the device frames its prompts: the model's chat template around one user message
+    # (``shared.tasks.chat_frame``), or None for plain prompts. In the config so that a program built for chat
+    # prompts is never served to a job without them (its answer length may differ).
+    chat: tuple[str, str] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ProgramConfig:
@@ -63,8 +70,9 @@ class ProgramConfig(BaseModel):
         return self.batch_size // self.q
 
     @classmethod
-    def from_spec(cls, spec: Any, answer_len: int) -> ProgramConfig:
-        """The program of a job spec (``shared.schemas.HyperParams`` or its JSON) with ``answer_len`` resolved."""
+    def from_spec(cls, spec: Any, answer_len: int, chat: tuple[str, str] | None = None) -> ProgramConfig:
+        """The program of a job spec (``shared.schemas.HyperParams`` or its JSON) with ``answer_len`` and the chat
+        frame (for a spec with ``chat_template``) resolved from the model."""
         get = spec.get if isinstance(spec, dict) else lambda name: getattr(spec, name)
         return cls(
             q=get("q"),
@@ -76,6 +84,9 @@ class ProgramConfig(BaseModel):
             targets=tuple(get("targets")),
             a_seed=get("a_seed"),
             backend=get("program_backend"),
+            quantize=get("quantize") or defaults.QUANTIZE,  # specs stored before quantization have neither
+            group_size=get("group_size") or defaults.GROUP_SIZE,
+            chat=chat,
         )
 
 
@@ -122,9 +133,17 @@ class ProgramManifest(BaseModel):
     pte: ProgramFile
     ptd: ProgramFile
     tokenizer: ProgramFile
-    init_b: bool = Field(description="true: the program starts from a B of its own, not from zeros")
+    init_b: ProgramFile | None = Field(
+        default=None, description="the B file to set before step 1 (``export --adapter``); null: start from zeros"
+    )
     memory_mb: int = Field(description="RAM a device needs to run it (an estimate for the lease filter)")
     export_seconds: float
+
+    @field_validator("init_b", mode="before")
+    @classmethod
+    def _format_1_init_b(cls, value: Any) -> Any:
+        """Format 1 wrote ``false`` for a program starting from zeros (every server-compiled one): still readable."""
+        return None if value is False else value
 
     @model_serializer(mode="wrap")
     def _no_absent_model(self, handler):
@@ -145,6 +164,66 @@ def manifest_path(pte: Path) -> Path:
     return Path(pte).with_suffix(".json")
 
 
+def init_b_path(pte: Path) -> Path:
+    """Where ``export --adapter`` writes a program's starting B (a B file, ``shared.b_file``)."""
+    return Path(pte).with_suffix(".init.safetensors")
+
+
 def read_manifest(pte: Path) -> ProgramManifest:
     """The manifest beside the program ``pte``."""
     return ProgramManifest.model_validate_json(manifest_path(pte).read_bytes())
+
+
+INFERENCE_FORMAT_VERSION = 1
+InferenceMethod = Literal["forward", "set_lora_b"]
+INFERENCE_METHODS: tuple[str, ...] = get_args(InferenceMethod)
+
+
+class InferenceConfig(BaseModel):
+    """Everything that fixes an inference program's graph: its context and the LoRA layout, which must be the
+    training programs' (rank, alpha, targets, A seed) for the two to share one weights ``.ptd``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_context: int = Field(default=defaults.MAX_CONTEXT, ge=2, le=defaults.MAX_CONTEXT_LIMIT)
+    rank: int = Field(default=defaults.RANK, ge=1)
+    alpha: float = Field(default=defaults.ALPHA, gt=0)
+    targets: tuple[str, ...] = Field(default=defaults.TARGETS, min_length=1)
+    a_seed: int = Field(default=defaults.A_SEED, ge=0)
+    backend: ProgramBackend = defaults.PROGRAM_BACKEND
+
+
+class InferenceManifest(BaseModel):
+    """``FILE.json`` beside an inference ``FILE.pte``: ``forward(tokens [1, T], input_pos [T]) -> logits [1, T, V]``
+    with a KV cache of ``config.max_context`` positions inside the program, and ``set_lora_b(b [lora_size])``."""
+
+    format: int
+    model: str | None = None
+    config: InferenceConfig
+    methods: list[InferenceMethod]
+    lora: list[LoRAModule]
+    lora_size: int = Field(ge=0)
+    vocab_size: int = Field(ge=1)
+    stop_token_ids: list[int] = Field(description="ids that end a generation (the tokenizer's and model's EOS)")
+    pte: ProgramFile
+    ptd: ProgramFile
+    tokenizer: ProgramFile
+    export_seconds: float
+
+    @model_serializer(mode="wrap")
+    def _no_absent_model(self, handler):
+        data = handler(self)
+        if self.model is None:
+            data.pop("model", None)
+        return data
+
+    def for_device(self) -> InferenceManifest:
+        return self.model_copy(update={"model": None})
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), indent=2).encode()
+
+
+def read_inference_manifest(pte: Path) -> InferenceManifest:
+    """The manifest beside the inference program ``pte``."""
+    return InferenceManifest.model_validate_json(manifest_path(pte).read_bytes())

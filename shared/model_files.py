@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -89,6 +90,19 @@ def linear_modules(model_dir: Path) -> dict[str, list[int]]:
             if len(info.get("shape", [])) == 2:
                 modules[name.removesuffix(".weight")] = [int(d) for d in info["shape"]]
     return modules
+
+
+def float32_bytes(model_dir: Path) -> int:
+    """Bytes of the model's weights once loaded in float32 (as an export loads them), from the headers alone."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise DataError(f"{model_dir}: no *.safetensors weights")
+    count = 0
+    for path in files:
+        for name, info in read_safetensors_header(path).items():
+            if name != "__metadata__":
+                count += math.prod(int(d) for d in info.get("shape", []))
+    return 4 * count
 
 
 def inspect_model(model_dir: Path) -> tuple[str, str, dict[str, list[int]]]:

@@ -59,11 +59,16 @@ def noise(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return (total - _CENTRE).to(torch.float32) * SCALE
 
 
-def noise_range(seed: torch.Tensor, count: int) -> torch.Tensor:
-    """z[0..count) under ``seed``: one flat index range for all of a step's noise (keeps exported graphs small)."""
-    if count > MAX_INDEX:
-        raise ValueError(f"noise range {count} exceeds 2**32 indices")
-    return noise(seed, torch.arange(count, dtype=torch.int64, device=seed.device))
+def noise_range(seed: torch.Tensor, count: int, start: int = 0) -> torch.Tensor:
+    """z[start..start+count) under ``seed``: a contiguous slice of the one flat index space of a step.
+
+    Callers take a step's noise slice by slice (one query's D values at a time, ``shared.zo.step_noise``) so that
+    the int64 temporaries of the generator (several per value, twice the bytes of the float32 result) scale with
+    the slice, not with all q*D indices; the values are the same bits as one call over the whole range.
+    """
+    if start < 0 or start + count > MAX_INDEX:
+        raise ValueError(f"noise range [{start}, {start + count}) is outside [0, 2**32)")
+    return noise(seed, torch.arange(start, start + count, dtype=torch.int64, device=seed.device))
 
 
 # --- NumPy twin (server-side replay and tests): the same operations in the same order ---------------------------

@@ -4,8 +4,10 @@ An inference engine only runs ``forward()``, so the whole ZO-SGD step lives insi
 seed (``shared.noise``), run the 2q perturbed paths in one pass (``shared.lora``), per-path losses, projected
 gradients, update of the master B — all by ``shared.zo.zo_step``, the same function eager training uses. The
 master B is one flat float32 mutable buffer that persists across ``execute()`` calls; extra methods read it, set
-it (continued personalization, resume) and evaluate with it. The methods are listed in docs/contracts.md; the
-program's config and manifest (torch-free) in ``shared.manifest``.
+it and evaluate with it. The ``.pte`` carries no value for B (its buffer is memory-planned, uninitialised): the
+device always sets B with ``set_lora_b`` before step 1 — zeros, a previous adapter's B, or a checkpoint's — so
+no program holds copies of a starting B, and one program serves every starting point. The methods are listed in
+docs/contracts.md; the program's config and manifest (torch-free) in ``shared.manifest``.
 
 Export pipeline: ``torch.export`` per method → ``to_edge_transform_and_lower`` (XNNPACK takes the frozen matmuls;
 the integer noise and B stay in portable kernels) → ``to_executorch`` with the frozen weights tagged into a
@@ -16,7 +18,6 @@ users: it is stored once, content-addressed, and every program of the model shar
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,26 +33,30 @@ from shared.manifest import (
     ProgramFile,
     ProgramInputs,
     ProgramManifest,
+    init_b_path,
     manifest_path,
 )
+from shared.ptd import WEIGHTS_TAG, store_weights
 from shared.zo import forward_losses, zo_step
-
-WEIGHTS_TAG = "weights"  # name of the external data file the frozen weights go to
 
 
 class MobileMPLoRA(nn.Module):
     """The exportable step module: ``forward`` is one whole ZO-SGD step; B is a mutable buffer."""
 
-    def __init__(self, model: nn.Module, lora: MPLoRA, q: int, init_b: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, lora: MPLoRA, q: int, init_b: torch.Tensor | None = None, parallel: str = "both"
+    ) -> None:
         super().__init__()
         self.model = model
         self.lora = lora
         self.q = q
+        self.parallel = parallel
         self.register_buffer("lora_b", lora.zeros() if init_b is None else init_b.clone().to(torch.float32))
 
     def forward(self, input_ids, attention_mask, targets, seed, lr, eps):
         batch = Batch(input_ids, attention_mask, position_ids(attention_mask), targets)
-        losses, g, b_new = zo_step(self.model, self.lora, batch, self.lora_b, seed, lr, eps, self.q, "both")
+        step = (self.lora_b, seed, lr, eps, self.q, self.parallel)
+        losses, g, b_new = zo_step(self.model, self.lora, batch, *step, trim=False)
         self.lora_b.copy_(b_new)
         return losses, g
 
@@ -101,17 +106,21 @@ class _Method(nn.Module):
 
 
 def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor | None = None) -> MobileMPLoRA:
-    """Inject MP-LoRA into ``model`` (in place) and wrap it as the step module."""
+    """Inject MP-LoRA into ``model`` (in place), quantize its base linears as ``cfg`` says, wrap it as the step
+    module."""
     from shared.lora import inject_lora
+    from shared.quantize import quantize_base
 
     model.config.use_cache = False
     lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
-    return MobileMPLoRA(model, lora, cfg.q, init_b)
+    quantize_base(model, cfg.quantize, cfg.group_size)
+    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel)
 
 
 def _is_frozen_weight(node: torch.fx.Node) -> bool:
     """Everything constant goes to the shared .ptd — base weights and the frozen A (the same for every program
-    of a model with the default rank, targets and A seed); only the mutable B stays in the .pte.
+    of a model with the default rank, targets and A seed); the mutable B is neither: it has no value in any file
+    (the device sets it before step 1).
 
     Without this, each method that uses A carries its own copy in the .pte (SmolLM2: 2 x 2.2 MB).
     """
@@ -123,23 +132,48 @@ def _weights_tag(node: torch.fx.Node) -> str | None:
     return WEIGHTS_TAG if _is_frozen_weight(node) else None
 
 
-def lower(step: MobileMPLoRA, cfg: ProgramConfig):
-    """torch.export each method → edge (XNNPACK for the frozen matmuls) → ExecuTorch program manager."""
+def _tag_delegate_constants(module: nn.Module) -> None:
+    """Tag what XNNPACK serializes as constants of a quantized program so that it goes to the .ptd: the frozen
+    get_attr nodes, and every node computed from frozen nodes only. XNNPACK reads the tag on the node that feeds the
+    linear: for a quantized weight that is the ``dequantize_affine`` of (int weight, scales, zero points), not the
+    get_attr — without the second rule the 4-bit weights and their scales land in the .pte (SmolLM2: 64 MB).
+    Float32 programs tag the get_attr nodes alone (``lower``): computed values depend on the program's graph, and
+    tagging them would give each program its own .ptd instead of the model's shared one.
+    """
+    for graph_module in module.modules():
+        if not isinstance(graph_module, torch.fx.GraphModule):
+            continue
+        frozen: set[torch.fx.Node] = set()
+        for node in graph_module.graph.nodes:
+            computed = node.op == "call_function" and node.all_input_nodes
+            if (node.op == "get_attr" and _is_frozen_weight(node)) or (
+                computed and all(n in frozen for n in node.all_input_nodes)
+            ):
+                node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
+                frozen.add(node)
+
+
+def lower(step: nn.Module, cfg: ProgramConfig):
+    """torch.export each method → edge (XNNPACK for the frozen matmuls) → ExecuTorch program manager.
+
+    The methods are those of ``step.example_inputs(cfg)``: a step module's four, or a benchmark's plain forward."""
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
-    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
     inputs = step.example_inputs(cfg)
     programs = {}
     with torch.no_grad():
-        for method in PROGRAM_METHODS:
-            exported = torch.export.export(_Method(step, method), inputs[method], strict=False)
+        for method, args in inputs.items():
+            exported = torch.export.export(_Method(step, method), args, strict=False)
             if cfg.backend == "xnnpack":
                 # Weights that XNNPACK takes are tagged before lowering, so they too land in the .ptd.
                 unlifted = exported.module()
-                delegate_external_constants_pass_unlifted(unlifted, _weights_tag)
-                exported = torch.export.export(unlifted, inputs[method], strict=False)
+                if cfg.quantize == "none":
+                    delegate_external_constants_pass_unlifted(unlifted, _weights_tag)
+                else:
+                    _tag_delegate_constants(unlifted)
+                exported = torch.export.export(unlifted, args, strict=False)
             programs[method] = exported
     partitioner = []
     if cfg.backend == "xnnpack":
@@ -149,7 +183,6 @@ def lower(step: MobileMPLoRA, cfg: ProgramConfig):
     edge = to_edge_transform_and_lower(programs, partitioner=partitioner)
     return edge.to_executorch(
         ExecutorchBackendConfig(
-            passes=[InitializedMutableBufferPass(["lora_b"])],  # B starts from its exported value, not garbage
             emit_mutable_buffer_names=True,
             memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
             external_constants=_weights_tag,
@@ -166,7 +199,8 @@ def _tokenizer_file(tokenizer, store: Path) -> tuple[Path, str]:
 
 
 def _initial_b(step_lora: MPLoRA, cfg: ProgramConfig, init_adapter: Path | None) -> torch.Tensor | None:
-    """The B a program starts from: zero, or a previous adapter of the same layout (continued personalization)."""
+    """The B a program starts from: None (zeros), or a previous adapter of the same layout (continued
+    personalization), which the exporter writes beside the program for the device to set."""
     if init_adapter is None:
         return None
     from shared.adapter import read_adapter
@@ -174,7 +208,7 @@ def _initial_b(step_lora: MPLoRA, cfg: ProgramConfig, init_adapter: Path | None)
 
     config, _, lora_b = read_adapter(init_adapter)
     if int(config["r"]) != cfg.rank or set(config["target_modules"]) != set(cfg.targets):
-        raise UsageError("--adapter", f"rank/targets {config['r']}/{config['target_modules']} do not match the program")
+        raise UsageError("adapter", f"rank/targets {config['r']}/{config['target_modules']} do not match the program")
     return step_lora.join(lora_b)
 
 
@@ -192,7 +226,7 @@ def export_program(
     ``store`` (default: beside the program) as ``weights-<sha256>.ptd`` and ``tokenizer-<sha256>.json``, reused
     when present. Returns the manifest.
     """
-    from shared.files import atomic_write, atomic_write_bytes, store_by_content
+    from shared.files import atomic_write, atomic_write_bytes
     from shared.hf_models import load_model
 
     out_pte = Path(out_pte)
@@ -202,15 +236,15 @@ def export_program(
     model, tokenizer = load_model(model_dir, "float32")
     step = build_step_module(model, cfg)
     init_b = _initial_b(step.lora, cfg, init_adapter)
-    if init_b is not None:
-        step.lora_b.copy_(init_b)
-    progress(f"exporting {cfg.q}x{cfg.examples_per_query} paths x2, seq {cfg.seq_len}, backend {cfg.backend} ...")
+    progress(
+        f"exporting {cfg.q}x{cfg.examples_per_query} paths x2 ({cfg.parallel}), seq {cfg.seq_len}, "
+        f"backend {cfg.backend}, base weights {cfg.quantize} ..."
+    )
     manager = lower(step, cfg)
     atomic_write(out_pte, manager.write_to_file)
-    with tempfile.TemporaryDirectory(dir=store, prefix=".ptd.") as tmp:
-        manager.write_tensor_data_to_file(tmp)
-        ptd_path, ptd_sha = store_by_content(Path(tmp) / f"{WEIGHTS_TAG}.ptd", store, "weights-", ".ptd")
+    ptd_path, ptd_sha = store_weights(manager, store)
     tok_path, tok_sha = _tokenizer_file(tokenizer, store)
+    init_file = None if init_b is None else _init_b_file(out_pte, init_b)
     manifest = ProgramManifest(
         format=FORMAT_VERSION,
         model=str(Path(model_dir).resolve()),
@@ -222,7 +256,7 @@ def export_program(
         pte=_program_file(out_pte),
         ptd=_program_file(ptd_path, ptd_sha),
         tokenizer=_program_file(tok_path, tok_sha),
-        init_b=init_adapter is not None,
+        init_b=init_file,
         memory_mb=memory_estimate_mb(model.config, cfg, ptd_path.stat().st_size + out_pte.stat().st_size),
         export_seconds=round(time.perf_counter() - started, 2),
     )
@@ -232,6 +266,15 @@ def export_program(
         f"in {manifest.export_seconds} s"
     )
     return manifest
+
+
+def _init_b_file(out_pte: Path, init_b: torch.Tensor) -> ProgramFile:
+    """The starting B as a B file beside the program (``FILE.init.safetensors``), named in the manifest."""
+    from shared.b_file import b_file_bytes
+    from shared.files import atomic_write_bytes
+
+    path = atomic_write_bytes(init_b_path(out_pte), b_file_bytes(init_b.numpy()))
+    return _program_file(path)
 
 
 def _program_file(path: Path, sha256: str | None = None) -> ProgramFile:

@@ -23,12 +23,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared import defaults
-from shared.backends import DeviceBackend, ProgramBackend
-from shared.manifest import ProgramManifest, check_prompt_room, examples_per_query
+from shared.backends import DeviceBackend, ProgramBackend, Quantization
+from shared.errors import FieldError, UsageError
+from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
 
 RESULT_PARTS = ("b_flat", "log", "metrics")
 
 JobStatus = Literal["queued", "compiling", "ready", "running", "succeeded", "failed", "cancelled"]
+Aggregation = Literal["fedavg", "trimmed-mean", "median"]
+UploadMode = Literal["full", "log"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 Method = Literal["mobizo"]
 
@@ -135,18 +138,27 @@ class TaskSpec(BaseModel):
         examples=[{"0": " terrible", "1": " great"}],
         description=f"label → answer text; at most {MAX_LABELS} labels",
     )
+    chat_template: bool = Field(
+        default=False, description="frame each prompt with the model's chat template (instruct models)"
+    )
+    eval_examples: int = Field(
+        default=defaults.EVAL_EXAMPLES,
+        ge=0,
+        le=10_000,
+        description="examples of the device's own data kept out of training (at most a fifth of it) to measure "
+        "accuracy and loss before and after; 0: none",
+    )
 
     @model_validator(mode="after")
     def _known_task(self) -> TaskSpec:
-        from shared.errors import UsageError
         from shared.tasks import get_task
 
         if self.task is None and self.template is None and self.verbalizer is None:
-            raise ValueError("task: give a task name, or a template and a verbalizer")
+            raise FieldError("task", "give a task name, or a template and a verbalizer")
         try:
             get_task(self.task_name, self.template, self.verbalizer)
         except UsageError as exc:
-            raise ValueError(f"{exc.argument.lstrip('-')}: {exc.reason}") from None
+            raise FieldError(exc.field, exc.reason) from None
         return self
 
     @property
@@ -170,9 +182,9 @@ class HyperParams(BaseModel):
     method: Method = defaults.METHOD
     q: int = Field(default=defaults.Q, ge=1, le=64)
     batch_size: int = Field(default=defaults.BATCH_SIZE, ge=1, le=1024)
-    steps: int = Field(default=defaults.STEPS, ge=1, le=1_000_000)
-    lr: float = Field(default=defaults.LR, gt=0, le=1)
-    eps: float = Field(default=defaults.EPS, gt=0, le=1)
+    steps: int | None = Field(default=None, ge=1, le=1_000_000, description="default: the method's")
+    lr: float | None = Field(default=None, gt=0, le=1, description="default: the method's")
+    eps: float | None = Field(default=None, gt=0, le=1, description="default: the method's")
     rank: int = Field(default=defaults.RANK, ge=1, le=256)
     alpha: float = Field(default=defaults.ALPHA, gt=0, le=4096)
     targets: list[str] = Field(default=list(defaults.TARGETS), min_length=1, max_length=16)
@@ -180,12 +192,18 @@ class HyperParams(BaseModel):
     seed: int = Field(default=defaults.SEED, ge=0, le=_MAX_SEED)
     a_seed: int = Field(default=defaults.A_SEED, ge=0, le=_MAX_SEED, description="seed of the frozen LoRA A matrices")
     program_backend: ProgramBackend = defaults.PROGRAM_BACKEND
+    quantize: Quantization = Field(default=defaults.QUANTIZE, description="the program's frozen base linears")
+    group_size: int = Field(default=defaults.GROUP_SIZE, ge=32, le=4096, multiple_of=32, description="per 4-bit scale")
 
     @model_validator(mode="after")
     def _consistent(self) -> HyperParams:
+        chosen = defaults.for_method(self.method)  # shared.defaults: values the accuracy benchmark showed to learn
+        for name in ("steps", "lr", "eps"):
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(chosen, name))
         examples_per_query(self.batch_size, self.q)
         if len(set(self.targets)) != len(self.targets) or not all(t.isidentifier() for t in self.targets):
-            raise ValueError("targets: module names must be distinct identifiers like q_proj")
+            raise FieldError("targets", "module names must be distinct identifiers like q_proj")
         return self
 
 
@@ -199,6 +217,9 @@ class JobCreate(TaskSpec, HyperParams):
     )
     device_backend: DeviceBackend | None = Field(default=None, description="only devices with this backend")
     init_adapter_id: int | None = Field(default=None, ge=1, le=MAX_DB_INT, description="start from this adapter's B")
+    upload: UploadMode = Field(
+        default="full", description="full: the device uploads B and its log; log: the log alone (B = its replay)"
+    )
 
     @model_validator(mode="after")
     def _room_for_a_prompt(self) -> JobCreate:
@@ -208,9 +229,131 @@ class JobCreate(TaskSpec, HyperParams):
 
 
 class JobSpec(TaskSpec, HyperParams):
-    """What a device needs to train: the job's task and hyperparameters with ``answer_len`` resolved."""
+    """What a device needs to train: the job's task and hyperparameters with ``answer_len`` resolved; ``upload``
+    says whether the server wants B beside the log."""
 
     answer_len: int
+    upload: UploadMode = "full"
+
+
+# --- cohorts and federated jobs ------------------------------------------------------------------------------------
+
+
+class CohortCreate(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=_NAME)
+    model: str = Field(min_length=1, max_length=128, description="a registered model's name")
+    task: str = Field(min_length=1, max_length=64, description="a built-in task name (sst2, rte, …)")
+
+    @model_validator(mode="after")
+    def _known_task(self) -> CohortCreate:
+        from shared.errors import UsageError
+        from shared.tasks import get_task
+
+        try:
+            get_task(self.task, None, None)
+        except UsageError as exc:
+            raise ValueError(f"task: {exc.reason}") from None
+        return self
+
+
+class CohortPublic(BaseModel):
+    id: int
+    name: str
+    model: str
+    task: str
+    members: int = Field(description="users opted in now")
+    member: bool | None = Field(default=None, description="whether the caller is opted in (None for the admin)")
+    created_at: datetime
+
+
+class CohortsPublic(BaseModel):
+    data: list[CohortPublic]
+    count: int
+
+
+class FederationSpec(BaseModel):
+    """How a federated job runs its rounds (``docs/contracts.md``): K clients per round, each N local steps (the
+    job's ``steps``), closed at K reports or at the timeout with at least M."""
+
+    rounds: int = Field(ge=1, le=10_000)
+    clients_per_round: int = Field(ge=1, le=10_000, description="K: the round closes when K clients reported")
+    min_clients: int | None = Field(
+        default=None, ge=1, le=10_000, description="M: at the timeout, close with at least M reports (default K)"
+    )
+    round_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
+    aggregation: Aggregation = "fedavg"
+    trim_fraction: float = Field(default=0.1, ge=0, lt=0.5, description="trimmed-mean: cut this share at each end")
+    global_lr: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False, description="ETA in B + ETA·aggregate")
+    max_abs_g: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="refuse a client log with any |g| above this"
+    )
+
+    @model_validator(mode="after")
+    def _min_within_k(self) -> FederationSpec:
+        if self.min_clients is not None and self.min_clients > self.clients_per_round:
+            raise FieldError("min_clients", "must not exceed clients_per_round")
+        return self
+
+    @property
+    def min_reports(self) -> int:
+        return self.min_clients if self.min_clients is not None else self.clients_per_round
+
+
+class FederatedJobCreate(HyperParams, FederationSpec):
+    """``POST /v1/cohorts/{id}/jobs``: the model and task come from the cohort; ``steps`` are each client's local
+    steps per round; uploads are always log-only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    answer_len: int | None = Field(default=None, ge=1, le=256, description="default: from the task's verbalizer")
+
+
+class RoundClientPublic(BaseModel):
+    id: int
+    user_id: int
+    device_id: int
+    status: Literal["leased", "reported", "expired"]
+    seed: int = Field(description="the client's run seed: its step seeds and batch order")
+    progress_step: int | None = None
+    log_sha256: str | None = None
+    b_sha256: str | None = Field(default=None, description="the replay of its log from the round's B")
+    mean_loss: float | None = None
+    replay_s: float | None = None
+    log_bytes: int | None = None
+
+
+class RoundPublic(BaseModel):
+    index: int
+    status: Literal["open", "closing", "closed", "failed"]
+    b_sha256: str = Field(description="B_r, the round's starting B")
+    deadline_at: datetime | None
+    reopened: int
+    adapter_id: int | None = Field(description="the cohort adapter version this round published (B_{r+1})")
+    mean_loss: float | None
+    aggregate_s: float | None
+    closed_at: datetime | None
+    clients: list[RoundClientPublic] = Field(description="in aggregation order (reported ones are the summands)")
+
+
+class RoundsPublic(BaseModel):
+    data: list[RoundPublic]
+    count: int
+
+
+class RoundReportPublic(BaseModel):
+    """A round client's accepted log: ``b_sha256`` is the replay of it from the round's B."""
+
+    client_id: int
+    round: int
+    b_sha256: str
+
+
+class FederationProgress(BaseModel):
+    round: int | None = Field(description="the round in progress (or the last one)")
+    rounds: int
+    clients_leased: int
+    clients_reported: int
+    last_mean_loss: float | None = Field(description="mean training loss of the last closed round's clients")
 
 
 class JobProgress(BaseModel):
@@ -229,8 +372,12 @@ class JobPublic(BaseModel):
     progress: JobProgress
     attempts: int = Field(description="leases handed out so far")
     adapter_id: int | None = None
+    held_out: HeldOut | None = Field(default=None, description="the adapter's held-out figures, once there is one")
     created_at: datetime
     updated_at: datetime
+    cohort_id: int | None = None
+    federation: FederationSpec | None = None
+    federation_progress: FederationProgress | None = None
 
 
 class JobsPublic(BaseModel):
@@ -256,6 +403,17 @@ class LeaseCreate(_Strict):
     memory_mb: int | None = Field(
         default=None, ge=0, le=MAX_DB_INT, description="free memory where the training steps run"
     )
+    eligible: bool | None = Field(
+        default=None, description="the device's policy holds (charging, battery, temperature…): round work only then"
+    )
+
+
+class RoundLeasePublic(BaseModel):
+    """A lease on a part of a federated round: train ``spec.steps`` local steps from ``init`` (B_r), upload the log."""
+
+    client_id: int
+    index: int = Field(description="the round")
+    deadline_at: datetime | None = Field(description="the round closes by then; a later upload is refused (409)")
 
 
 class LeasePublic(BaseModel):
@@ -269,12 +427,24 @@ class LeasePublic(BaseModel):
     init: FileRef | None = Field(default=None, description="starting B (safetensors b_flat); set it before step 1")
     expires_at: datetime
     heartbeat_s: int = Field(description="send a heartbeat at least this often to keep the lease")
+    round: RoundLeasePublic | None = Field(default=None, description="set for a federated round's work")
+
+    @property
+    def work_path(self) -> str:
+        """Where this lease's heartbeats, result and failure go: the job's, or the round client's."""
+        return f"/v1/round-clients/{self.round.client_id}" if self.round else f"/v1/jobs/{self.job_id}"
+
+    @property
+    def work_key(self) -> str:
+        """A name for this piece of work, unique on the device (a job runs many rounds)."""
+        return f"{self.job_id}-r{self.round.index}-c{self.round.client_id}" if self.round else str(self.job_id)
 
 
 class HeartbeatCreate(_Strict):
     step: int = Field(ge=0, le=MAX_DB_INT)
     loss: float | None = Field(default=None, allow_inf_nan=False)
     steps_per_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    paused: bool = Field(default=False, description="training is paused: the device's policy does not hold now")
 
 
 class HeartbeatPublic(BaseModel):
@@ -315,6 +485,24 @@ class EvalMetrics(_Metrics):
     n: _Count | None = None
 
 
+class HeldOut(BaseModel):
+    """What personalization did on the device's held-out slice of its own data: the base (``before``, step 0) and
+    the trained adapter (``after``), measured on the device by the program; no example leaves the device."""
+
+    n: int | None = None
+    before: EvalMetrics
+    after: EvalMetrics
+
+    @classmethod
+    def from_metrics(cls, metrics: dict[str, Any]) -> HeldOut | None:
+        """From an upload's ``eval`` entries (first and last), or None when the device measured nothing."""
+        evals = metrics.get("eval") or []
+        if len(evals) < 2:
+            return None
+        before, after = EvalMetrics.model_validate(evals[0]), EvalMetrics.model_validate(evals[-1])
+        return cls(n=after.n, before=before, after=after)
+
+
 class UploadMetrics(_Metrics):
     """The ``metrics`` part of a result upload (``device_agent.metrics.training_metrics``), validated before it is
     stored with the adapter; stored as sent (``exclude_unset``), less unknown keys, plus the server's ``server``."""
@@ -353,8 +541,10 @@ class AdapterPublic(BaseModel):
     id: int
     model: str
     task: str
-    version: int = Field(description="1, 2, … per (user, model, task)")
+    version: int = Field(description="1, 2, … per (user, model, task), or per cohort for a cohort's adapter")
     job_id: int
+    cohort_id: int | None = Field(default=None, description="set for a cohort's adapter (owned by the cohort)")
+    round: int | None = Field(default=None, description="the round of the cohort's job that published it")
     parent_adapter_id: int | None = Field(description="the adapter this one started from, if any")
     rank: int
     alpha: float
@@ -362,6 +552,7 @@ class AdapterPublic(BaseModel):
     a_seed: int
     b_sha256: str
     metrics: dict[str, Any]
+    held_out: HeldOut | None = Field(default=None, description="accuracy and loss on the device's held-out data")
     created_at: datetime
 
 
@@ -388,3 +579,24 @@ class ErrorPublic(BaseModel):
     """Every 4xx answer: a message, or (validation errors) the fields at fault; never the offending input."""
 
     detail: str | list[ErrorItem]
+
+
+JobPublic.model_rebuild()  # its held_out is declared below it, with the metrics it summarises
+
+
+class InferenceCreate(_Strict):
+    """The inference program a device asks for: a model and the LoRA layout of the adapters it will run (an
+    adapter's ``rank``, ``alpha``, ``targets``, ``a_seed``), with ``max_context`` positions of KV cache."""
+
+    model: str = Field(min_length=1, max_length=128)
+    config: InferenceConfig = Field(default_factory=InferenceConfig)
+
+
+class InferencePublic(BaseModel):
+    """A compiled inference program and its downloads (the weights are the model's training programs' file)."""
+
+    key: str
+    manifest: InferenceManifest
+    program: FileRef
+    weights: FileRef
+    tokenizer: FileRef

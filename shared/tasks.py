@@ -17,7 +17,7 @@ import json
 import os
 import string
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -210,31 +210,31 @@ def _placeholders(template: str) -> tuple[str, ...]:
     try:
         parts = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise UsageError("--template", f"bad braces ({exc}); write {{{{ and }}}} for literal braces") from None
+        raise UsageError("template", f"bad braces ({exc}); write {{{{ and }}}} for literal braces") from None
     names: list[str] = []
     for _, name, spec, conversion in parts:
         if name is None:
             continue
         if not name.isidentifier() or spec or conversion:
-            raise UsageError("--template", f"placeholder {{{name}}} must be a plain field name such as {{text}}")
+            raise UsageError("template", f"placeholder {{{name}}} must be a plain field name such as {{text}}")
         if name == "label":
-            raise UsageError("--template", "the template must not show the label it is asked to predict")
+            raise UsageError("template", "the template must not show the label it is asked to predict")
         if name not in names:
             names.append(name)
     if not names:
-        raise UsageError("--template", "has no {field} placeholder, so every example would read the same")
+        raise UsageError("template", "has no {field} placeholder, so every example would read the same")
     return tuple(names)
 
 
 def _verbalizer_index(verbalizer: Any) -> dict[str, int]:
     """Label value → candidate index for a custom verbalizer (its order is the candidates' order)."""
     if not isinstance(verbalizer, Mapping) or len(verbalizer) < 2:
-        raise UsageError("--verbalizer", 'needs an object with at least two labels, e.g. {"0": " no", "1": " yes"}')
+        raise UsageError("verbalizer", 'needs an object with at least two labels, e.g. {"0": " no", "1": " yes"}')
     for key, text in verbalizer.items():
         if not isinstance(key, str) or not isinstance(text, str) or not text:
-            raise UsageError("--verbalizer", f"label {key!r} must map to a non-empty string, got {text!r}")
+            raise UsageError("verbalizer", f"label {key!r} must map to a non-empty string, got {text!r}")
     if len(set(verbalizer.values())) < len(verbalizer):
-        raise UsageError("--verbalizer", "two labels share the same answer text, so they cannot be told apart")
+        raise UsageError("verbalizer", "two labels share the same answer text, so they cannot be told apart")
     return {key: i for i, key in enumerate(verbalizer)}
 
 
@@ -255,17 +255,54 @@ def get_task(name: str, template: str | None = None, verbalizer: Mapping[str, st
     verbalizer mapping label values (as strings) to answer texts. ``UsageError`` names the bad argument."""
     if name == "custom":
         if template is None:
-            raise UsageError("--template", "is required with --task custom")
+            raise UsageError("template", "is required with --task custom")
         if verbalizer is None:
-            raise UsageError("--verbalizer", "is required with --task custom")
+            raise UsageError("verbalizer", "is required with --task custom")
         return _custom(template, verbalizer)
     if name not in _BUILTINS:
-        raise UsageError("--task", f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
+        raise UsageError("task", f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
     if template is not None:
-        raise UsageError("--template", f"only applies to --task custom, not {name}")
+        raise UsageError("template", f"only applies to --task custom, not {name}")
     if verbalizer is not None:
-        raise UsageError("--verbalizer", f"only applies to --task custom, not {name}")
+        raise UsageError("verbalizer", f"only applies to --task custom, not {name}")
     return _BUILTINS[name]
+
+
+_CHAT_SLOT = "\x00{prompt}\x00"  # stands for the user's message while a chat template is rendered
+
+
+def chat_frame(tokenizer: Any) -> tuple[str, str]:
+    """The text an instruct model's chat template puts before and after ONE user message, the assistant's cue
+    included: ``prefix + prompt + suffix`` is the prompt as the model was tuned to read it.
+
+    Rendered once with a placeholder message, so a program or a device needs only these two strings (no Jinja,
+    no ``transformers``); ``UsageError`` on ``--chat-template`` when the tokenizer has no template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError("chat_template", "the model's tokenizer has no chat template")
+    message = [{"role": "user", "content": _CHAT_SLOT}]
+    text = tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
+    prefix, found, suffix = text.partition(_CHAT_SLOT)
+    if not found:
+        raise UsageError("chat_template", "the model's chat template does not show the user's message verbatim")
+    return prefix, suffix
+
+
+def with_chat(task: Task, frame: tuple[str, str] | list[str] | None) -> Task:
+    """``task`` with every prompt inside a chat frame (``chat_frame``); None leaves it as it is.
+
+    Answers lose their leading spaces: the assistant's turn starts on a new line, where no word-separating space
+    comes first (the rule of this module: no space after a newline).
+    """
+    if frame is None:
+        return task
+    prefix, suffix = frame
+
+    def render(record: Mapping[str, Any]) -> Rendered:
+        plain = task.render_record(record)
+        return Rendered(prefix + plain.prompt + suffix, [c.lstrip(" ") for c in plain.candidates], plain.label)
+
+    return replace(task, render_record=render)
 
 
 def parse_verbalizer(text: str | None) -> dict[str, str] | None:
@@ -275,7 +312,7 @@ def parse_verbalizer(text: str | None) -> dict[str, str] | None:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError("--verbalizer", f"not valid JSON ({exc.msg})") from None
+        raise UsageError("verbalizer", f"not valid JSON ({exc.msg})") from None
 
 
 def placeholder_record(task: Task) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +32,22 @@ from tqdm import tqdm
 
 from shared import defaults
 from shared.adapter import save_lora
+from shared.backends import PARALLEL_MODES
 from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
 from shared.batch import Batch
+from shared.checkpoint import Checkpoint, fingerprint, load_checkpoint, save_checkpoint
 from shared.data import Encoded, batch_indices, encode, load_examples, pad_token_id, training_batch
 from shared.errors import FieldError, UsageError
 from shared.evaluate import evaluate
 from shared.files import atomic_write_bytes
-from shared.hf_models import load_model, resolve_dtype
+from shared.hf_models import load_model, model_chat_frame, resolve_dtype
 from shared.lora import MPLoRA, inject_lora
 from shared.manifest import examples_per_query
 from shared.memory import peak_rss_mb
 from shared.noise import MAX_SEED, step_seed
-from shared.tasks import Rendered, Task, get_task
+from shared.tasks import Rendered, Task, get_task, with_chat
 from shared.train_log import log_line, log_record
-from shared.zo import PARALLEL_MODES, zo_step
+from shared.zo import zo_step
 
 METHODS: tuple[str, ...] = ("mobizo", "mezo-lora", "mezo", "fo-lora")
 ONE_QUERY_METHODS = ("mezo-lora", "mezo", "fo-lora")  # q must be 1: they estimate (or compute) one gradient
@@ -64,9 +66,9 @@ class TrainConfig:
     method: str = defaults.METHOD
     q: int = defaults.Q
     batch_size: int = defaults.BATCH_SIZE
-    steps: int = defaults.STEPS
-    lr: float = defaults.LR
-    eps: float = defaults.EPS
+    steps: int | None = None  # None: the method's default (shared.defaults.for_method), as lr and eps
+    lr: float | None = None
+    eps: float | None = None
     rank: int = defaults.RANK
     alpha: float = defaults.ALPHA
     targets: tuple[str, ...] = defaults.TARGETS
@@ -75,77 +77,93 @@ class TrainConfig:
     parallel: str = "both"
     dtype: str = "float32"
     eval_every: int | None = None
+    checkpoint_every: int | None = (
+        None  # write OUT/checkpoint/ every K steps; a run resumes from it (shared.checkpoint)
+    )
     device: str | None = None  # None: cuda when available, else cpu
     limit_train: int | None = None
     limit_eval: int | None = None
     seq_len: int | None = None  # prompts are cut from the left so prompt + answer fits
     template: str | None = None
     verbalizer: dict[str, str] | None = None
+    chat_template: bool = False  # prompts inside the model's chat template (instruct models)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Validation: every bad argument is reported before the (slow) model load, naming its flag.
+# Validation: every bad argument is reported before the (slow) model load, naming its field.
+
+
+def with_defaults(config: TrainConfig) -> TrainConfig:
+    """``config`` with the method's defaults for the steps, lr and eps it does not give."""
+    chosen = defaults.for_method(config.method)
+    missing = {name: getattr(chosen, name) for name in ("steps", "lr", "eps") if getattr(config, name) is None}
+    return replace(config, **missing)
 
 
 def validate(config: TrainConfig) -> Task:
-    """Check every argument (``UsageError`` naming the flag); returns the task."""
+    """Check every argument (``UsageError`` naming the field); returns the task."""
+    config = with_defaults(config)
     _check_method(config)
     _check_numbers(config)
     _check_paths(config)
     resolve_dtype(config.dtype)
     resolve_device(config.device)
-    return get_task(config.task, config.template, config.verbalizer)
+    task = get_task(config.task, config.template, config.verbalizer)
+    return with_chat(task, model_chat_frame(config.model)) if config.chat_template else task
 
 
 def _check_method(config: TrainConfig) -> None:
     if config.method not in METHODS:
-        raise UsageError("--method", f"unknown method {config.method!r} (choose from {', '.join(METHODS)})")
+        raise UsageError("method", f"unknown method {config.method!r} (choose from {', '.join(METHODS)})")
     if config.parallel not in PARALLEL_MODES:
-        raise UsageError("--parallel", f"unknown mode {config.parallel!r} (choose from {', '.join(PARALLEL_MODES)})")
+        raise UsageError("parallel", f"unknown mode {config.parallel!r} (choose from {', '.join(PARALLEL_MODES)})")
     if config.q < 1:
-        raise UsageError("--q", f"must be at least 1, got {config.q}")
+        raise UsageError("q", f"must be at least 1, got {config.q}")
     if config.method in ONE_QUERY_METHODS and config.q != 1:
-        raise UsageError("--q", f"{config.method} uses one query per step: --q must be 1, got {config.q}")
+        raise UsageError("q", f"{config.method} uses one query per step: --q must be 1, got {config.q}")
+    if config.method == "mezo" and config.checkpoint_every is not None:
+        raise UsageError("checkpoint_every", "mezo trains all parameters, whose state is not checkpointed")
     try:
         examples_per_query(config.batch_size, config.q)
     except FieldError:
         reason = f"must divide --batch-size {config.batch_size} (each query gets batch_size/q examples)"
-        raise UsageError("--q", reason) from None
+        raise UsageError("q", reason) from None
 
 
 def _check_numbers(config: TrainConfig) -> None:
     at_least = (
-        ("--batch-size", config.batch_size, 1),
-        ("--steps", config.steps, 1),
-        ("--rank", config.rank, 1),
-        ("--eval-every", config.eval_every, 1),
-        ("--limit-train", config.limit_train, 1),
-        ("--limit-eval", config.limit_eval, 1),
-        ("--seq-len", config.seq_len, 2),
+        ("batch_size", config.batch_size, 1),
+        ("steps", config.steps, 1),
+        ("rank", config.rank, 1),
+        ("eval_every", config.eval_every, 1),
+        ("checkpoint_every", config.checkpoint_every, 1),
+        ("limit_train", config.limit_train, 1),
+        ("limit_eval", config.limit_eval, 1),
+        ("seq_len", config.seq_len, 2),
     )
-    for flag, value, least in at_least:
+    for field, value, least in at_least:
         if value is not None and value < least:
-            raise UsageError(flag, f"must be at least {least}, got {value}")
-    for flag, value in (("--lr", config.lr), ("--eps", config.eps), ("--alpha", config.alpha)):
+            raise UsageError(field, f"must be at least {least}, got {value}")
+    for field, value in (("lr", config.lr), ("eps", config.eps), ("alpha", config.alpha)):
         if not (math.isfinite(value) and value > 0):
-            raise UsageError(flag, f"must be a positive number, got {value}")
+            raise UsageError(field, f"must be a positive number, got {value}")
     if not 0 <= config.seed < MAX_SEED:
-        raise UsageError("--seed", f"must be in [0, 2**31), got {config.seed}")
+        raise UsageError("seed", f"must be in [0, 2**31), got {config.seed}")
     if not config.targets or not all(config.targets):
-        raise UsageError("--targets", "needs at least one module name, e.g. q_proj,v_proj")
+        raise UsageError("targets", "needs at least one module name, e.g. q_proj,v_proj")
 
 
 def _check_paths(config: TrainConfig) -> None:
     if not (Path(config.model) / "config.json").is_file():
-        raise UsageError("--model", f"{config.model} is not a Hugging Face model folder (no config.json)")
+        raise UsageError("model", f"{config.model} is not a Hugging Face model folder (no config.json)")
     if not Path(config.train).is_file():
-        raise UsageError("--train", f"no such file: {config.train}")
+        raise UsageError("train", f"no such file: {config.train}")
     if config.eval is not None and not Path(config.eval).is_file():
-        raise UsageError("--eval", f"no such file: {config.eval}")
+        raise UsageError("eval", f"no such file: {config.eval}")
     if config.eval is None and config.eval_every is not None:
-        raise UsageError("--eval-every", "needs --eval FILE to evaluate on")
+        raise UsageError("eval_every", "needs --eval FILE to evaluate on")
     if Path(config.out).exists() and not Path(config.out).is_dir():
-        raise UsageError("--out", f"{config.out} exists and is not a folder")
+        raise UsageError("out", f"{config.out} exists and is not a folder")
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -155,11 +173,11 @@ def resolve_device(name: str | None) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UsageError("--device", f"unknown device {name!r} (use cpu or cuda)") from None
+        raise UsageError("device", f"unknown device {name!r} (use cpu or cuda)") from None
     if device.type not in ("cpu", "cuda"):
-        raise UsageError("--device", f"unsupported device {name!r} (use cpu or cuda)")
+        raise UsageError("device", f"unsupported device {name!r} (use cpu or cuda)")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device", "CUDA is not available on this machine")
+        raise UsageError("device", "CUDA is not available on this machine")
     return device
 
 
@@ -270,26 +288,67 @@ def _step_batch(run: _Run, k: int) -> Batch:
     return to_device(training_batch(examples, pad_token_id(run.tokenizer)), run.step.device)
 
 
-def _loop(run: _Run, progress: bool) -> dict[str, list]:
-    """Train; per step: mean path loss, wall time of the step, the log record (mobizo); evals when due."""
+def _start(run: _Run) -> Checkpoint:
+    """Step 0 with an empty history, or the run's checkpoint (which must belong to the same configuration)."""
     cfg = run.config
+    wanted = fingerprint(asdict(cfg))
     history: dict[str, list] = {"losses": [], "times": [], "log": [], "eval": []}
+    b = run.step.b if run.step.b is not None else torch.zeros(0)
+    found = load_checkpoint(cfg.out) if cfg.checkpoint_every is not None else None
+    if found is None:
+        return Checkpoint(0, b, history, wanted)
+    if found.fingerprint != wanted:
+        changed = sorted(k for k in wanted if found.fingerprint.get(k) != wanted[k])
+        raise UsageError("out", f"{cfg.out} holds a checkpoint of another run (differs in {', '.join(changed)})")
+    if found.step > cfg.steps:
+        raise UsageError("steps", f"the checkpoint in {cfg.out} is at step {found.step}, beyond --steps {cfg.steps}")
+    run.step.b.copy_(found.b.to(run.step.b.device, run.step.b.dtype))
+    return found
+
+
+def _at_step(run: _Run, state: Checkpoint, k: int, start: int) -> None:
+    """Before step k (and after the last): evaluate when due, then checkpoint when due."""
+    cfg = run.config
+    if _due_for_eval(run, k) and not any(e["step"] == k for e in state.history["eval"]):
+        entry = _evaluate(run, k)
+        state.history["eval"].append(entry)
+        if run.step.b is not None:
+            state.note_eval(entry, run.step.b)
+    every = cfg.checkpoint_every
+    if every is not None and k != start and (k % every == 0 or k == cfg.steps):
+        state.step, state.b = k, run.step.b  # mobizo's step returns a new B rather than updating it in place
+        save_checkpoint(cfg.out, state)
+
+
+def _loop(run: _Run, progress: bool) -> Checkpoint:
+    """Train from the start (or the checkpoint); per step: mean path loss, wall time of the step, the log record
+    (mobizo); evaluations and checkpoints when due."""
+    cfg = run.config
+    state = _start(run)
+    history, start = state.history, state.step
     lr32, eps32 = float(np.float32(cfg.lr)), float(np.float32(cfg.eps))
-    bar = tqdm(range(cfg.steps), desc=cfg.method, unit="step", disable=not (progress and sys.stderr.isatty()))
+    steps = range(start, cfg.steps)
+    bar = tqdm(
+        steps,
+        desc=cfg.method,
+        unit="step",
+        initial=start,
+        total=cfg.steps,
+        disable=not (progress and sys.stderr.isatty()),
+    )
     for k in bar:
-        if _due_for_eval(run, k):
-            history["eval"].append(_evaluate(run, k))
+        _at_step(run, state, k, start)
         batch, seed = _step_batch(run, k), step_seed(cfg.seed, k)
-        start = time.perf_counter()
+        begin = time.perf_counter()
         losses, g = (t.float().cpu() for t in run.step(batch, seed))  # .cpu() waits for the device
-        history["times"].append(time.perf_counter() - start)
+        history["times"].append(time.perf_counter() - begin)
         history["losses"].append(float(losses.mean()))
         if cfg.method == "mobizo":
             history["log"].append(log_record(k, seed, lr32, eps32, g.numpy(), losses.numpy()))
         bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
-    if _due_for_eval(run, cfg.steps):
-        history["eval"].append(_evaluate(run, cfg.steps))
-    return history
+    _at_step(run, state, cfg.steps, start)
+    state.step = cfg.steps
+    return state
 
 
 def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
@@ -347,9 +406,10 @@ def _write_outputs(run: _Run, history: dict[str, list], metrics: dict[str, Any])
 
 def train(config: TrainConfig, progress: bool = True) -> dict[str, Any]:
     """Validate, train, write OUT/metrics.json (+ adapter, + log) and return the metrics."""
+    config = with_defaults(config)
     task = validate(config)
     run = _prepare(config, task)
-    history = _loop(run, progress)
-    metrics = _metrics(run, history)
-    _write_outputs(run, history, metrics)
+    state = _loop(run, progress)
+    metrics = _metrics(run, state.history) | {"best_eval": state.best}
+    _write_outputs(run, state.history, metrics)
     return metrics

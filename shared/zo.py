@@ -15,17 +15,13 @@ only, for checks that rounding must not hide) runs the same steps on z's float32
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import nn
 
+from shared.backends import Parallel  # the schedules' names, torch-free (the command line's choices)
 from shared.batch import Batch
 from shared.lora import MPLoRA
 from shared.noise import noise_range
-
-Parallel = Literal["both", "outer", "inner", "none"]
-PARALLEL_MODES: tuple[str, ...] = ("both", "outer", "inner", "none")
 
 
 def example_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -98,14 +94,16 @@ def updated_b(b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tenso
 
 
 def step_noise(seed: torch.Tensor, q: int, size: int) -> torch.Tensor:
-    """z [q, D] of one step: one flat index range, split per query."""
-    return noise_range(seed, q * size).reshape(q, size)
+    """z [q, D] of one step: query i takes indices i*D .. (i+1)*D of the flat range, generated one query at a
+    time so the generator's int64 temporaries hold D values, not q*D (a step's peak memory, issue 11)."""
+    return torch.stack([noise_range(seed, size, start=i * size) for i in range(q)])
 
 
-def _query(batch: Batch, start: int, stop: int) -> Batch:
-    """Rows [start, stop) without their all-padding left columns (eager only: a query run alone pads less)."""
+def _query(batch: Batch, start: int, stop: int, trim: bool) -> Batch:
+    """Rows [start, stop), with ``trim`` without their all-padding left columns (eager only: a query run alone pads
+    less; the column count depends on the data, which an exported program's fixed shapes cannot)."""
     mask = batch.attention_mask[start:stop]
-    first = int(mask.any(dim=0).nonzero()[0])
+    first = int(mask.any(dim=0).nonzero()[0]) if trim else 0
     return Batch(
         batch.input_ids[start:stop, first:],
         mask[:, first:],
@@ -115,11 +113,18 @@ def _query(batch: Batch, start: int, stop: int) -> Batch:
 
 
 def rge_losses(
-    model: nn.Module, lora: MPLoRA, batch: Batch, paths: torch.Tensor, q: int, parallel: Parallel
+    model: nn.Module,
+    lora: MPLoRA,
+    batch: Batch,
+    paths: torch.Tensor,
+    q: int,
+    parallel: Parallel,
+    trim: bool = True,
 ) -> torch.Tensor:
     """The 2q path losses of one step, grouped into forward passes as ``parallel`` says.
 
-    ``batch`` has q*E rows, query-major; ``paths`` is ``perturbations(...)`` [2q, D].
+    ``batch`` has q*E rows, query-major; ``paths`` is ``perturbations(...)`` [2q, D]. ``trim``: a query run alone
+    drops its all-padding columns (eager); a program keeps its fixed shapes (``trim=False``, exportable).
     """
     if parallel == "both":
         return path_losses(model, lora, batch, paths, copies=2)
@@ -130,7 +135,7 @@ def rge_losses(
     rows = batch.input_ids.shape[0] // q
     parts = []
     for i in range(q):
-        query = _query(batch, i * rows, (i + 1) * rows)
+        query = _query(batch, i * rows, (i + 1) * rows, trim)
         if parallel == "inner":
             parts.append(path_losses(model, lora, query, paths[2 * i : 2 * i + 2], copies=2))
         else:
@@ -148,9 +153,10 @@ def zo_step(
     eps: torch.Tensor,
     q: int,
     parallel: Parallel = "both",
+    trim: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One MobiZO step → (losses [2q], g [q], new B). Used by eager training and, with ``both``, by the program."""
+    """One MobiZO step → (losses [2q], g [q], new B). Used by eager training and, untrimmed, by the program."""
     z = step_noise(seed, q, b.shape[0]).to(b.dtype)  # a float64 B (exactness checks) takes z's float32 values
-    losses = rge_losses(model, lora, batch, perturbations(b, z, eps), q, parallel)
+    losses = rge_losses(model, lora, batch, perturbations(b, z, eps), q, parallel, trim)
     g = projected_gradients(losses, eps)
     return losses, g, updated_b(b, z, g, lr)

@@ -46,3 +46,18 @@ def program_factory(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         return cache[cfg]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_inference(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``(pte, manifest, store, training manifest)``: the tiny model's inference program (context 64), exported
+    once per session into the store of the suite's training programs, with their LoRA layout (``TINY_Q1``)."""
+    from shared.inference_program import export_inference_program
+    from shared.manifest import InferenceConfig
+    from tests.utils.programs import TINY_Q1
+
+    train_pte, train_manifest = program_factory(TINY_Q1)
+    out = tmp_path_factory.mktemp("inference") / "inference.pte"
+    config = InferenceConfig(max_context=64, rank=TINY_Q1.rank, alpha=TINY_Q1.alpha)
+    manifest = export_inference_program(tiny_model_dir, config, out, store=train_pte.parent, progress=lambda _: None)
+    return out, manifest, train_pte.parent, train_manifest

@@ -30,6 +30,7 @@ def test_demo_walks_the_readme_and_exits_zero(tmp_path: Path) -> None:
     assert done.returncode == 0, output[-4000:]
     assert re.search(r"accuracy \(24 examples\): base model 0\.\d{3}, with the on-device adapter 0\.\d{3}", output)
     assert "cancelled" in done.stdout  # the second job, cancelled by the user
+    assert re.search(r"held-out data \(100 examples, never uploaded\): accuracy [01]\.\d{3} -> [01]\.\d{3}", output)
     assert "cpuinfo_utils" not in output  # the runtime's CPU-probe lines (not pip's py-cpuinfo)
     adapter = tmp_path / "demo" / "adapter"
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()

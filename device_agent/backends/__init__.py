@@ -43,7 +43,7 @@ class TrainRun:
     batches: Path
     lr: float  # float32 values, see device_agent.et_program
     eps: float
-    init_b: np.ndarray | None  # B before step 0; None: the program's own
+    init_b: np.ndarray  # B before step 0 (zeros or the job's starting adapter): a .pte carries no B of its own
     checkpoint: Path
     checkpoint_every: int  # 0: only when stopped
 
@@ -70,7 +70,7 @@ class Backend(Protocol):
     def train(
         self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep, should_stop: ShouldStop
     ) -> Outcome:
-        """Run steps ``[start, N)`` from ``start_b`` (None: ``run.init_b``)."""
+        """Run steps ``[start, N)`` from ``start_b`` (None: ``run.init_b``), set before the first step."""
 
     def forget(self, run: TrainRun) -> None:
         """Delete what the run left where the steps ran (its batches hold the user's tokens)."""
@@ -98,12 +98,12 @@ def make_backend(
         from device_agent.backends.torch_eager import torch_backend
 
         if model_dir is None:
-            raise UsageError("--model-dir", "the torch backend runs the base model in PyTorch: give its directory")
+            raise UsageError("model_dir", "the torch backend runs the base model in PyTorch: give its directory")
         return torch_backend(Path(model_dir), device, registered)
     if name == "adb":
         from device_agent.backends.adb import AdbBackend
 
         if runner is None:
-            raise UsageError("--runner", "the adb backend needs the native runner built for the phone")
+            raise UsageError("runner", "the adb backend needs the native runner built for the phone")
         return AdbBackend(runner, serial)
-    raise UsageError("--backend", f"unknown backend {name!r}: choose one of {', '.join(DEVICE_BACKENDS)}")
+    raise UsageError("backend", f"unknown backend {name!r}: choose one of {', '.join(DEVICE_BACKENDS)}")

@@ -21,9 +21,9 @@ import numpy as np
 
 from device_agent.backends import OnStep, Outcome, ShouldStop, StepRecord, TrainRun
 from device_agent.checkpoint import Checkpoint, decode, load_b, save_b, save_checkpoint
-from device_agent.resources import meminfo_available_mb
 from shared.errors import MobizoError
 from shared.files import sha256_file
+from shared.memory import meminfo_available_mb
 
 PHONE_ROOT = "/data/local/tmp/mobizo"
 EXIT_STOPPED = 75  # the runner's "stopped after finishing a step" (device_agent/runner/README.md)
@@ -111,7 +111,7 @@ class AdbBackend:
             if start > 0:  # resume: the runner starts from a checkpoint of this run
                 save_checkpoint(Path(tmp) / "c", Checkpoint(run.key, start, start_b))
                 self.phone.run("push", str(Path(tmp) / "c"), f"{job}/checkpoint.ckpt")
-            elif run.init_b is not None:
+            else:  # the program has no B of its own: the runner sets this one before step 1
                 save_b(Path(tmp) / "init.f32", run.init_b)
                 self.phone.run("push", str(Path(tmp) / "init.f32"), f"{job}/init.f32")
                 paths["init"] = f"{job}/init.f32"
@@ -201,3 +201,39 @@ def _stream_steps(proc: subprocess.Popen, on_step: OnStep, start: int) -> int:
         on_step(StepRecord(int(record["step"]), int(record["seed"]), losses, g, now - last))
         next_step, last = int(record["step"]) + 1, now
     return next_step
+
+
+class AdbGenerator:
+    """Greedy generation on the phone: the native runner's generate mode on the inference program (pushed once,
+    by sha256, like training programs) and the adapter's B; one step per line read as the runner prints it."""
+
+    def __init__(self, runner: Path, serial: str | None = None, root: str = PHONE_ROOT) -> None:
+        if not Path(runner).is_file():
+            raise MobizoError(f"{runner}: no runner binary (build it: device_agent/runner/build.sh)")
+        self.runner, self.phone, self.root = Path(runner), Phone(serial), root
+
+    def generate(self, fetched, prompt_ids: list[int], max_new_tokens: int, stop_ids):
+        """Yield ``shared.generation.Generated`` per new token (the phone's own step times)."""
+        from shared.generation import Generated
+
+        self.phone.shell(f"mkdir -p {self.root}/bin {self.root}/store {self.root}/inference")
+        runner = self.phone.push_once(self.runner, f"{self.root}/bin/runner-{sha256_file(self.runner)[:16]}")
+        pte = self.phone.push_once(fetched.pte, f"{self.root}/store/{fetched.manifest.pte.sha256}.pte")
+        ptd = self.phone.push_once(fetched.ptd, f"{self.root}/store/{fetched.manifest.ptd.sha256}.ptd")
+        args = [runner, "generate", "--program", pte, "--data", ptd, "--prompt-ids", ",".join(map(str, prompt_ids))]
+        args += ["--max-new-tokens", str(max_new_tokens)]
+        if stop_ids:
+            args += ["--stop-ids", ",".join(map(str, sorted(stop_ids)))]
+        if fetched.b is not None:
+            b_path = f"{self.root}/inference/b.f32"
+            with tempfile.TemporaryDirectory() as tmp:
+                save_b(Path(tmp) / "b.f32", fetched.b)
+                self.phone.run("push", str(Path(tmp) / "b.f32"), b_path)
+            args += ["--b", b_path]
+        command = " ".join(shlex.quote(a) for a in args)
+        proc = subprocess.Popen([*self.phone.prefix, "shell", command], stdout=subprocess.PIPE, text=True)
+        for line in proc.stdout:
+            step = json.loads(line)
+            yield Generated(int(step["token"]), float(step["seconds"]))
+        if proc.wait() != 0:
+            raise MobizoError(f"the runner's generate mode failed on the phone (exit {proc.returncode})")

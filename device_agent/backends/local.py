@@ -64,7 +64,7 @@ class LocalBackend:
     open_engine: Callable[[TrainRun], Engine]
 
     def free_memory_mb(self) -> int | None:
-        from device_agent.resources import free_memory_mb
+        from shared.memory import free_memory_mb
 
         return free_memory_mb()
 
@@ -78,9 +78,7 @@ class LocalBackend:
         self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep, should_stop: ShouldStop
     ) -> Outcome:
         engine = self.open_engine(run)
-        b = start_b if start_b is not None else run.init_b
-        if b is not None:
-            engine.set_b(b)
+        engine.set_b(start_b if start_b is not None else run.init_b)  # the program has no B of its own
 
         def checkpoint(next_step: int) -> None:
             save_checkpoint(run.checkpoint, Checkpoint(run.key, next_step, engine.get_b()))

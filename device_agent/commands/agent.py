@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shared import defaults
 from shared.backends import DEVICE_BACKENDS
 from shared.errors import ExitCode
 
@@ -24,7 +25,7 @@ HELP = "the device agent: enroll this device, then run it (lease a job, train lo
 HELP = "the device agent: enroll this device, then run it (lease a job, train locally, upload only LoRA-B)"
 
 
-def _runner_default() -> Path:
+def runner_default() -> Path:
     """The runner built for a phone when there is one, else the one built for this machine (adb stand-in)."""
     build = Path(__file__).resolve().parents[1] / "runner" / "build"
     android = build / "android-arm64-v8a" / "mobizo_runner"
@@ -38,7 +39,7 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
         "--runner",
         type=Path,
         default=None,
-        help=f"adb backend: the native runner to push (default: {_runner_default()})",
+        help=f"adb backend: the native runner to push (default: {runner_default()})",
     )
     parser.add_argument("--serial", help="adb backend: the phone's serial (default: the only one attached)")
 
@@ -76,9 +77,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest wait between retries while the server is unreachable (30)",
     )
     _add_backend_options(run)
+    policy = run.add_argument_group(
+        'training policy (also the config\'s "policy" object): train only while it holds; pause and resume when not'
+    )
+    policy.add_argument("--min-battery", type=float, help="lowest battery level in %% (default 20)")
+    policy.add_argument("--max-temp-c", type=float, help="highest temperature in °C (default 45)")
+    policy.add_argument("--allow-discharging", action="store_true", help="train on battery power too")
+    policy.add_argument("--allow-screen-on", action="store_true", help="phones: train with the screen on too")
+    policy.add_argument("--sysfs-root", type=Path, help="Linux/Jetson: read /sys/class/... under this root (/)")
+    policy.add_argument("--policy-check-s", type=float, help="re-read the readings at most this often (5)")
+    policy.add_argument("--pause-limit-s", type=float, help="keep a paused job's lease this long, then release (1800)")
+    policy.add_argument("--no-policy", action="store_true", help="train whenever there is work")
+    _add_inference_actions(sub)
+
+
+def _add_inference_options(parser: argparse.ArgumentParser) -> None:
+    """What both on-device inference actions share: which adapter (or base), where the config and cache are."""
+    parser.add_argument("--adapter-id", type=int, help="one of your adapters (mobizo adapters list); none: the base")
+    parser.add_argument("--model", help="without --adapter-id: the registered model whose base to run")
+    parser.add_argument("--max-context", type=int, default=defaults.MAX_CONTEXT, help="the program's KV cache (512)")
+    parser.add_argument("--config", type=Path, help="the agent config (default: ~/.config/mobizo/agent.json)")
+    parser.add_argument("--work-dir", type=Path, help="the download cache (default: ~/.cache/mobizo/agent-<id>)")
+
+
+def _add_inference_actions(sub) -> None:
+    from shared.commands.eval import add_arguments as add_eval_arguments
+    from shared.commands.generate import add_sampling_arguments
+
+    generate = sub.add_parser(
+        "generate", help="generate text on this device with one of your adapters (the ExecuTorch inference program)"
+    )
+    _add_inference_options(generate)
+    generate.add_argument(
+        "--backend",
+        choices=("executorch", "adb"),
+        default="executorch",
+        help="executorch: in this process (default); adb: on the phone, the native runner's generate mode (greedy)",
+    )
+    generate.add_argument("--runner", type=Path, help=f"adb: the native runner to push (default: {runner_default()})")
+    generate.add_argument("--serial", help="adb: the phone's serial (default: the only one attached)")
+    add_sampling_arguments(generate)
+    evaluate = sub.add_parser(
+        "eval", help="accuracy and loss of one of your adapters on local data, through the on-device program"
+    )
+    _add_inference_options(evaluate)
+    add_eval_arguments(evaluate, model=False)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+    if args.action in ("generate", "eval"):
+        from device_agent.commands.local_inference import run_local
+
+        return run_local(args)
     return _enroll(args) if args.action == "enroll" else _run(args)
 
 
@@ -90,7 +140,7 @@ def _backend(args: argparse.Namespace, name: str, registered):
         model_dir=args.model_dir,
         registered=registered,
         device=args.device,
-        runner=args.runner or _runner_default(),
+        runner=args.runner or runner_default(),
         serial=args.serial,
     )
 
@@ -101,7 +151,7 @@ def _memory_mb(args: argparse.Namespace) -> int | None:
         from device_agent.backends.adb import Phone
 
         return Phone(args.serial).free_memory_mb()
-    from device_agent.resources import free_memory_mb
+    from shared.memory import free_memory_mb
 
     return free_memory_mb()
 
@@ -136,22 +186,60 @@ def _enroll(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _policy(args: argparse.Namespace, cfg, phone_shell):
+    """(the device's Eligibility, the pause limit) from the config's ``policy`` and the options."""
+    from device_agent.eligibility import DEFAULT_CHECK_S, Eligibility, Policy, adb_reader, always, sysfs_reader
+    from shared.errors import UsageError
+
+    options = dict(cfg.policy or {})
+    for key, value in (
+        ("min_battery_pct", args.min_battery),
+        ("max_temp_c", args.max_temp_c),
+        ("sysfs_root", args.sysfs_root),
+        ("check_s", args.policy_check_s),
+        ("pause_limit_s", args.pause_limit_s),
+    ):
+        if value is not None:
+            options[key] = value
+    if args.allow_discharging:
+        options["require_charging"] = False
+    if args.allow_screen_on:
+        options["require_screen_off"] = False
+    pause_limit_s = float(options.pop("pause_limit_s", 1800.0))
+    check_s = float(options.pop("check_s", DEFAULT_CHECK_S))
+    root = Path(options.pop("sysfs_root", "/"))
+    if args.no_policy:
+        return always(), pause_limit_s
+    try:
+        policy = Policy(**options)
+    except TypeError as exc:
+        raise UsageError("config", f"policy: {exc}") from None
+    read = adb_reader(phone_shell) if phone_shell is not None else sysfs_reader(root)
+    return Eligibility(policy, read, check_s), pause_limit_s
+
+
+def _phone_shell(args: argparse.Namespace, backend_name: str):
+    """``shell(command) -> output`` on the phone for the adb backend, else None."""
+    if backend_name != "adb":
+        return None
+    from device_agent.backends.adb import Phone
+
+    phone = Phone(args.serial)
+    return lambda command: phone.shell(command, check=False).stdout
+
+
 def _data_dir(args: argparse.Namespace) -> Path:
     """The checked ``run`` options → the data folder."""
     from shared.errors import UsageError
     from shared.tasks import shared_data_dir
 
-    for flag, value in (
-        ("--checkpoint-every", args.checkpoint_every),
-        ("--heartbeat-s", args.heartbeat_s),
-        ("--poll-s", args.poll_s),
-        ("--retry-cap-s", args.retry_cap_s),
-    ):
+    for field in ("checkpoint_every", "heartbeat_s", "poll_s", "retry_cap_s"):
+        value = getattr(args, field)
         if value <= 0:
-            raise UsageError(flag, f"must be positive, got {value}")
+            raise UsageError(field, f"must be positive, got {value}")
     data_dir = args.data_dir or shared_data_dir()
     if not data_dir.is_dir():
-        raise UsageError("--data-dir", f"{data_dir} is not a folder")
+        raise UsageError("data_dir", f"{data_dir} is not a folder")
     return data_dir
 
 
@@ -174,9 +262,11 @@ def _run(args: argparse.Namespace) -> int:
         def registered() -> set[str]:  # the server's models, for the torch backend's check
             return call_with_retry(retry_policy(stop, backoff, reporter), device_api.registered_models)
 
+        backend_name = args.backend or cfg.backend
+        eligibility, pause_limit_s = _policy(args, cfg, _phone_shell(args, backend_name))
         ctx = AgentContext(
             api=device_api,
-            backend=_backend(args, args.backend or cfg.backend, registered),
+            backend=_backend(args, backend_name, registered),
             work_dir=args.work_dir or default_work_dir(cfg.device_id),
             data_dir=data_dir,
             reporter=reporter,
@@ -184,6 +274,8 @@ def _run(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every,
             heartbeat_s=args.heartbeat_s,
             backoff=backoff,
+            eligibility=eligibility,
+            pause_limit_s=pause_limit_s,
         )
         ctx.reporter.event("started", device_id=cfg.device_id, backend=ctx.backend.name, server=cfg.server_url)
         return serve(ctx, RunOptions(once=args.once, poll_s=args.poll_s))

@@ -6,7 +6,8 @@ writes them. The data is tokenized here with the program's tokenizer, and step k
 ``mobizo train`` would (``device_agent.local_data``), so the two agree step by step.
 
 Writes ``OUT/train_log.jsonl`` (replayable: ``mobizo replay --init OUT/init_adapter --log OUT/train_log.jsonl``),
-``OUT/init_adapter/`` (A and the program's starting B), ``OUT/adapter/`` (A and the trained B) and
+``OUT/init_adapter/`` (A and the starting B: ``FILE.init.safetensors`` when the program was exported with
+``--adapter``, else zeros; the program itself carries no B), ``OUT/adapter/`` (A and the trained B) and
 ``OUT/metrics.json``. With ``--eval``, accuracy and loss before and after training come from the program's own
 ``evaluate`` method (``device_agent.evaluation`` says why).
 """
@@ -47,32 +48,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> tuple[ProgramManifest, Path, Path]:
-    """Validate the arguments (``UsageError`` naming the flag) → (manifest, .ptd path, tokenizer path)."""
+    """Validate the arguments (``UsageError`` naming the field) → (manifest, .ptd path, tokenizer path)."""
     from shared.errors import UsageError
     from shared.manifest import manifest_path, read_manifest
     from shared.noise import MAX_SEED
 
     if args.program.suffix != ".pte" or not args.program.is_file():
-        raise UsageError("--program", f"{args.program} is not a .pte file")
+        raise UsageError("program", f"{args.program} is not a .pte file")
     if not manifest_path(args.program).is_file():
-        raise UsageError("--program", f"no manifest {manifest_path(args.program).name} beside the program")
-    for flag, path in (("--train", args.train), ("--eval", args.eval)):
+        raise UsageError("program", f"no manifest {manifest_path(args.program).name} beside the program")
+    for name, path in (("train", args.train), ("eval", args.eval)):
         if path is not None and not path.is_file():
-            raise UsageError(flag, f"no such file: {path}")
+            raise UsageError(name, f"no such file: {path}")
     if args.steps < 1:
-        raise UsageError("--steps", f"must be at least 1, got {args.steps}")
-    for flag, value in (("--lr", args.lr), ("--eps", args.eps)):
+        raise UsageError("steps", f"must be at least 1, got {args.steps}")
+    for name, value in (("lr", args.lr), ("eps", args.eps)):
         if not (math.isfinite(value) and value > 0):
-            raise UsageError(flag, f"must be a positive number, got {value}")
+            raise UsageError(name, f"must be a positive number, got {value}")
     if not 0 <= args.seed < MAX_SEED:
-        raise UsageError("--seed", f"must be in [0, 2**31), got {args.seed}")
+        raise UsageError("seed", f"must be in [0, 2**31), got {args.seed}")
     manifest = read_manifest(args.program)
     store = args.store or args.program.parent
     files = [store / entry.file for entry in (manifest.ptd, manifest.tokenizer)]
     for path in files:
         if not path.is_file():
-            raise UsageError("--store", f"{path.name} (named by the manifest) is not in {store}")
+            raise UsageError("store", f"{path.name} (named by the manifest) is not in {store}")
     return manifest, files[0], files[1]
+
+
+def _initial_b(program: Path, manifest: ProgramManifest):  # -> np.ndarray
+    """B before step 1, which the program does not carry: its ``export --adapter`` B file, else zeros."""
+    import numpy as np
+
+    from shared.b_file import read_b_file
+    from shared.errors import DataError, UsageError
+
+    if manifest.init_b is None:
+        return np.zeros(manifest.lora_size, np.float32)
+    path = program.parent / manifest.init_b.file
+    try:
+        return read_b_file(path, manifest.lora_size)
+    except (OSError, DataError) as exc:
+        raise UsageError("program", f"its starting B {path.name} (named by the manifest): {exc}") from None
 
 
 @dataclass
@@ -157,7 +174,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     held_out = load_examples(task, args.eval) if args.eval is not None else None
     batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps))
     state = _Run(manifest, ProgramSession(args.program, ptd), tokenizer, shape, task.kind, held_out)
-    init_b = state.session.get_b()
+    init_b = _initial_b(args.program, manifest)
+    state.session.set_b(init_b)
     state.evaluate(0)
     _train(state, batches, float(np.float32(args.lr)), float(np.float32(args.eps)))
     state.evaluate(args.steps)

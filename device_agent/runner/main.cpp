@@ -1,8 +1,10 @@
-// mobizo_runner: runs a mobizo training program (.pte + .ptd) for steps [start, N) on a device.
+// mobizo_runner: runs a mobizo training program (.pte + .ptd) for steps [start, N) on a device;
+// `mobizo_runner generate ...` runs an inference program instead (generate.cpp).
 //
 // Usage (see README.md):
 //   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --lr LR --eps EPS --out-b B.f32
 //                 [--init-b B0.f32] [--checkpoint C.ckpt --checkpoint-every K] [--job-id ID]
+// The program carries no B: it is set before step 1, from the checkpoint, --init-b, or zeros.
 //                 [--steps N] [--stop-file PATH]
 // stdout: one JSON line per step {"step":k,"seed":s,"losses":[...],"g":[...]}, flushed per line.
 // Exit codes: 0 done, 1 failure (message on stderr), 2 bad arguments, 75 stopped (SIGTERM, SIGINT,
@@ -20,6 +22,7 @@
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 
+#include "generate.h"
 #include "runner_io.h"
 
 namespace {
@@ -143,7 +146,19 @@ void check_shapes(Module& module, const mobizo::BatchesReader& batches) {
                       " does not match the program's forward inputs");
 }
 
-// The initial B and the first step: from the checkpoint when one exists (resume), else --init-b.
+// D, the length of the program's B: the size of set_lora_b's input (the B buffer itself holds
+// nothing before it is set).
+size_t b_size(Module& module) {
+  auto meta = module.method_meta("set_lora_b");
+  check(meta.error(), "set_lora_b metadata");
+  auto b = meta->input_tensor_meta(0);
+  check(b.error(), "set_lora_b input 0");
+  if (b->sizes().size() != 1) throw RunnerError("set_lora_b does not take a flat B");
+  return static_cast<size_t>(b->sizes()[0]);
+}
+
+// The initial B and the first step: from the checkpoint when one exists (resume), else --init-b,
+// else zeros. Always set: the program carries no B of its own (its buffer is uninitialised).
 uint64_t restore(Module& module, const Options& o, size_t d) {
   if (!o.checkpoint.empty() && mobizo::file_exists(o.checkpoint)) {
     mobizo::Checkpoint ckpt = mobizo::read_checkpoint(o.checkpoint);
@@ -161,6 +176,8 @@ uint64_t restore(Module& module, const Options& o, size_t d) {
       throw RunnerError(o.init_b + ": " + std::to_string(b.size()) + " values, the program's B has " +
                         std::to_string(d));
     set_b(module, std::move(b));
+  } else {
+    set_b(module, std::vector<float>(d, 0.0f));
   }
   return 0;
 }
@@ -219,7 +236,7 @@ int train(const Options& o) {
   load_methods(module);
   check_shapes(module, batches);
   const uint64_t end = std::min<uint64_t>(o.steps, batches.steps());
-  uint64_t step = restore(module, o, get_b(module).size());
+  uint64_t step = restore(module, o, b_size(module));
   for (; step < end; ++step) {
     run_step(module, batches, o, static_cast<uint32_t>(step));
     const bool due = o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0;
@@ -241,7 +258,11 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
   try {
+    if (argc > 1 && std::string(argv[1]) == "generate") return mobizo::generate(argc - 2, argv + 2);
     return train(parse_args(argc, argv));
+  } catch (const mobizo::GenerateUsage& e) {
+    std::fprintf(stderr, "mobizo_runner: usage error: %s\n", e.what());
+    return kExitUsage;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "mobizo_runner: usage error: %s\n", e.what());
     return kExitUsage;

@@ -41,7 +41,7 @@ def _token(args: argparse.Namespace) -> str | None:
     try:
         lines = args.token_file.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError("--token-file", f"cannot read {args.token_file} ({exc})") from None
+        raise UsageError("token_file", f"cannot read {args.token_file} ({exc})") from None
     return lines[0].strip() if lines else None
 
 
@@ -51,7 +51,7 @@ def client_from_args(args: argparse.Namespace):
 
     token = _token(args)
     if not token:
-        raise UsageError("--token", "required (or --token-file, or the environment variable shown in --help)")
+        raise UsageError("token", "required (or --token-file, or the environment variable shown in --help)")
     return ServerClient(args.server, token)
 
 

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         if args.json:
             print_json(adapters)
         else:
-            columns = ["id", "model", "task", "version", "job_id", "parent_adapter_id", "created_at"]
+            columns = ["id", "model", "task", "version", "job_id", "cohort_id", "parent_adapter_id", "created_at"]
             print_table(adapters["data"], columns)
         return ExitCode.OK
     out = args.out.resolve()

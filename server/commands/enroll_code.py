@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     from shared.errors import UsageError
 
     if not 60 <= args.ttl <= 7 * 24 * 3600:
-        raise UsageError("--ttl", f"must be between 60 s and 7 days (got {args.ttl})")
+        raise UsageError("ttl", f"must be between 60 s and 7 days (got {args.ttl})")
     code = client_from_args(args).post("/v1/enrollment-codes", {"ttl_s": args.ttl})
     if args.json:
         print_json(code)

@@ -1,7 +1,9 @@
-"""``mobizo jobs submit|list|show|cancel``: fine-tuning jobs of your user on the server.
+"""``mobizo jobs submit|list|show|cancel``: fine-tuning jobs of your user on the server, and (with the admin
+token) the cohorts' federated jobs.
 
-``submit`` checks the spec locally with the same schema the server uses (``shared.schemas.JobCreate``), so a bad
-option exits 2 naming it before anything is sent; options left out take the server's defaults.
+``submit`` checks the spec locally with the same schema the server uses (``shared.schemas.JobCreate``, or
+``FederatedJobCreate`` with ``--cohort``), so a bad option exits 2 naming it before anything is sent; options left
+out take the server's defaults. With ``--cohort`` the token defaults to ``$MOBIZO_ADMIN_TOKEN``.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
-from shared.backends import DEVICE_BACKENDS, PROGRAM_BACKENDS
-from shared.errors import ExitCode
+from shared.backends import DEVICE_BACKENDS, PROGRAM_BACKENDS, QUANTIZATIONS
+from shared.errors import ExitCode, cli_flag
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
 
@@ -19,6 +21,7 @@ _FIELDS = (
     "model",
     "task",
     "template",
+    "chat_template",
     "q",
     "batch_size",
     "steps",
@@ -31,39 +34,94 @@ _FIELDS = (
     "seed",
     "a_seed",
     "program_backend",
+    "quantize",
+    "group_size",
     "device_id",
     "device_backend",
     "init_adapter_id",
+    "upload",
 )
-# JobCreate fields whose option has another name
-_OPTIONS = {"program_backend": "backend", "device_id": "device", "init_adapter_id": "init-adapter"}
+# FederatedJobCreate fields of a federated job's options (besides the hyperparameters)
+_FEDERATION = (
+    "rounds",
+    "clients_per_round",
+    "min_clients",
+    "round_timeout_s",
+    "aggregation",
+    "trim_fraction",
+    "global_lr",
+    "max_abs_g",
+)
+_PERSONAL_ONLY = ("model", "task", "template", "verbalizer", "steps", "device_id", "device_backend", "init_adapter_id")
+_HYPER = ("q", "batch_size", "lr", "eps", "rank", "alpha", "seq_len", "answer_len", "seed", "a_seed", "program_backend")
 
 
 def _add_submit(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("submit", help="submit a job (prints it as JSON)")
-    p.add_argument("--model", required=True, help="a registered model's name")
+    from shared import defaults
+
+    p = sub.add_parser(
+        "submit",
+        help="submit a job, or with --cohort a federated job (prints it as JSON)",
+        epilog=f"Defaults of --steps, --lr and --eps by method: {defaults.describe()}.",
+    )
+    p.add_argument("--model", help="a registered model's name (required, except with --cohort)")
     p.add_argument("--task", help="built-in task (sst2, rte, ..., lm) or custom")
     p.add_argument("--template", help='custom task template, e.g. "{text} It was"')
     p.add_argument("--verbalizer", help='custom task verbalizer as JSON, e.g. \'{"0": " bad", "1": " good"}\'')
-    for name, kind, text in (
+    p.add_argument(
+        "--chat-template",
+        action="store_true",
+        default=None,
+        help="frame each prompt with the model's chat template (instruct models); stored in the job spec",
+    )
+    for field, kind, text in (
         ("q", int, "queries per step (outer-loop paths); must divide --batch-size"),
-        ("batch-size", int, "examples per step; each query sees batch-size / q of them"),
-        ("steps", int, "training steps"),
-        ("lr", float, "learning rate"),
-        ("eps", float, "perturbation scale"),
+        ("batch_size", int, "examples per step; each query sees batch-size / q of them"),
+        ("steps", int, "training steps (default: the method's, below)"),
+        ("lr", float, "learning rate (default: the method's, below)"),
+        ("eps", float, "perturbation scale (default: the method's, below)"),
         ("rank", int, "LoRA rank"),
         ("alpha", float, "LoRA alpha (scaling alpha / rank)"),
-        ("seq-len", int, "the program's fixed width in tokens (rows left-padded, prompts cut from the left)"),
-        ("answer-len", int, "answer tokens per row (default: the task's longest answer)"),
+        ("seq_len", int, "the program's fixed width in tokens (rows left-padded, prompts cut from the left)"),
+        ("answer_len", int, "answer tokens per row (default: the task's longest answer)"),
         ("seed", int, "run seed: batch order and step seeds"),
-        ("a-seed", int, "seed of the frozen LoRA A"),
+        ("a_seed", int, "seed of the frozen LoRA A"),
+        ("group_size", int, "weights per scale of the 4-bit base linears (a multiple of 32)"),
     ):
-        p.add_argument(f"--{name}", type=kind, help=text + " (default: the server's)")
+        p.add_argument(
+            cli_flag(field),
+            dest=field,
+            type=kind,
+            help=text if "default" in text else text + " (default: the server's)",
+        )
     p.add_argument("--targets", help="comma-separated module names (default q_proj,v_proj)")
-    p.add_argument("--backend", dest="program_backend", choices=PROGRAM_BACKENDS)
-    p.add_argument("--device", dest="device_id", type=int, help="run on this device only")
-    p.add_argument("--device-backend", choices=DEVICE_BACKENDS)
-    p.add_argument("--init-adapter", dest="init_adapter_id", type=int, help="start from this adapter's B")
+    p.add_argument(cli_flag("program_backend"), dest="program_backend", choices=PROGRAM_BACKENDS)
+    p.add_argument(cli_flag("quantize"), choices=QUANTIZATIONS, help="the program's frozen base linears (default none)")
+    p.add_argument(cli_flag("device_id"), dest="device_id", type=int, help="run on this device only")
+    p.add_argument(cli_flag("device_backend"), choices=DEVICE_BACKENDS)
+    p.add_argument(
+        cli_flag("init_adapter_id"),
+        dest="init_adapter_id",
+        type=int,
+        help="start from this adapter's B (yours, or a cohort's)",
+    )
+    p.add_argument(
+        "--upload", choices=("full", "log"), help="full: the device sends B and its log (default); log: the log alone"
+    )
+    fed = p.add_argument_group("federated jobs (--cohort; admin token; model and task come from the cohort)")
+    fed.add_argument("--cohort", type=int, help="run federated rounds on this cohort's member devices")
+    for field, kind, text in (
+        ("rounds", int, "R: rounds"),
+        ("clients_per_round", int, "K: a round closes when K clients reported"),
+        ("local_steps", int, "N: each client's steps per round"),
+        ("min_clients", int, "M: at the timeout a round closes with at least M reports (default K)"),
+        ("round_timeout_s", float, "seconds from a round's first lease to its deadline"),
+        ("trim_fraction", float, "trimmed-mean: the share cut at each end"),
+        ("global_lr", float, "ETA in B_{r+1} = B_r + ETA * aggregate"),
+        ("max_abs_g", float, "refuse a client log with any |g| above this"),
+    ):
+        fed.add_argument(cli_flag(field), dest=field, type=kind, help=text)
+    fed.add_argument("--aggregation", choices=("fedavg", "trimmed-mean", "median"), help="how deltas combine")
     add_connection_args(p)
 
 
@@ -80,14 +138,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def job_body(args: argparse.Namespace) -> dict:
-    """The JobCreate body from the options; ``UsageError`` naming the option for anything the schema rejects."""
+    """The JobCreate (or, with ``--cohort``, FederatedJobCreate) body from the options; ``UsageError`` naming the
+    field for anything the schema rejects."""
     import json
-
-    from pydantic import ValidationError
 
     from shared.errors import UsageError
     from shared.schemas import JobCreate
 
+    if args.cohort is not None:
+        return _federated_body(args)
+    if args.model is None:
+        raise UsageError("model", "required (or --cohort for a federated job)")
+    stray = [f for f in ("local_steps", *_FEDERATION) if getattr(args, f, None) is not None]
+    if stray:
+        raise UsageError(stray[0], "applies to federated jobs only (--cohort)")
     body = {f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}
     if args.targets is not None:
         body["targets"] = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -95,21 +159,58 @@ def job_body(args: argparse.Namespace) -> dict:
         try:
             body["verbalizer"] = json.loads(args.verbalizer)
         except json.JSONDecodeError as exc:
-            raise UsageError("--verbalizer", f"not JSON ({exc.msg})") from None
+            raise UsageError("verbalizer", f"not JSON ({exc.msg})") from None
+    return _validated(JobCreate, body)
+
+
+def _validated(schema, body: dict, renamed: dict[str, str] | None = None) -> dict:
+    """``body`` as ``schema`` accepts it; ``UsageError`` naming the first field it refuses (``renamed``: a schema
+    field that this command's options call otherwise, e.g. a federated job's ``steps`` is ``local_steps``)."""
+    from pydantic import ValidationError
+
+    from shared.errors import UsageError, usage_error
+
     try:
-        return JobCreate.model_validate(body).model_dump(mode="json", exclude_unset=True)
+        return schema.model_validate(body).model_dump(mode="json", exclude_unset=True)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        message = error["msg"].removeprefix("Value error, ")
-        field = str(error["loc"][0]) if error["loc"] else message.split(":")[0]
-        option = _OPTIONS.get(field, field)
-        raise UsageError(f"--{option.replace('_', '-')}", message.removeprefix(f"{field}: ")) from None
+        error = usage_error(exc)
+        raise UsageError((renamed or {}).get(error.field, error.field), error.reason) from None
+
+
+def _federated_body(args: argparse.Namespace) -> dict:
+    """The FederatedJobCreate body of ``--cohort``: hyperparameters, round settings, ``--local-steps`` as steps."""
+    from shared.errors import UsageError
+    from shared.schemas import FederatedJobCreate
+
+    for field in (*_PERSONAL_ONLY, "upload"):
+        if getattr(args, field, None) is not None:
+            raise UsageError(field, "does not apply with --cohort")
+    for required in ("rounds", "clients_per_round", "local_steps"):
+        if getattr(args, required) is None:
+            raise UsageError(required, "required with --cohort")
+    body = {f: getattr(args, f) for f in (*_HYPER, *_FEDERATION) if getattr(args, f, None) is not None}
+    body["steps"] = args.local_steps
+    if args.targets is not None:
+        body["targets"] = [t.strip() for t in args.targets.split(",") if t.strip()]
+    return _validated(FederatedJobCreate, body, renamed={"steps": "local_steps"})
+
+
+def _admin_token_default(args: argparse.Namespace) -> None:
+    """A federated job is the admin's: unless a token was given explicitly, use ``$MOBIZO_ADMIN_TOKEN``."""
+    import os
+
+    if args.token_file is None and args.token == os.environ.get("MOBIZO_TOKEN"):
+        args.token = os.environ.get("MOBIZO_ADMIN_TOKEN") or args.token
 
 
 def run(args: argparse.Namespace) -> ExitCode:
     if args.action == "submit":
         body = job_body(args)
-        print_json(client_from_args(args).post("/v1/jobs", body))
+        if args.cohort is None:
+            print_json(client_from_args(args).post("/v1/jobs", body))
+        else:
+            _admin_token_default(args)
+            print_json(client_from_args(args).post(f"/v1/cohorts/{args.cohort}/jobs", body))
     elif args.action == "list":
         jobs = client_from_args(args).get("/v1/jobs")
         if args.json:

@@ -12,6 +12,13 @@ HELP = "run the REST server (DATABASE_URL, MOBIZO_DATA_DIR, MOBIZO_ADMIN_TOKEN, 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="API processes sharing the port (default 1); more than 1 needs MOBIZO_QUEUE=celery, since the "
+        "in-process compile queue belongs to one process",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -25,11 +32,29 @@ def run(args: argparse.Namespace) -> ExitCode:
     from shared.errors import UsageError
 
     if not 0 < args.port < 65536:
-        raise UsageError("--port", f"must be in 1..65535 (got {args.port})")
+        raise UsageError("port", f"must be in 1..65535 (got {args.port})")
     settings = get_settings()
+    if args.workers < 1:
+        raise UsageError("workers", f"must be at least 1 (got {args.workers})")
+    if args.workers > 1 and settings.queue != "celery":
+        raise UsageError("workers", "more than 1 needs MOBIZO_QUEUE=celery (and MOBIZO_BROKER_URL)")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if settings.admin_token is None:
         logging.warning("MOBIZO_ADMIN_TOKEN is not set: admin endpoints (users, models) will refuse every request")
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    if args.workers == 1:
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    else:  # each process builds its own app from the same environment, and logs as this one does
+        from uvicorn.config import LOGGING_CONFIG
+
+        root = {"handlers": ["default"], "level": args.log_level.upper()}
+        uvicorn.run(
+            "server.app:create_app",
+            factory=True,
+            workers=args.workers,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            log_config={**LOGGING_CONFIG, "root": root},
+        )
     return ExitCode.OK

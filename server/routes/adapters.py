@@ -1,42 +1,30 @@
-"""The adapter registry of the calling user: list, show, download (a PEFT archive, A included)."""
+"""The adapter registry of the calling user: list, show, download (a PEFT archive, A included). A user sees their
+own adapters and those of the cohorts they are in now (a cohort's adapter is the cohort's, not a user's)."""
 
 from __future__ import annotations
 
 from fastapi import Query, Response
 from fastapi.responses import FileResponse
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from server import federation
 from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
+from server.registry import adapter_public as public
 from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
 from server.router import Router
-from server.tables import Adapter, Model
+from server.tables import Adapter, CohortMember, Model
 from shared.schemas import MAX_DB_INT, AdapterPublic, AdaptersPublic
 
 router = Router(prefix="/v1/adapters", tags=["adapters"])
 
 
-def public(adapter: Adapter, model_name: str) -> AdapterPublic:
-    return AdapterPublic(
-        id=adapter.id,
-        model=model_name,
-        task=adapter.task,
-        version=adapter.version,
-        job_id=adapter.job_id,
-        parent_adapter_id=adapter.parent_id,
-        rank=adapter.rank,
-        alpha=adapter.alpha,
-        targets=adapter.targets,
-        a_seed=adapter.a_seed,
-        b_sha256=adapter.b_sha256,
-        metrics=adapter.metrics,
-        created_at=adapter.created_at,
-    )
-
-
 def user_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter:
+    """The adapter if it is the user's, or a cohort's the user is in now; 404 otherwise."""
     adapter = session.get(Adapter, adapter_id)
-    if adapter is None or adapter.user_id != user_id:
+    if adapter is None or not (
+        adapter.user_id == user_id or federation.cohort_adapter_visible(session, adapter, user_id)
+    ):
         raise not_found("adapter", adapter_id)
     return adapter
 
@@ -50,20 +38,22 @@ def list_adapters(
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> AdaptersPublic:
-    query = select(Adapter, Model.name).join(Model, Model.id == Adapter.model_id).where(Adapter.user_id == user.id)
+    cohorts = select(CohortMember.cohort_id).where(CohortMember.user_id == user.id, CohortMember.left_at.is_(None))
+    visible = or_(Adapter.user_id == user.id, Adapter.cohort_id.in_(cohorts))
+    query = select(Adapter, Model.name).join(Model, Model.id == Adapter.model_id).where(visible)
     if model is not None:
         query = query.where(Model.name == model)
     if task is not None:
         query = query.where(Adapter.task == task)
     count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.execute(query.order_by(Adapter.id.desc()).offset(skip).limit(limit)).all()
-    return AdaptersPublic(data=[public(*row) for row in rows], count=count)
+    return AdaptersPublic(data=[public(session, *row) for row in rows], count=count)
 
 
 @router.get("/{adapter_id}", response_model=AdapterPublic, responses=errors(401, 403, 404, 422))
 def show(adapter_id: ObjectId, user: CurrentUser, session: SessionDep) -> AdapterPublic:
     adapter = user_adapter(session, user.id, adapter_id)
-    return public(adapter, session.get_one(Model, adapter.model_id).name)
+    return public(session, adapter, session.get_one(Model, adapter.model_id).name)
 
 
 @router.get(

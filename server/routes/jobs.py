@@ -1,4 +1,5 @@
-"""Jobs of the calling user: submit (``202``, compiled in the background), list, show, cancel."""
+"""Jobs of the calling user: submit (``202``, compiled in the background), list, show, cancel. The admin token
+lists, shows and cancels the cohorts' federated jobs (submitted at ``POST /v1/cohorts/{id}/jobs``)."""
 
 from __future__ import annotations
 
@@ -6,50 +7,30 @@ from fastapi import HTTPException, Query, status
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server import jobstate, quotas, registry
-from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep
+from server import federation, jobstate, quotas, registry
+from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
+from server.model_lookup import registered_model
 from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.tables import Adapter, Device, Job, Model, User
-from shared.schemas import MAX_DB_INT, JobCreate, JobProgress, JobPublic, JobsPublic
+from server.views import job_public
+from shared.schemas import MAX_DB_INT, JobCreate, JobPublic, JobsPublic
 from shared.tasks import get_task
 
 router = Router(prefix="/v1/jobs", tags=["jobs"])
 
 
-def public(job: Job, model_name: str, adapter_id: int | None) -> JobPublic:
-    return JobPublic(
-        id=job.id,
-        status=job.status,
-        model=model_name,
-        task=job.task,
-        spec=JobCreate.model_validate(job.spec),
-        error=job.error,
-        attempts=job.attempts,
-        adapter_id=adapter_id,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        progress=JobProgress(step=job.progress_step, loss=job.progress_loss, steps_per_s=job.progress_steps_per_s),
-    )
-
-
-def user_job(session: Session, user_id: int, job_id: int) -> Job:
-    """The job if it belongs to ``user_id``; 404 otherwise (missing and not-yours look alike)."""
+def caller_job(session: Session, user: User | None, job_id: int) -> Job:
+    """The job if it belongs to the user (``user``), or is a cohort's federated job (the admin: ``user`` None);
+    404 otherwise (missing and not-yours look alike)."""
     job = session.get(Job, job_id)
-    if job is None or job.user_id != user_id:
+    if job is None or (job.user_id != user.id if user is not None else job.cohort_id is None):
         raise not_found("job", job_id)
     return job
 
 
 def _check_model(session: Session, body: JobCreate) -> Model:
-    model = session.scalar(select(Model).where(Model.name == body.model))
-    if model is None:
-        raise field_error("model", f"no registered model named {body.model!r}")
-    present = {name.rsplit(".", 1)[-1] for name in model.modules}
-    missing = [t for t in body.targets if t not in present]
-    if missing:
-        raise field_error("targets", f"{', '.join(missing)} not in {body.model} (it has {', '.join(sorted(present))})")
-    return model
+    return registered_model(session, body.model, body.targets)
 
 
 def _check_device(session: Session, user: User, body: JobCreate) -> None:
@@ -63,11 +44,14 @@ def _check_device(session: Session, user: User, body: JobCreate) -> None:
 
 
 def _check_init_adapter(session: Session, user: User, model: Model, body: JobCreate) -> None:
-    """A starting adapter must be this user's and have the same LoRA layout (same B length, same A)."""
+    """A starting adapter must be this user's, or a cohort's the user is a member of, and have the same LoRA layout
+    (same B length, same A)."""
     if body.init_adapter_id is None:
         return
     adapter = session.get(Adapter, body.init_adapter_id)
-    if adapter is None or adapter.user_id != user.id:
+    if adapter is None or not (
+        adapter.user_id == user.id or federation.cohort_adapter_visible(session, adapter, user.id)
+    ):
         raise field_error("init_adapter_id", f"adapter {body.init_adapter_id} not found", status.HTTP_404_NOT_FOUND)
     if not registry.fits_as_start(adapter, model.id, body.model_dump()):
         raise field_error(
@@ -116,37 +100,34 @@ def submit(
         init_adapter_id=body.init_adapter_id,
     )
     queue.submit(job.id)
-    return public(job, model.name, None)
+    return job_public(session, job, model.name, None)
 
 
 @router.get("", response_model=JobsPublic, responses=errors(401, 403, 422))
 def list_jobs(
-    user: CurrentUser,
+    user: UserOrAdmin,
     session: SessionDep,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> JobsPublic:
+    """The user's jobs; for the admin, the cohorts' federated jobs."""
+    mine = Job.user_id == user.id if user is not None else Job.cohort_id.is_not(None)
     rows = session.execute(
-        select(Job, Model.name, Adapter.id)
+        select(Job, Model.name, Adapter.id, Adapter.held_out)
         .join(Model, Model.id == Job.model_id)
         .outerjoin(Adapter, Adapter.job_id == Job.id)
-        .where(Job.user_id == user.id)
+        .where(mine)
         .order_by(Job.id.desc())
         .offset(skip)
         .limit(limit)
     ).all()
-    count = session.scalar(select(func.count(Job.id)).where(Job.user_id == user.id)) or 0
-    return JobsPublic(data=[public(*row) for row in rows], count=count)
-
-
-def _show(session: Session, job: Job) -> JobPublic:
-    model_name = session.get_one(Model, job.model_id).name
-    return public(job, model_name, session.scalar(select(Adapter.id).where(Adapter.job_id == job.id)))
+    count = session.scalar(select(func.count(Job.id)).where(mine)) or 0
+    return JobsPublic(data=[job_public(session, *row) for row in rows], count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=errors(401, 403, 404, 422))
-def show(job_id: ObjectId, user: CurrentUser, session: SessionDep) -> JobPublic:
-    return _show(session, user_job(session, user.id, job_id))
+def show(job_id: ObjectId, user: UserOrAdmin, session: SessionDep) -> JobPublic:
+    return job_public(session, caller_job(session, user, job_id))
 
 
 @router.post(
@@ -154,9 +135,9 @@ def show(job_id: ObjectId, user: CurrentUser, session: SessionDep) -> JobPublic:
     response_model=JobPublic,
     responses=errors(401, 403, 404, 409, 413, 422, e409="the job already finished"),
 )
-def cancel(job_id: ObjectId, user: CurrentUser, session: SessionDep, queue: QueueDep) -> JobPublic:
-    job = user_job(session, user.id, job_id)
+def cancel(job_id: ObjectId, user: UserOrAdmin, session: SessionDep, queue: QueueDep) -> JobPublic:
+    job = caller_job(session, user, job_id)
     if not jobstate.cancel(session, job):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {job.status}")
     queue.cancel(job_id)  # a running export stops now instead of finishing for nothing
-    return _show(session, job)
+    return job_public(session, job)

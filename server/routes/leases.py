@@ -1,5 +1,9 @@
 """Devices take work: ``POST /v1/leases`` hands out the next ready job, heartbeats keep the lease alive.
 
+With no job of its own user ready, an eligible device (``eligible`` not false) may get a part in a federated round
+of a cohort its user is in (``server.federation.lease_round``): the lease then carries ``round`` and its URLs
+lead to ``/v1/round-clients/{id}/…`` (``routes/rounds.py``).
+
 A lease lasts ``lease_s`` seconds from the last heartbeat. An expired lease returns the job to ``ready`` (the
 sweeper and every lease request apply that), up to ``max_attempts`` leases per job. A heartbeat on a cancelled
 job answers ``cancelled: true``; a heartbeat from a device that lost its lease answers 409. A device that cannot
@@ -11,14 +15,22 @@ from __future__ import annotations
 from fastapi import HTTPException, Response, status
 from sqlalchemy.orm import Session
 
-from server import jobstate
+from server import federation, jobstate
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep
 from server.responses import errors, field_error
 from server.router import Router
 from server.store import ArtifactStore
-from server.tables import Adapter, Job, Program, utcnow
+from server.tables import Adapter, Job, Program, Round, RoundClient, utcnow
 from shared.manifest import ProgramFile, ProgramManifest
-from shared.schemas import FileRef, HeartbeatCreate, HeartbeatPublic, JobFailureCreate, LeaseCreate, LeasePublic
+from shared.schemas import (
+    FileRef,
+    HeartbeatCreate,
+    HeartbeatPublic,
+    JobFailureCreate,
+    LeaseCreate,
+    LeasePublic,
+    RoundLeasePublic,
+)
 
 router = Router(tags=["leases"])
 
@@ -51,6 +63,31 @@ def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -
     )
 
 
+def _round_lease(session: Session, store: ArtifactStore, client: RoundClient, heartbeat_s: int) -> LeasePublic:
+    round_ = session.get_one(Round, client.round_id)
+    job = session.get_one(Job, round_.job_id)
+    manifest = ProgramManifest.model_validate(session.get_one(Program, job.program_id).manifest)
+    base = f"/v1/round-clients/{client.id}"
+
+    def ref(file: ProgramFile, path: str) -> FileRef:
+        return FileRef(url=f"{base}/{path}", size=file.size, sha256=file.sha256)
+
+    init_size = store.adapter_b(round_.b_sha256).stat().st_size
+    return LeasePublic(
+        job_id=job.id,
+        attempt=1,
+        spec=federation.client_spec(job, client),
+        manifest=manifest.for_device(),
+        program=ref(manifest.pte, "program"),
+        weights=ref(manifest.ptd, "weights"),
+        tokenizer=ref(manifest.tokenizer, "tokenizer"),
+        init=FileRef(url=f"{base}/init", size=init_size, sha256=round_.b_sha256),
+        expires_at=client.lease_expires_at,
+        heartbeat_s=heartbeat_s,
+        round=RoundLeasePublic(client_id=client.id, index=round_.index, deadline_at=round_.deadline_at),
+    )
+
+
 @router.post(
     "/v1/leases",
     response_model=LeasePublic,
@@ -64,9 +101,13 @@ def lease(
         device.memory_mb = body.memory_mb if body.memory_mb is not None else device.memory_mb
     jobstate.expire_leases(session, settings.max_attempts)  # committed with the lease
     job = jobstate.lease_next(session, device, settings.lease_s)
-    if job is None:
-        return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return _lease(session, store, job, settings.heartbeat_s)
+    if job is not None:
+        return _lease(session, store, job, settings.heartbeat_s)
+    if body is None or body.eligible is not False:  # round work only for devices whose policy holds
+        client = federation.lease_round(session, store, device, settings.lease_s)
+        if client is not None:
+            return _round_lease(session, store, client, settings.heartbeat_s)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post(

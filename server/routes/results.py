@@ -1,7 +1,8 @@
 """``POST /v1/jobs/{id}/result``: the device's trained B, its training log and metrics.
 
 Multipart parts (``shared.schemas.RESULT_PARTS``): ``b_flat`` (safetensors, one float32 tensor ``b_flat`` [D]),
-``log`` (JSON Lines, one record per step), ``metrics`` (a JSON object). Checked in order: the token (401/403),
+``log`` (JSON Lines, one record per step), ``metrics`` (a JSON object). A job submitted with ``upload: log`` takes
+no ``b_flat``: the server stores the replay of the log as its B. Checked in order: the token (401/403),
 the job and the device's lease (404/409), before a byte of the body is read; then, holding one of the upload slots
 (429 when none is free), the sizes (413) while the parts are spooled to a private temporary directory, B's name,
 dtype, shape and finiteness, the log's structure and its line count against the job's steps (422), then a worker
@@ -16,24 +17,23 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
-import anyio.from_thread
 from fastapi import HTTPException, Request, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from starlette.datastructures import FormData, UploadFile
+from starlette.datastructures import UploadFile
 
 from server import jobstate, registry
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, UploadSlotsDep, VerifyPoolDep
-from server.pool import OwnerBusy, WorkerDied, WorkerPool, WorkTimedOut
-from server.responses import errors, field_error, try_later
+from server.pool import WorkerPool
+from server.responses import errors, field_error
 from server.router import Router
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program
+from server.uploads import MULTIPART_OVERHEAD, close_form, read_parts, run_verification, spool_part
 from server.verify import (
     METRICS_LIMIT,
     ResultRejected,
@@ -50,7 +50,6 @@ from shared.files import sha256_file
 from shared.schemas import RESULT_PARTS, JobSpec, ResultPublic
 
 router = Router(tags=["results"])
-_MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers
 RESULT_BODY = {
     "required": True,
     "content": {
@@ -62,7 +61,7 @@ RESULT_BODY = {
                     "b_flat": {
                         "type": "string",
                         "format": "binary",
-                        "description": "safetensors with one float32 tensor b_flat [D]",
+                        "description": "safetensors with one float32 tensor b_flat [D]; absent for upload: log",
                     },
                     "log": {"type": "string", "format": "binary", "description": "training log, JSON Lines"},
                     "metrics": {"type": "string", "format": "binary", "description": "metrics.json"},
@@ -77,9 +76,9 @@ RESULT_BODY = {
 class Upload:
     """The spooled, checked parts of one upload."""
 
-    b_path: Path
+    b_path: Path | None  # None: a log-only upload
     log_path: Path
-    b_sha256: str
+    b_sha256: str | None
     log_sha256: str
     metrics: dict[str, Any]
 
@@ -99,28 +98,28 @@ def _context(session: Session, job: Job, device: Device) -> dict[str, Any]:
 def upload_limit(ctx: dict) -> int:
     """The largest multipart body a result of this job can need: its parts' limits and the multipart framing."""
     spec = JobSpec.model_validate(ctx["spec"])
-    return b_limit(ctx["d"]) + log_limit(spec) + METRICS_LIMIT + _MULTIPART_OVERHEAD
+    return b_limit(ctx["d"]) + log_limit(spec) + METRICS_LIMIT + MULTIPART_OVERHEAD
 
 
-def _spool(store: ArtifactStore, tmp: Path, part: UploadFile, limit: int, name: str) -> Path:
-    if not store.spool(part.file, limit, tmp / name):
-        raise field_error(name, f"larger than {limit} bytes allowed for this job", status.HTTP_413_CONTENT_TOO_LARGE)
-    return tmp / name
-
-
-def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: tuple[UploadFile, UploadFile, UploadFile]) -> Upload:
-    """Spool the three parts under their limits and run the checks that need no torch."""
+def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: dict[str, UploadFile]) -> Upload:
+    """Spool the parts under their limits and run the checks that need no torch."""
     spec = JobSpec.model_validate(ctx["spec"])
-    b_path = _spool(store, tmp, parts[0], b_limit(ctx["d"]), "b_flat")
-    log_path = _spool(store, tmp, parts[1], log_limit(spec), "log")
-    metrics_path = _spool(store, tmp, parts[2], METRICS_LIMIT, "metrics")
+    if spec.upload == "log" and "b_flat" in parts:
+        raise field_error("b_flat", "this job takes the log alone (upload: log); the server replays it")
+    if spec.upload == "full" and "b_flat" not in parts:
+        raise field_error("b_flat", "missing file part")
+    b_path = spool_part(store, tmp, parts["b_flat"], b_limit(ctx["d"]), "b_flat") if "b_flat" in parts else None
+    log_path = spool_part(store, tmp, parts["log"], log_limit(spec), "log")
+    metrics_path = spool_part(store, tmp, parts["metrics"], METRICS_LIMIT, "metrics")
     try:
-        check_b(b_path, ctx["d"])
+        if b_path is not None:
+            check_b(b_path, ctx["d"])
         check_step_count(log_path, spec)
         metrics = parse_metrics(metrics_path.read_bytes())
     except ResultRejected as exc:
         raise field_error(exc.field, exc.message) from None
-    return Upload(b_path, log_path, sha256_file(b_path), sha256_file(log_path), metrics)
+    b_sha = None if b_path is None else sha256_file(b_path)
+    return Upload(b_path, log_path, b_sha, sha256_file(log_path), metrics)
 
 
 def _repeat(session: Session, job: Job, upload: Upload) -> ResultPublic | None:
@@ -128,7 +127,8 @@ def _repeat(session: Session, job: Job, upload: Upload) -> ResultPublic | None:
     adapter = registry.job_adapter(session, job.id)
     if adapter is None:
         return None
-    if (adapter.upload_b_sha256, adapter.log_sha256) != (upload.b_sha256, upload.log_sha256):
+    uploaded_b = adapter.upload_b_sha256 if upload.b_sha256 is not None else None  # log-only: the log decides
+    if (uploaded_b, adapter.log_sha256) != (upload.b_sha256, upload.log_sha256):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} already has a different result")
     return ResultPublic(adapter_id=adapter.id, version=adapter.version)
 
@@ -151,7 +151,8 @@ def _record(
         session.rollback()
         session.refresh(job)
         return _repeat(session, job, upload) or _lost(job)
-    files = registry.StoredFiles(replayed_b_sha, upload.b_sha256, upload.log_sha256, archive_sha, archive_size)
+    uploaded_b_sha = upload.b_sha256 or replayed_b_sha  # a log-only upload's B is its replay
+    files = registry.StoredFiles(replayed_b_sha, uploaded_b_sha, upload.log_sha256, archive_sha, archive_size)
     adapter = registry.add_version(session, job, spec, files, {**upload.metrics, "server": outcome["checks"]})
     _publish(store, upload, replayed_b, archive)
     session.commit()
@@ -166,26 +167,11 @@ def _lost(job: Job) -> NoReturn:
 def _verify(
     pool: WorkerPool, settings: Settings, owner: int, ctx: dict, upload: Upload, init: Path | None, tmp: Path
 ) -> dict:
-    """Replay and package in a worker → ``{"b_flat": (path, sha256), "archive": (path, sha256, size), "checks"}``.
-
-    At most ``verify_per_user`` verifications per user run or wait (429 past that); a replay that runs past
-    ``verify_timeout_s`` is stopped and answers 503, as does a worker that died: neither says the result is bad.
-    """
-    args = (ctx, str(upload.b_path), str(upload.log_path), init and str(init), str(tmp))
-    try:
-        checks = pool.run(verify_and_package, *args, timeout=settings.verify_timeout_s, owner=owner)
-    except ResultRejected as exc:
-        raise field_error(exc.field, exc.message) from None
-    except OwnerBusy:
-        raise try_later(
-            status.HTTP_429_TOO_MANY_REQUESTS, "this user's devices already have results being verified", 10
-        ) from None
-    except WorkTimedOut:
-        raise try_later(
-            status.HTTP_503_SERVICE_UNAVAILABLE, f"verification ran past {settings.verify_timeout_s:g} s", 60
-        ) from None
-    except WorkerDied:
-        raise try_later(status.HTTP_503_SERVICE_UNAVAILABLE, "the verification worker died; retry", 10) from None
+    """Replay and package in a worker (``server.uploads.run_verification``) → ``{"b_flat": (path, sha256),
+    "archive": (path, sha256, size), "checks"}``."""
+    b_path = None if upload.b_path is None else str(upload.b_path)
+    args = (ctx, b_path, str(upload.log_path), init and str(init), str(tmp))
+    checks = run_verification(pool, settings, owner, verify_and_package, *args)
     b_flat, archive = Path(checks.pop("b_flat")), Path(checks.pop("archive"))
     return {
         "b_flat": (b_flat, sha256_file(b_flat)),
@@ -200,29 +186,6 @@ def _admit(job: Job, device: Device) -> None:
         job.status != "succeeded" and (job.status != "running" or job.leased_device_id != device.id)
     ):
         _lost(job)
-
-
-def _parts(request: Request, limit: int) -> tuple[FormData, tuple[UploadFile, UploadFile, UploadFile]]:
-    """Read the multipart body (from the request's thread, on the event loop): the form and its three file parts."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"request body over {limit} bytes allowed for this job")
-    try:
-        form = anyio.from_thread.run(partial(request.form, max_files=len(RESULT_PARTS), max_fields=0))
-    except HTTPException as exc:  # Starlette's 400 for a body that is not valid multipart
-        if exc.status_code != status.HTTP_400_BAD_REQUEST:
-            raise
-        raise field_error("request", f"not a multipart upload of {', '.join(RESULT_PARTS)}: {exc.detail}") from None
-    parts = [form.get(name) for name in RESULT_PARTS]
-    for name, part in zip(RESULT_PARTS, parts, strict=True):
-        if not isinstance(part, UploadFile):
-            _close_form(form)
-            raise field_error(name, "missing file part")
-    return form, tuple(parts)
-
-
-def _close_form(form: FormData) -> None:
-    anyio.from_thread.run(form.close)
 
 
 @router.post(
@@ -267,7 +230,7 @@ def upload_result(
     init = store.adapter_b(session.get_one(Adapter, job.init_adapter_id).b_sha256) if job.init_adapter_id else None
     session.commit()  # no transaction (and on SQLite no write lock) while receiving and replaying
     with slots.hold(device.id):
-        form, parts = _parts(request, upload_limit(ctx))
+        form, parts = read_parts(request, upload_limit(ctx), RESULT_PARTS, optional=("b_flat",))
         tmp = store.tmp_dir()
         try:
             upload = _receive(store, tmp, ctx, parts)
@@ -287,4 +250,4 @@ def upload_result(
             raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-            _close_form(form)
+            close_form(form)

@@ -13,9 +13,11 @@ from shared.tasks import parse_verbalizer  # light: stdlib only
 HELP = "accuracy (or loss) of a base model or base + adapter on a task's data"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model folder")
-    parser.add_argument("--adapter", metavar="DIR", help="PEFT adapter folder to apply to the model")
+def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
+    """The flags of ``mobizo eval``; ``model=False`` leaves out --model/--adapter/--device (``mobizo agent eval``)."""
+    if model:
+        parser.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model folder")
+        parser.add_argument("--adapter", metavar="DIR", help="PEFT adapter folder to apply to the model")
     parser.add_argument(
         "--task", required=True, help="built-in task (sst2, rte, wnli, boolq, wic, wsc, cb, copa), custom or lm"
     )
@@ -26,32 +28,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--template", help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
     parser.add_argument("--verbalizer", metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
     parser.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="put each prompt inside the model's chat template (instruct models)",
+    )
+    parser.add_argument(
         "--seq-len", type=int, metavar="N", help="maximum tokens per row: prompts are cut from the left to fit N"
     )
     parser.add_argument("--max-len", dest="seq_len", type=int, help=argparse.SUPPRESS)  # the old name, kept working
-    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or float64")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
+    if model:
+        parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or float64")
+        parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
 
 
 def _check_paths(args: argparse.Namespace) -> None:
     """Fail on a mistyped path before the slow model load."""
     if not Path(args.model).is_dir():
-        raise UsageError("--model", f"no such directory: {args.model}")
+        raise UsageError("model", f"no such directory: {args.model}")
     if args.adapter is not None and not Path(args.adapter).is_dir():
-        raise UsageError("--adapter", f"no such directory: {args.adapter}")
+        raise UsageError("adapter", f"no such directory: {args.adapter}")
     if not Path(args.data).is_file():
-        raise UsageError("--data", f"no such file: {args.data}")
+        raise UsageError("data", f"no such file: {args.data}")
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
+def check_numbers(args: argparse.Namespace) -> None:
     """Positive sizes; --seq-len needs room for at least one prompt and one answer token."""
-    bounds = (("--limit", args.limit, 1), ("--batch-size", args.batch_size, 1), ("--seq-len", args.seq_len, 2))
+    bounds = (("limit", args.limit, 1), ("batch_size", args.batch_size, 1), ("seq_len", args.seq_len, 2))
     for name, value, least in bounds:
         if value is not None and value < least:
             raise UsageError(name, f"must be at least {least}, got {value}")
 
 
-def _summary(task: str, metrics: dict) -> str:
+def summary(task: str, metrics: dict) -> str:
     """One line for people; --json is for scripts."""
     loss = f"loss {metrics['loss']:.4f}"
     if metrics["accuracy"] is None:
@@ -61,15 +69,17 @@ def _summary(task: str, metrics: dict) -> str:
 
 def run(args: argparse.Namespace) -> ExitCode:
     _check_paths(args)
-    _check_numbers(args)
+    check_numbers(args)
     import torch
 
     from shared.data import load_examples
     from shared.evaluate import evaluate
-    from shared.hf_models import load_model
-    from shared.tasks import get_task
+    from shared.hf_models import load_model, model_chat_frame
+    from shared.tasks import get_task, with_chat
 
     task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))
+    if args.chat_template:
+        task = with_chat(task, model_chat_frame(Path(args.model)))
     rendered = load_examples(task, args.data, args.limit)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model, tokenizer = load_model(Path(args.model), args.dtype, device)
@@ -78,5 +88,5 @@ def run(args: argparse.Namespace) -> ExitCode:
 
         load_adapter(model, Path(args.adapter))
     metrics = evaluate(model, tokenizer, task, rendered, args.batch_size, args.seq_len, progress=sys.stderr.isatty())
-    print(json.dumps(metrics) if args.json else _summary(task.name, metrics))
+    print(json.dumps(metrics) if args.json else summary(task.name, metrics))
     return ExitCode.OK

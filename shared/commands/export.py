@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared import defaults
-from shared.backends import PROGRAM_BACKENDS
+from shared.backends import PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
 from shared.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -34,23 +34,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", default=",".join(defaults.TARGETS), help="comma-separated target module names")
     parser.add_argument("--a-seed", type=int, default=defaults.A_SEED, help="seed of the frozen LoRA A")
     parser.add_argument("--backend", choices=PROGRAM_BACKENDS, default=defaults.PROGRAM_BACKEND)
-    parser.add_argument("--adapter", type=Path, help="start from this adapter's B (continued personalization)")
+    parser.add_argument(
+        "--parallel",
+        choices=PARALLEL_MODES,
+        default=defaults.PARALLEL,
+        help="how a step groups its 2q paths into forward passes: both (one pass, default), outer (+ and -), "
+        "inner (one pass per query), none (2q passes, the MeZO-LoRA way); the same losses and B",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZATIONS,
+        default=defaults.QUANTIZE,
+        help="the base model's linears: none (float32) or 8da4w (int4 groupwise weights, int8 dynamic activations)",
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=defaults.GROUP_SIZE, help="weights per 4-bit scale (a multiple of 32)"
+    )
+    parser.add_argument(
+        "--adapter",
+        type=Path,
+        help="start from this adapter's B (continued personalization): written beside the program as "
+        "FILE.init.safetensors, which the device sets before step 1",
+    )
     parser.add_argument("--template", help="custom task: prompt template with {field} placeholders")
     parser.add_argument("--verbalizer", help='custom task: JSON {"label": "answer text", ...}')
+    parser.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="devices frame prompts with the model's chat template (stored in the config; sets the answer length)",
+    )
     parser.add_argument("--store", type=Path, help="where the shared .ptd and tokenizer go (default: beside --out)")
     parser.add_argument("--out", required=True, type=Path, help="the program file to write (FILE.pte)")
 
 
 def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
-    """Build the program config, which checks itself; a bad value is a UsageError naming its flag."""
+    """Build the program config, which checks itself; a bad value is a UsageError naming its field."""
     from pydantic import ValidationError
 
     from shared.data import answer_len_for
-    from shared.errors import FieldError, UsageError
+    from shared.errors import usage_error
     from shared.manifest import ProgramConfig
-    from shared.tasks import get_task, parse_verbalizer
+    from shared.tasks import chat_frame, get_task, parse_verbalizer, with_chat
 
-    task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))
+    chat = chat_frame(tokenizer) if args.chat_template else None
+    task = with_chat(get_task(args.task, args.template, parse_verbalizer(args.verbalizer)), chat)
     answer_len = args.answer_len or answer_len_for(task, tokenizer)
     try:
         return ProgramConfig(
@@ -63,16 +90,13 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
             targets=tuple(t for t in args.targets.split(",") if t),
             a_seed=args.a_seed,
             backend=args.backend,
+            parallel=args.parallel,
+            quantize=args.quantize,
+            group_size=args.group_size,
+            chat=chat,
         )
     except ValidationError as exc:
-        error = exc.errors()[0]
-        cause = error.get("ctx", {}).get("error")
-        field, reason = (
-            (cause.field, cause.reason) if isinstance(cause, FieldError) else (error["loc"][0], error["msg"])
-        )
-        # a batch that q does not divide is reported on --q, the flag one changes to fit it (as ``mobizo train`` does)
-        flag = "--q" if field == "batch_size" else "--" + str(field).replace("_", "-")
-        raise UsageError(flag, reason) from None
+        raise usage_error(exc) from None
 
 
 def run(args: argparse.Namespace) -> ExitCode:
@@ -81,11 +105,11 @@ def run(args: argparse.Namespace) -> ExitCode:
     from shared.program import export_program
 
     if not (args.model / "config.json").is_file():
-        raise UsageError("--model", f"{args.model} is not a Hugging Face model directory")
+        raise UsageError("model", f"{args.model} is not a Hugging Face model directory")
     if args.adapter is not None and not args.adapter.is_dir():
-        raise UsageError("--adapter", f"{args.adapter} is not an adapter directory")
+        raise UsageError("adapter", f"{args.adapter} is not an adapter directory")
     if args.out.suffix != ".pte":
-        raise UsageError("--out", "must name a .pte file")
+        raise UsageError("out", "must name a .pte file")
     _, tokenizer = load_model(args.model)
     cfg = config_from_args(args, tokenizer)
     export_program(args.model, cfg, args.out, args.store, args.adapter)

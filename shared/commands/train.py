@@ -1,7 +1,7 @@
 """``mobizo train``: fine-tune in PyTorch on this machine (CPU or CUDA) and write OUT/adapter/ and OUT/metrics.json.
 
 Flags that are not given keep ``shared.train.TrainConfig``'s defaults (``shared.defaults``, which the help shows);
-every check of the values happens in ``shared.train.validate`` and names the flag.
+every check of the values happens in ``shared.train.validate`` and names the field (shown as its flag).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def _targets(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = f"Defaults of --steps, --lr and --eps by method: {defaults.describe()}."
     add = parser.add_argument
     add("--model", required=True, type=Path, metavar="DIR", help="Hugging Face model folder")
     add("--task", required=True, help="sst2, rte, wnli, boolq, wic, wsc, cb, copa, lm, or custom")
@@ -50,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help=f"examples per step, E = batch-size / q per query (default {defaults.BATCH_SIZE})",
     )
-    add("--steps", default=_KEEP, type=int, help=f"training steps (default {defaults.STEPS})")
-    add("--lr", default=_KEEP, type=float, help=f"learning rate (default {defaults.LR:g})")
-    add("--eps", default=_KEEP, type=float, help=f"perturbation scale of the ZO methods (default {defaults.EPS:g})")
+    add("--steps", default=_KEEP, type=int, help="training steps (default: per method, below)")
+    add("--lr", default=_KEEP, type=float, help="learning rate (default: per method, below)")
+    add("--eps", default=_KEEP, type=float, help="perturbation scale of the ZO methods (default: per method, below)")
     add("--rank", default=_KEEP, type=int, help=f"LoRA rank (default {defaults.RANK})")
     add("--alpha", default=_KEEP, type=float, help=f"LoRA alpha; scaling alpha/rank (default {defaults.ALPHA:g})")
     add(
@@ -65,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--parallel", default=_KEEP, help="mobizo schedule: both (default), outer, inner, or none")
     add("--dtype", default=_KEEP, help="float32 (default), bfloat16, float16, or float64 (exactness checks)")
     add("--eval-every", default=_KEEP, type=int, metavar="K", help="also evaluate every K steps")
+    add(
+        "--checkpoint-every",
+        default=_KEEP,
+        type=int,
+        metavar="K",
+        help="write OUT/checkpoint/ every K steps; the same command run again continues from it (or a longer "
+        "--steps extends the run); not for mezo",
+    )
     add("--device", default=_KEEP, help="cpu or cuda (default: cuda when available)")
     add("--limit-train", default=_KEEP, type=int, metavar="N", help="use only the first N training examples")
     add("--limit-eval", default=_KEEP, type=int, metavar="N", help="use only the first N held-out examples")
@@ -77,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--template", default=_KEEP, help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
     add("--verbalizer", default=_KEEP, metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
+    add(
+        "--chat-template",
+        action="store_true",
+        default=_KEEP,
+        help="put each prompt inside the model's chat template (instruct models); answers lose their leading space",
+    )
     add("--json", action="store_true", help="print the metrics as JSON")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from collections.abc import Callable
@@ -10,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from device_agent.batches import Shape, write_batches
+from shared.tasks import shared_data_dir
 from tests.device_agent.helpers import Program, random_steps
-from tests.utils.programs import TINY_Q4
+from tests.device_agent.stack import Stack, seed_program_cache, server_env
+from tests.server import live
+from tests.utils.programs import TINY_Q4, TINY_Q4_8DA4W
 
 RUNNER_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "runner"
 ADB_STANDIN_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "adb_standin"
@@ -35,6 +39,15 @@ def tiny_program(program_factory, tiny_model_dir: Path) -> Program:
     return Program(pte, pte.parent / manifest.ptd.file, shape, vocab, manifest.lora_size, manifest)
 
 
+@pytest.fixture(scope="session")
+def tiny_program_8da4w(program_factory, tiny_program: Program) -> Program:
+    """``TINY_Q4`` with 8da4w base linears (``TINY_Q4_8DA4W``): the same shapes, so ``make_batches`` fits it."""
+    pte, manifest = program_factory(TINY_Q4_8DA4W)
+    return Program(
+        pte, pte.parent / manifest.ptd.file, tiny_program.shape, tiny_program.vocab, manifest.lora_size, manifest
+    )
+
+
 @pytest.fixture
 def make_batches(tmp_path: Path, tiny_program: Program) -> Callable[..., Path]:
     """Writes a batches file of ``count`` random steps for the tiny program and returns its path."""
@@ -46,3 +59,31 @@ def make_batches(tmp_path: Path, tiny_program: Program) -> Callable[..., Path]:
         return path
 
     return make
+
+
+# The live stack of the end-to-end tests (test_agent_e2e, test_federation_e2e, test_pause_e2e).
+
+
+@pytest.fixture(scope="module")
+def artifacts(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The servers' data folder, its compile cache holding the suite's TINY_Q4 program (the jobs' config)."""
+    folder = tmp_path_factory.mktemp("artifacts")
+    seed_program_cache(folder, tiny_model_dir, *program_factory(TINY_Q4))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The device's data folder: 64 SST-2 rows as ``sst2/train.jsonl``."""
+    folder = tmp_path_factory.mktemp("device-data")
+    (folder / "sst2").mkdir()
+    with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
+        (folder / "sst2" / "train.jsonl").write_text("".join(itertools.islice(f, 64)))
+    return folder
+
+
+@pytest.fixture
+def stack(artifacts: Path, tiny_model_dir: Path, tmp_path: Path):
+    """A ``mobizo server`` process on loopback (SQLite in ``tmp_path``) with its admin, user alice and the model."""
+    with live.server_process(server_env(artifacts, tmp_path / "db.sqlite"), tmp_path / "server.log") as url:
+        yield Stack(url, artifacts, tmp_path, tiny_model_dir)

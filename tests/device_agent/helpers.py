@@ -74,11 +74,11 @@ def run_runner(args: list[str]) -> tuple[int, list[dict], str]:
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines()], done.stderr
 
 
-def python_reference(program: tuple[Path, Path], batches: Path, init_b: np.ndarray | None = None):  # noqa: ANN201
-    """Per-step (losses, g) and the final B from the ExecuTorch Python runtime."""
-    session = ProgramSession(*program)
-    if init_b is not None:
-        session.set_b(init_b)
+def python_reference(program: Program, batches: Path, init_b: np.ndarray | None = None):  # noqa: ANN201
+    """Per-step (losses, g) and the final B from the ExecuTorch Python runtime, from ``init_b`` (None: zeros; the
+    program carries no B of its own)."""
+    session = ProgramSession(*program.files)
+    session.set_b(np.zeros(program.d, np.float32) if init_b is None else init_b)
     steps = [session.step(batch, np.float32(LR).item(), np.float32(EPS).item()) for batch in BatchesFile(batches)]
     return steps, session.get_b()
 

@@ -124,7 +124,18 @@ def test_missing_device_root_is_an_adb_error(monkeypatch: pytest.MonkeyPatch) ->
 def test_runner_trains_on_the_fake_phone(
     phone: Path, runner_binary: Path, tiny_program: Program, make_batches: Callable[..., Path], tmp_path: Path
 ) -> None:
-    batches = make_batches(4)
+    _train_on_phone(runner_binary, tiny_program, make_batches(4), tmp_path)
+
+
+@pytest.mark.slow  # exports the session's 8da4w program
+def test_runner_trains_an_8da4w_program_on_the_fake_phone(
+    phone: Path, runner_binary: Path, tiny_program_8da4w: Program, make_batches: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The runner's XNNPACK runs the int8 x int4 kernels: the same bits as the Python runtime."""
+    _train_on_phone(runner_binary, tiny_program_8da4w, make_batches(4), tmp_path)
+
+
+def _train_on_phone(runner_binary: Path, tiny_program: Program, batches: Path, tmp_path: Path) -> None:
     for local in (runner_binary, *tiny_program.files, batches):
         adb("push", str(local), f"{PHONE_DIR}/")
     program = (f"{PHONE_DIR}/{tiny_program.pte.name}", f"{PHONE_DIR}/{tiny_program.ptd.name}")
@@ -133,6 +144,6 @@ def test_runner_trains_on_the_fake_phone(
     status, lines, stderr = run_runner(["adb", "shell", *args])
     assert status == 0, stderr
     adb("pull", f"{PHONE_DIR}/out.f32", str(tmp_path / "out.f32"))
-    reference, final_b = python_reference(tiny_program.files, batches)
+    reference, final_b = python_reference(tiny_program, batches)
     assert [as_f32(line["losses"]).tobytes() for line in lines] == [losses.tobytes() for losses, _ in reference]
     assert (tmp_path / "out.f32").read_bytes() == final_b.tobytes()

@@ -13,7 +13,6 @@ rows and upload. What the issue asks of the agent, each checked against the serv
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import time
@@ -23,37 +22,11 @@ import pytest
 
 from device_agent.checkpoint import load_checkpoint
 from mobizo.cli import main
-from shared.tasks import shared_data_dir
 from tests.device_agent.conftest import ADB_STANDIN_DIR
-from tests.device_agent.stack import Agent, Stack, seed_program_cache, server_env, wait_for
+from tests.device_agent.stack import Agent, Stack, server_env, wait_for
 from tests.server import live
-from tests.utils.programs import TINY_Q4
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def artifacts(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The servers' data folder, its compile cache holding the suite's TINY_Q4 program (the jobs' config)."""
-    folder = tmp_path_factory.mktemp("artifacts")
-    seed_program_cache(folder, tiny_model_dir, *program_factory(TINY_Q4))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def local_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The device's data folder: 64 SST-2 rows as ``sst2/train.jsonl``."""
-    folder = tmp_path_factory.mktemp("device-data")
-    (folder / "sst2").mkdir()
-    with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
-        (folder / "sst2" / "train.jsonl").write_text("".join(itertools.islice(f, 64)))
-    return folder
-
-
-@pytest.fixture
-def stack(artifacts: Path, tiny_model_dir: Path, tmp_path: Path):
-    with live.server_process(server_env(artifacts, tmp_path / "db.sqlite"), tmp_path / "server.log") as url:
-        yield Stack(url, artifacts, tmp_path, tiny_model_dir)
 
 
 def backend_setup(backend: str, tmp_path: Path, runner: Path, model_dir: Path) -> tuple[list[str], dict[str, str]]:
@@ -280,3 +253,24 @@ def test_jobs_are_leased_only_to_devices_with_the_memory_they_need(stack: Stack)
         assert device.lease("executorch", memory_mb=0) is None  # reports no free memory: nothing fits
         lease = device.lease("executorch", memory_mb=64_000)
     assert lease is not None and lease.job_id == job_id and 0 < lease.manifest.memory_mb < 64_000
+
+
+def test_the_device_measures_its_adapter_on_held_out_data(stack: Stack, local_data: Path, capsys) -> None:
+    """Accuracy and loss before and after training on a slice of the device's own data that it did not train on,
+    uploaded with the result: in the job (``mobizo jobs show``) and in the adapter's registry entry."""
+    import json
+
+    job_id = stack.submit(steps=20, eval_examples=10)
+    agent = make_agent(stack, local_data, "held-out")
+    assert agent.start().wait() == 0, agent.tail()
+    data = [e for e in agent.events() if e["event"] == "data"]
+    assert [(e["examples"], e["held_out"]) for e in data] == [(54, 10)]  # 64 local rows: 10 kept out of training
+    key = stack.user.headers["authorization"].split()[1]
+    assert main(["jobs", "show", str(job_id), "--server", stack.url, "--token", key]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    held_out = shown["held_out"]
+    assert held_out["n"] == 10 and held_out == stack.adapter(job_id)["held_out"]
+    assert (held_out["before"]["step"], held_out["after"]["step"]) == (0, 20)
+    assert held_out["before"]["loss"] != held_out["after"]["loss"]  # B moved (lr 0.5 on the tiny model)
+    assert all(0 <= held_out[k]["accuracy"] <= 1 for k in ("before", "after"))
+    assert stack.adapter(job_id)["metrics"]["eval"] == [held_out["before"], held_out["after"]]

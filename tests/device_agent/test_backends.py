@@ -37,7 +37,7 @@ def train_run(program: Program, batches: Path, tmp_path: Path, every: int = 3) -
         batches=batches,
         lr=LR,
         eps=EPS,
-        init_b=None,
+        init_b=np.zeros(program.d, np.float32),
         checkpoint=tmp_path / "ckpt",
         checkpoint_every=every,
     )
@@ -135,6 +135,29 @@ def test_torch_backend_agrees_with_the_program(
     np.testing.assert_allclose(done.b, ref_done.b, rtol=0, atol=drift[-1])
     # ... but it is exactly what its own log replays to (on CPU), which is what the server checks.
     assert replay(torch.zeros(tiny_program.d), as_log(records)).numpy().tobytes() == done.b.tobytes()
+
+
+def test_torch_backend_runs_the_8da4w_base_of_an_8da4w_program(
+    tiny_program: Program,
+    tiny_program_8da4w: Program,
+    tiny_model_dir: Path,
+    make_batches: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    """First step, from B = 0: the eager torch backend and the 8da4w program within the quantization's own effect
+    on the losses (the float32 program on the same batch; tests/shared/test_quantize.py derives that bound)."""
+    from shared.model_files import model_sha256
+
+    batches = make_batches(1)
+    floats, _ = train(make_backend("executorch"), train_run(tiny_program, batches, tmp_path / "f"))
+    program, _ = train(make_backend("executorch"), train_run(tiny_program_8da4w, batches, tmp_path / "q"))
+    registered = {model_sha256(tiny_model_dir)}
+    eager = make_backend("torch", model_dir=tiny_model_dir, device="cpu", registered=lambda: registered)
+    records, _ = train(eager, train_run(tiny_program_8da4w, batches, tmp_path / "t"))
+    want, effect = program[0].losses, np.abs(program[0].losses - floats[0].losses).max()
+    loss_atol = loss_rtol(AutoConfig.from_pretrained(tiny_model_dir)) * float(np.abs(want).max())
+    assert effect > 10 * loss_atol  # the base is quantized in the program ...
+    np.testing.assert_allclose(records[0].losses, want, rtol=0, atol=effect + loss_atol)  # ... and in torch
 
 
 def test_torch_backend_refuses_a_model_that_is_not_the_programs(

@@ -46,7 +46,11 @@ def test_progress_is_sent_with_the_device_token() -> None:
     time.sleep(0.01)
     assert beat.progress(5, float("nan")) > 0  # steps/s since the first progress of this session
     beat.beat()
-    assert seen[0] == ("/v1/jobs/7/heartbeat", "Bearer dev-token", {"step": 3, "loss": None, "steps_per_s": None})
+    assert seen[0] == (
+        "/v1/jobs/7/heartbeat",
+        "Bearer dev-token",
+        {"step": 3, "loss": None, "steps_per_s": None, "paused": False},
+    )
     assert seen[1][2]["step"] == 5 and seen[1][2]["loss"] is None and seen[1][2]["steps_per_s"] > 0
     assert not beat.halted
 
@@ -105,7 +109,7 @@ def test_lease_204_is_none_and_the_request_says_what_the_device_can_run() -> Non
         return httpx.Response(204)
 
     assert device_api(handler).lease("adb", 2048) is None
-    assert bodies == [{"backend": "adb", "memory_mb": 2048}]
+    assert bodies == [{"backend": "adb", "memory_mb": 2048, "eligible": None}]
 
 
 def test_errors_carry_the_servers_detail() -> None:

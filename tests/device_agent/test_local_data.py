@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -62,3 +63,30 @@ def test_an_answer_longer_than_the_program_allows_is_an_error(tiny_model_dir: Pa
     rendered = [lm.render({"prompt": "Say", "completion": " a long answer of many many tokens"})]
     with pytest.raises(DataError, match="step 0: .*answer_len 2"):
         list(step_batches(rendered, tokenizer, Shape(rows=1, seq_len=32, answer_len=2), seed=0, steps=1))
+
+
+def test_the_held_out_slice_is_the_last_examples_and_at_most_a_fifth() -> None:
+    from device_agent.local_data import split_held_out
+
+    examples = list(range(50))
+    assert split_held_out(examples, 5) == (list(range(45)), list(range(45, 50)))
+    assert split_held_out(examples, 100) == (list(range(40)), list(range(40, 50)))  # a fifth: 10
+    assert split_held_out(examples, 0) == (examples, [])
+    assert split_held_out(examples[:4], 3) == (examples[:4], [])  # too little data to keep any out
+
+
+def test_a_job_frames_its_local_data_as_its_program_says(tmp_path) -> None:
+    """The chat frame comes with the program's config; the held-out slice is framed the same way."""
+    from types import SimpleNamespace
+
+    from device_agent.job import local_examples
+    from shared.schemas import JobSpec
+
+    (tmp_path / "sst2").mkdir()
+    rows = [json.dumps({"sentence": f"film {i}", "label": i % 2}) for i in range(10)]
+    (tmp_path / "sst2" / "train.jsonl").write_text("\n".join(rows) + "\n")
+    spec = JobSpec(task="sst2", answer_len=1, eval_examples=2)
+    lease = SimpleNamespace(spec=spec, manifest=SimpleNamespace(config=SimpleNamespace(chat=("<u>", "</u>"))))
+    task, train, held = local_examples(SimpleNamespace(data_dir=tmp_path), lease)
+    assert task.name == "sst2" and (len(train), len(held)) == (8, 2)
+    assert held[-1].prompt == "<u>film 9 It was</u>" and held[-1].candidates == ["terrible", "great"]

@@ -26,7 +26,7 @@ def test_runner_matches_python_runtime_bit_for_bit(
     batches = make_batches(6)
     status, lines, stderr = run_runner(runner_args(runner_binary, tiny_program.files, batches, tmp_path / "b.f32"))
     assert status == 0, stderr
-    reference, final_b = python_reference(tiny_program.files, batches)
+    reference, final_b = python_reference(tiny_program, batches)
     assert [line["step"] for line in lines] == list(range(6))
     for line, (losses, g) in zip(lines, reference):
         assert as_f32(line["losses"]).tobytes() == losses.tobytes()
@@ -45,7 +45,7 @@ def test_init_b_and_step_limit(
     args = runner_args(runner_binary, tiny_program.files, batches, tmp_path / "b.f32", *init_arg)
     status, lines, stderr = run_runner([*args, "--steps", "2"])
     assert status == 0, stderr
-    reference, _ = python_reference(tiny_program.files, batches, init)
+    reference, _ = python_reference(tiny_program, batches, init)
     assert len(lines) == 2
     assert as_f32(lines[1]["losses"]).tobytes() == reference[1][0].tobytes()
     save_b(tmp_path / "short.f32", init[:-1])

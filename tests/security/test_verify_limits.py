@@ -115,7 +115,7 @@ def test_a_noisy_tenant_is_limited_stopped_and_starves_no_one(live):
     thread.start()
     pool = live["app"].state.verify_pool
     deadline = time.monotonic() + 30
-    while not pool._owners:  # noqa: SLF001 - wait until alice's replay holds a worker
+    while not pool._owners.held():  # noqa: SLF001 - wait until alice's replay holds a worker
         assert time.monotonic() < deadline and thread.is_alive()
         time.sleep(0.05)
 

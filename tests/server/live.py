@@ -1,9 +1,11 @@
 """A real server on a free loopback port, for end-to-end tests: a ``mobizo server`` process (``server_process``),
-or an app built in the test served by uvicorn in a thread (``app_in_thread``), to plug in a fake compile queue."""
+or an app built in the test served by uvicorn in a thread (``app_in_thread``), to plug in a fake compile queue;
+and a ``mobizo worker`` process (``worker_process``) for the Celery queue."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,13 +28,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def server_process(env: dict[str, str], log_file: Path, timeout: float = 60.0) -> Iterator[str]:
-    """Start the server with ``env`` added to the environment; yields its URL once ``/healthz`` answers."""
+def server_process(env: dict[str, str], log_file: Path, timeout: float = 60.0, workers: int = 1) -> Iterator[str]:
+    """Start the server (``workers`` API processes) with ``env`` added to the environment; yields its URL once
+    ``/healthz`` answers."""
     port = free_port()
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     with open(log_file, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mobizo", "server", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "mobizo", "server", "--host", "127.0.0.1", "--port", str(port)]
+            + ["--workers", str(workers)],
             cwd=REPO,
             env=full_env,
             stdout=log,
@@ -85,3 +89,41 @@ def app_in_thread(app: FastAPI) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@contextmanager
+def worker_process(env: dict[str, str], log_file: Path, queues: str = "compile,verify") -> Iterator[int]:
+    """Start ``mobizo worker`` in a session of its own; yields its pid once Celery says it is ready. Stopped with
+    its whole process group (pool processes included), so a test may also SIGKILL the group itself."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mobizo", "worker", "--queues", queues, "--concurrency", "1"],
+            cwd=REPO,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while b" ready." not in log_file.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start ({proc.poll()}):\n{log_file.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield proc.pid
+    finally:
+        kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def kill_group(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group led by ``pid`` (gone already: nothing to do)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass

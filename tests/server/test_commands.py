@@ -118,6 +118,9 @@ def test_bad_options_exit_2_naming_them(capsys):
         capsys, "jobs", "submit", "--model", "m", "--template", "{x}", "--verbalizer", "{", "--token", "t"
     )
     assert code == 2 and "--verbalizer" in err
+    for option in ("--device", "--init-adapter"):  # fields device_id, init_adapter_id: the table names their flags
+        code, _, err = _run(capsys, "jobs", "submit", "--model", "m", "--task", "sst2", option, "0", "--token", "t")
+        assert code == 2 and f"argument {option}: " in err
     code, _, err = _run(capsys, "enroll-code", "--ttl", "5", "--token", "t")
     assert code == 2 and "--ttl" in err
 
@@ -153,3 +156,63 @@ def test_token_file_keeps_the_token_out_of_the_process_list(server_url, capsys, 
     assert code == 0 and json.loads(out)["name"] == "carol"
     code, _, err = _run(capsys, "users", "create", "dave", "--server", server_url, "--token-file", str(tmp_path / "no"))
     assert code == 2 and "--token-file" in err
+
+
+def test_cohort_commands_and_a_federated_job(server_url, capsys, monkeypatch):
+    admin = ["--server", server_url, "--token", ADMIN_TOKEN]
+    code, out, _ = _run(capsys, "users", "create", "carol", *admin)
+    user = ["--server", server_url, "--token", json.loads(out)["api_key"]]
+    code, out, _ = _run(capsys, "cohorts", "create", "kb", "--model", "tiny", "--task", "sst2", *admin)
+    assert code == 0
+    cohort = json.loads(out)["id"]
+    code, out, _ = _run(capsys, "cohorts", "join", str(cohort), *user)
+    assert code == 0 and json.loads(out)["member"] is True
+    code, out, _ = _run(capsys, "cohorts", "list", *user)
+    assert code == 0 and "kb" in out and "True" in out
+    base = ["jobs", "submit", "--cohort", str(cohort), "--q", "2", "--batch-size", "4", "--rank", "2"]
+    rounds = ["--rounds", "2", "--clients-per-round", "3", "--local-steps", "5", "--aggregation", "median"]
+    code, _, err = _run(capsys, *base, *rounds, "--steps", "5", *admin)
+    assert code == 2 and "--steps" in err
+    code, _, err = _run(capsys, *base, "--clients-per-round", "3", "--local-steps", "5", *admin)
+    assert code == 2 and "--rounds" in err
+    code, _, err = _run(capsys, *base, *rounds, "--min-clients", "4", *admin)
+    assert code == 2 and "--min-clients" in err
+    code, _, err = _run(capsys, "jobs", "submit", "--model", "tiny", "--task", "sst2", "--rounds", "2", *user)
+    assert code == 2 and "--rounds" in err
+    monkeypatch.setenv("MOBIZO_ADMIN_TOKEN", ADMIN_TOKEN)  # --cohort takes the admin token by default
+    code, out, err = _run(capsys, *base, *rounds, "--server", server_url)
+    assert code == 0, err
+    job = json.loads(out)
+    assert job["cohort_id"] == cohort and job["federation"]["aggregation"] == "median" and job["spec"]["steps"] == 5
+    code, out, _ = _run(capsys, "jobs", "show", str(job["id"]), *admin)
+    assert code == 0 and json.loads(out)["federation_progress"]["rounds"] == 2
+    code, _, _ = _run(capsys, "jobs", "show", str(job["id"]), *user)
+    assert code == 1  # not the user's job: 404
+    code, out, _ = _run(capsys, "cohorts", "leave", str(cohort), *user)
+    assert code == 0 and json.loads(out)["member"] is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named", "exit_code"),
+    [
+        (["worker"], {}, "MOBIZO_BROKER_URL is not set", 1),
+        (["worker", "--queues", "compile,export"], {"MOBIZO_BROKER_URL": "redis://127.0.0.1:1/0"}, "queues", 2),
+        (["worker", "--concurrency", "0"], {"MOBIZO_BROKER_URL": "redis://127.0.0.1:1/0"}, "concurrency", 2),
+        (["server", "--workers", "2"], {}, "MOBIZO_QUEUE=celery", 2),
+        (["server", "--workers", "0"], {"MOBIZO_QUEUE": "celery"}, "workers", 2),
+    ],
+)
+def test_worker_and_server_refuse_bad_settings_naming_them(capsys, monkeypatch, tmp_path, argv, env, named, exit_code):
+    from server.settings import get_settings
+
+    monkeypatch.setenv("MOBIZO_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("MOBIZO_BROKER_URL", raising=False)
+    monkeypatch.delenv("MOBIZO_QUEUE", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    try:
+        code, _, err = _run(capsys, *argv)
+    finally:
+        get_settings.cache_clear()
+    assert code == exit_code and named in err

@@ -79,3 +79,50 @@ def test_jobs_left_unfinished_by_a_previous_run_are_compiled_on_start(settings, 
     app = create_app(settings, queue_factory=lambda s, st, cfg: LocalCompileQueue(s, st, 1, build_fake))
     with TestClient(app) as after:
         assert _settled(after, user, job["id"])["status"] == "ready"
+
+
+def test_an_export_that_cannot_fit_fails_its_job_naming_the_need(settings, tmp_path, tiny_model_dir):
+    """The compile worker checks its memory budget before exporting (the real build_program, the default queue)."""
+    from shared.memory import export_need_mb
+    from shared.model_files import float32_bytes
+
+    need = export_need_mb(float32_bytes(tiny_model_dir))
+    limit = need // 2  # the tiny model needs about 0.6 GB (the libraries); half of it cannot fit
+    with TestClient(create_app(settings.model_copy(update={"compile_memory_mb": limit}))) as client:
+        register_model(client, tiny_model_dir)
+        user = create_user(client)
+        failed = _settled(client, user, submit_job(client, user)["id"])
+    assert failed["status"] == "failed"
+    assert f"needs about {need} MB of memory and {limit} MB is MOBIZO_COMPILE_MEMORY_MB" in failed["error"]
+    assert not list((settings.data_dir).rglob("*.pte"))  # refused before exporting anything
+
+
+def test_a_duplicate_task_leaves_a_compiling_job_alone_and_a_redelivery_takes_it_over(client, queue, tmp_path):
+    """What makes the Celery task idempotent (``compile_job``): only a redelivered task resumes a compiling job."""
+    from server import jobstate
+    from server.compile_queue import compile_job
+
+    register_model(client, make_fake_model(tmp_path / "model"))
+    user = create_user(client)
+    queue.hold = True
+    job_id = submit_job(client, user)["id"]
+    sessions = client.app.state.sessionmaker
+    exports: list[int] = []
+
+    def export(work):
+        exports.append(work.job_id)
+        return queue._build(work.spec, work.model_sha256)
+
+    with sessions() as session:
+        assert jobstate.start_compiling(session, job_id) is not None  # a worker took it ...
+    compile_job(sessions, job_id, export)  # ... and a duplicate delivery arrives
+    assert exports == [] and client.get(f"/v1/jobs/{job_id}", headers=user).json()["status"] == "compiling"
+    compile_job(sessions, job_id, export, resume=True)  # the worker died: the broker redelivers
+    assert exports == [job_id] and client.get(f"/v1/jobs/{job_id}", headers=user).json()["status"] == "ready"
+    compile_job(sessions, job_id, export, resume=True)  # a late copy of a finished job
+    assert exports == [job_id]
+
+    cancelled = submit_job(client, user)["id"]
+    assert client.post(f"/v1/jobs/{cancelled}/cancel", headers=user).json()["status"] == "cancelled"
+    compile_job(sessions, cancelled, export, resume=True)
+    assert exports == [job_id] and client.get(f"/v1/jobs/{cancelled}", headers=user).json()["status"] == "cancelled"

@@ -22,3 +22,39 @@ def test_migrations_match_the_models_and_rerun_cleanly(db_url):
         assert {"users", "models", "devices", "jobs", "programs", "adapters", "enrollment_codes"} <= tables
     finally:
         engine.dispose()
+
+
+def test_processes_starting_together_migrate_one_after_another(fresh_pg_schema):
+    """The startup lock (PostgreSQL advisory lock): the first process gets it at once and is told it is first;
+    a second one, starting while the first still migrates, waits, migrates (a no-op by then) and is told not."""
+    import threading
+
+    from server.db import startup_lock
+
+    first, second = make_engine(fresh_pg_schema), make_engine(fresh_pg_schema)
+    events: list[str] = []
+    try:
+        with startup_lock(first) as was_first:
+            events.append(f"first:{was_first}")
+            thread = threading.Thread(target=lambda: _start(second, events))
+            thread.start()
+            thread.join(timeout=2)
+            assert thread.is_alive()  # waiting for the lock
+            migrate(first)
+            events.append("first migrated")
+        thread.join(timeout=30)
+        assert events == ["first:True", "first migrated", "second:False", "second migrated"]
+        with startup_lock(first) as alone:  # a process starting on its own later
+            assert alone
+    finally:
+        first.dispose()
+        second.dispose()
+
+
+def _start(engine, events: list[str]) -> None:
+    from server.db import startup_lock
+
+    with startup_lock(engine) as was_first:
+        events.append(f"second:{was_first}")
+        migrate(engine)
+        events.append("second migrated")

@@ -50,3 +50,34 @@ def test_random_model_is_seeded() -> None:
     assert not a.training and not any(p.requires_grad for p in a.parameters())
     logits = a(torch.tensor([[1, 2, 3]])).logits
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+
+
+# --- make-random-model ----------------------------------------------------------------------------------------
+
+SMALL_ARCH = {  # a named architecture at test size: the command is the same for TinyLlama-1.1B
+    "vocab_size": 700,
+    "hidden_size": 32,
+    "intermediate_size": 88,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def test_make_random_model_writes_a_seeded_model_with_a_tokenizer_of_the_vocabulary_size(tmp_path, monkeypatch):
+    from mobizo.cli import main
+    from shared import architectures
+    from shared.hf_models import load_model
+
+    monkeypatch.setitem(architectures.ARCHS, "small-test", SMALL_ARCH)
+    for folder in ("a", "b"):
+        assert main(["make-random-model", "--arch", "small-test", "--seed", "3", "--out", str(tmp_path / folder)]) == 0
+    model, tokenizer = load_model(tmp_path / "a")
+    assert model.config.vocab_size == len(tokenizer) == 700 and model.config.hidden_size == 32
+    assert tokenizer("It was great").input_ids[0] == 1  # BOS first, as Llama tokenizers do
+    for name in ("model.safetensors", "tokenizer.json"):  # the same seed, the same bytes
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert main(["make-random-model", "--arch", "nope", "--out", str(tmp_path / "c")]) == 2

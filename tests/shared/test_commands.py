@@ -18,6 +18,7 @@ from shared.train_log import log_line, log_record
         ({"--task": "nope"}, "--task"),
         ({"--out": "prog.bin"}, "--out"),
         ({"--targets": "q_proj,zzz"}, "--targets"),
+        ({"--quantize": "8da4w", "--group-size": "48"}, "--group-size"),
     ],
 )
 def test_export_bad_arguments_exit_2(tiny_model_dir, tmp_path, capsys, change, flag):

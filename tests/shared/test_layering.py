@@ -11,6 +11,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 # What the server's routes and the REST client need: they must import (and work) where torch is not installed.
 TORCH_FREE = (
+    "shared.aggregate",
     "shared.b_file",
     "shared.backends",
     "shared.defaults",

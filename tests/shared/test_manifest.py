@@ -42,3 +42,9 @@ def test_manifest_json_round_trips_and_leaves_the_model_path_out_of_leases() -> 
     assert list(json.loads(manifest.to_json())) == order.split()  # the key order of the file (docs/contracts.md)
     device = manifest.for_device().model_dump(mode="json")
     assert "model" not in device and device == {k: v for k, v in written.items() if k != "model"}
+
+
+def test_a_format_1_manifest_starting_from_zeros_still_reads() -> None:
+    """Stored format-1 manifests (server programs) wrote ``init_b: false``: read as no starting B file."""
+    written = fake_manifest({"q": 1, "batch_size": 2, "seq_len": 16, "answer_len": 1}, FILES) | {"init_b": False}
+    assert ProgramManifest.model_validate(written).init_b is None

@@ -64,3 +64,52 @@ def test_step_seed_is_a_pure_function_in_range():
     assert step_seed(3, 0) != step_seed(4, 0)
     with pytest.raises(ValueError):
         step_seed(-1, 0)
+
+
+class _StepNoise(torch.nn.Module):
+    """A step's noise as the device program generates it, exported alone."""
+
+    def __init__(self, q: int, size: int) -> None:
+        super().__init__()
+        self.q, self.size = q, size
+
+    def forward(self, seed: torch.Tensor) -> torch.Tensor:
+        from shared.zo import step_noise
+
+        return step_noise(seed, self.q, self.size)
+
+
+def _flat(seed: int, q: int, size: int) -> np.ndarray:
+    return noise_np(seed, np.arange(q * size)).reshape(q, size)
+
+
+@pytest.mark.parametrize("q", [1, 3, 16])
+def test_noise_per_query_equals_the_flat_noise_bit_for_bit(q):
+    from shared.zo import step_noise
+
+    size = 1_003  # not a power of two: query boundaries fall anywhere
+    z = step_noise(torch.tensor([77]), q, size).numpy()
+    assert z.shape == (q, size)
+    assert np.array_equal(z.view(np.int32), _flat(77, q, size).view(np.int32))
+    start = noise_range(torch.tensor([77]), 10, start=size).numpy()
+    assert np.array_equal(start.view(np.int32), _flat(77, 2, size)[1, :10].view(np.int32))
+
+
+def test_noise_per_query_in_a_pte_equals_the_flat_noise_bit_for_bit():
+    from executorch.exir import to_edge
+    from executorch.runtime import Runtime
+
+    q, size = 4, 1_003
+    exported = torch.export.export(_StepNoise(q, size), (torch.tensor([1]),), strict=False)
+    program = Runtime.get().load_program(to_edge(exported).to_executorch().buffer)
+    method = program.load_method("forward")
+    for seed in (0, 12345, 2**31 - 1):
+        z = method.execute([torch.tensor([seed])])[0].numpy()
+        assert np.array_equal(z.view(np.int32), _flat(seed, q, size).view(np.int32))
+
+
+def test_noise_range_refuses_indices_outside_32_bits():
+    with pytest.raises(ValueError):
+        noise_range(torch.tensor([1]), 2, start=2**32 - 1)
+    with pytest.raises(ValueError):
+        noise_range(torch.tensor([1]), 1, start=-1)

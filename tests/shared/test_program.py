@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from shared.adapter import save_lora
+from shared.b_file import read_b_file
 from shared.hf_models import load_model
-from shared.manifest import ProgramManifest
+from shared.manifest import ProgramConfig, ProgramManifest
 from shared.program import build_step_module, export_program
 from shared.replay import replay
 from shared.train_log import log_record
-from tests.utils.programs import TINY_Q1, TINY_Q4
+from tests.utils.programs import TINY_Q1, TINY_Q4, weights_files
 from tests.utils.tiny import random_batch
-from tests.utils.tolerance import b_drift, loss_rtol
+from tests.utils.tolerance import b_drift, loss_rtol, step_atols
 
 SEQ, ANSWER, STEPS, LR, EPS = TINY_Q1.seq_len, TINY_Q1.answer_len, 20, 0.2, 1e-2
 
@@ -74,6 +75,7 @@ def test_pte_losses_equal_eager_step_by_step_and_replay_is_bit_exact(programs, t
     folder, by_q = programs
     cfg, manifest = by_q[q]
     device, eager = Device(manifest, folder), _eager(tiny_model_dir, cfg)
+    device.set_b(torch.zeros(manifest.lora_size))  # the program carries no B: the device always sets it first
     vocab = eager.model.config.vocab_size
     log = []
     for k, batch in enumerate(_batches(q, 2, vocab)):
@@ -113,11 +115,37 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
     torch.testing.assert_close(device.b(), eager.lora_b, rtol=0, atol=drift)
 
 
+@pytest.mark.parametrize("parallel", ["outer", "inner", "none"])
+def test_every_schedule_takes_the_same_step_in_a_pte(programs, program_factory, tiny_model_dir, parallel):
+    """A program of each schedule and the ``both`` program, from the same B on the same batch and seed: one
+    mathematics, so they differ only by float32 rounding (as the eager schedules, tests/shared/test_zo.py)."""
+    folder, by_q = programs
+    cfg, ref_manifest = by_q[4]
+    _, manifest = program_factory(ProgramConfig.model_validate({**cfg.model_dump(), "parallel": parallel}))
+    assert manifest.config.parallel == parallel and manifest.ptd == ref_manifest.ptd
+    config = _eager(tiny_model_dir, cfg).model.config
+    b0 = torch.randn(manifest.lora_size, generator=torch.Generator().manual_seed(5)) * 0.05
+    batch = _batches(4, 2, config.vocab_size)[0]
+    results = []
+    for m in (ref_manifest, manifest):
+        device = Device(m, folder)
+        device.set_b(b0)
+        results.append((*device.step(batch, seed=3), device.b()))
+    (ref_losses, ref_g, ref_b), (losses, g, b) = results
+    loss_atol, g_atol, b_atol = step_atols(config, torch.float32, float(ref_losses.abs().max()), EPS, LR)
+    torch.testing.assert_close(losses, ref_losses, rtol=0, atol=loss_atol)
+    torch.testing.assert_close(g, ref_g, rtol=0, atol=g_atol)
+    # B also rounds once more in float32 where its entries are largest
+    torch.testing.assert_close(b, ref_b, rtol=0, atol=b_atol + 4 * float(ref_b.abs().max()) * 2**-24)
+    assert not torch.equal(b, b0)
+
+
 def test_programs_of_different_q_share_one_weights_file(programs):
     folder, by_q = programs
     (_, m1), (_, m4) = by_q[1], by_q[4]
     assert m1.ptd == m4.ptd and m1.pte.sha256 != m4.pte.sha256
-    assert sorted(p.name for p in folder.glob("*.ptd")) == [m1.ptd.file]
+    every, float32 = weights_files(folder)
+    assert float32 == {m1.ptd.file} and m1.ptd.file in every  # one weights file for the model's float32 programs
     assert m1.pte.size < 1_000_000 < m1.ptd.size * 1_000 and m1.ptd.size > m1.pte.size
     assert m1.lora == m4.lora and m1.tokenizer == m4.tokenizer
 
@@ -145,7 +173,11 @@ def test_program_started_from_an_adapter_continues_from_it(programs, tiny_model_
         progress=lambda _: None,
     )
     assert manifest.ptd == by_q[1][1].ptd  # same base weights file, reused
+    assert manifest.pte.sha256 == by_q[1][1].pte.sha256  # the very same program bytes: B is not in the .pte ...
+    init_b = torch.from_numpy(read_b_file(tmp_path / manifest.init_b.file, manifest.lora_size))
+    assert torch.equal(init_b, previous) and by_q[1][1].init_b is None  # ... but in the B file named beside it
     device = Device(manifest, tmp_path, store=folder)
+    device.set_b(init_b)
     assert torch.equal(device.b(), previous)
     batch = _batches(1, 2, eager.model.config.vocab_size)[0]
     with torch.no_grad():

@@ -296,6 +296,28 @@ def test_step_time_benchmark_times_every_method(tiny_model_dir, tmp_path, capsys
     assert benchmark(args) == 0
     results = json.loads(out.read_text())["results"]
     labels = ["mezo", "mezo-lora", "mobizo-both", "mobizo-outer", "mobizo-inner", "mobizo-none", "fo-lora"]
-    assert list(results) == labels and results["mezo-lora"]["time_ratio"] == 1.0
+    assert list(results) == [*labels, "inference"] and results["mezo-lora"]["time_ratio"] == 1.0
     assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in results.values())
-    assert "| mobizo-both |" in capsys.readouterr().out
+    if results["inference"]["peak_mb"] is not None:  # Linux: memory measured, ratios to inference given
+        assert results["inference"]["peak_mb_vs_inference"] == 1.0
+    out = capsys.readouterr().out
+    assert "| mobizo-both |" in out and "| inference |" in out
+
+
+def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp_path, capsys):
+    """The defaults live in shared.defaults, per method; `mobizo train` and `mobizo jobs submit` both read them."""
+    from shared import defaults
+    from shared.schemas import JobCreate
+
+    for method in ("mobizo", "fo-lora"):
+        chosen = defaults.for_method(method)
+        config = _config(tiny_model_dir, tmp_path / method, method=method, steps=1, batch_size=4)
+        metrics = train(config, progress=False)
+        assert (metrics["lr"], metrics["eps"], metrics["steps"]) == (chosen.lr, chosen.eps, 1)
+    job, chosen = JobCreate(model="m", task="sst2"), defaults.for_method("mobizo")  # jobs run mobizo
+    assert (job.lr, job.eps, job.steps) == (chosen.lr, chosen.eps, chosen.steps)
+    assert defaults.for_method("mezo").lr != defaults.for_method("mobizo").lr  # per method, not one value
+    for command in (["train"], ["jobs", "submit"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        assert "benchmarks/accuracy.py" in " ".join(capsys.readouterr().out.split())

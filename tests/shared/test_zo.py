@@ -3,10 +3,11 @@
 import pytest
 import torch
 
+from shared.backends import PARALLEL_MODES
 from shared.baselines import fo_lora_loss_and_grad, mezo_lora_step, mezo_step
 from shared.hf_models import float64_throughout
 from shared.lora import inject_lora
-from shared.zo import PARALLEL_MODES, path_losses, zo_step
+from shared.zo import path_losses, zo_step
 from tests.utils.tiny import random_batch, tiny_llama
 from tests.utils.tolerance import Z_MAX, loss_rtol, step_atols
 

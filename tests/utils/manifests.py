@@ -27,7 +27,7 @@ def fake_manifest(
         lora=list(lora),
         lora_size=lora_size,
         inputs=ProgramInputs(forward={}, padding="left"),
-        init_b=False,
+        init_b=None,
         memory_mb=memory_mb,
         export_seconds=0.0,
         **files,

@@ -1,7 +1,24 @@
 """The program configs the suite shares (each is exported once per session by the ``program_factory`` fixture)."""
 
+from pathlib import Path
+
 from shared.manifest import ProgramConfig
 
 # The tiny model's device programs: one query and four queries, E = 2, 16 columns of which the last 2 are answers.
 TINY_Q1 = ProgramConfig(q=1, batch_size=2, seq_len=16, answer_len=2, rank=4, alpha=8.0)
 TINY_Q4 = ProgramConfig(q=4, batch_size=8, seq_len=16, answer_len=2, rank=4, alpha=8.0)
+# The same four-query program with 4-bit groupwise base linears and int8 dynamic activations (shared.quantize).
+TINY_Q4_8DA4W = TINY_Q4.model_copy(update={"quantize": "8da4w"})
+
+
+def weights_files(folder: Path) -> tuple[set[str], set[str]]:
+    """(every .ptd in ``folder``, the .ptd files its float32 programs' manifests name). The session's program folder
+    also holds 8da4w programs, whose quantized weights are a file of their own."""
+    import json
+
+    named: set[str] = set()
+    for manifest in folder.glob("*.json"):
+        data = json.loads(manifest.read_text())
+        if isinstance(data, dict) and "ptd" in data and data.get("config", {}).get("quantize", "none") == "none":
+            named.add(data["ptd"]["file"])
+    return {p.name for p in folder.glob("*.ptd")}, named

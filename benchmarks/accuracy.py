@@ -1,0 +1,369 @@
+"""Does a job make a real model better? Test accuracy per task and method in the paper's low-data regime.
+
+Per task, a seeded sample of ``--n-train`` (1,000) training and ``--n-val`` (500) validation examples from
+``../shared/data``; the test set is the task's validation split (at most ``--n-test``). BoolQ ships only 32
+training examples, so its train and validation samples come from its 3,270-example validation split and it is
+tested on the rest. Methods: ``zero-shot`` (the base model), ``fo-lora`` (backprop SGD on LoRA-FA B),
+``mezo-lora`` (q = 1), ``mobizo-q1``/``-q4``/``-q16`` (q·E = ``--batch-size`` 16 in each), and ``mezo`` (all
+parameters; optional, not resumable: its state is the whole model).
+
+Each trained method first runs a short pilot (``--pilot-steps``) per learning rate of its grid (``--lr``), all
+from the same start and on the same batches; the learning rate whose pilot ends with the lowest validation LOSS
+wins (over a short pilot the loss separates learning rates long before the accuracy does), and the winning pilot is
+simply continued to ``--steps`` (its checkpoint is a valid start, see ``shared.checkpoint``). Validation accuracy
+and loss are recorded every ``--eval-every`` K steps; the table's figure is the TEST accuracy of the adapter at the
+best validation accuracy. Training is the eager loop of ``mobizo train`` (``shared.train.train``, the same
+mathematics as the device program, which the suite checks), not the ExecuTorch program.
+
+Everything is resumable: data samples, pilots, runs and results are files under ``--out``; runs checkpoint every
+K steps (atomically); a finished piece is read back instead of recomputed, so a killed run continues where it
+stopped when the same command is run again. Outputs: the table on stdout, ``OUT/results.json`` (curves included)
+and ``OUT/curves.png``.
+
+    python benchmarks/accuracy.py --model DIR --tasks sst2,rte,boolq --steps 20000 --device cuda --out runs/acc
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shared import defaults
+from shared.checkpoint import CHECKPOINT_DIR, load_checkpoint
+from shared.data import load_examples, read_jsonl
+from shared.evaluate import evaluate
+from shared.files import atomic_write_bytes
+from shared.hf_models import load_model, model_chat_frame
+from shared.lora import inject_lora
+from shared.tasks import get_task, shared_data_dir, with_chat
+from shared.train import METRICS_FILE, TrainConfig, train
+
+TASK_FILES = {  # task → (file the train/validation samples come from, test file or None: the rest of the pool)
+    "sst2": ("sst2/train.jsonl", "sst2/validation.jsonl"),
+    "rte": ("rte/train.jsonl", "rte/validation.jsonl"),
+    "boolq": ("superglue/boolq/validation.jsonl", None),
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """A table row: the ``mobizo train`` method, its q, perturbation scale and default learning-rate grid."""
+
+    method: str
+    q: int = 1
+    eps: float = defaults.for_method("mobizo").eps  # the paper's 1e-2 for ZO on LoRA-FA
+    lrs: tuple[float, ...] = ()
+
+
+ZO_LORA_LRS = (1e-3, 5e-4, 1e-4, 5e-5, 1e-5)  # the paper's MobiZO grid, widened up to 1e-3 for SmolLM2
+METHODS: dict[str, Method | None] = {
+    "zero-shot": None,
+    "fo-lora": Method("fo-lora", lrs=(1e-2, 1e-3, 1e-4)),
+    "mezo-lora": Method("mezo-lora", lrs=ZO_LORA_LRS),
+    "mobizo-q1": Method("mobizo", 1, lrs=ZO_LORA_LRS),
+    "mobizo-q4": Method("mobizo", 4, lrs=ZO_LORA_LRS),
+    "mobizo-q16": Method("mobizo", 16, lrs=ZO_LORA_LRS),
+    "mezo": Method("mezo", eps=1e-3, lrs=(1e-6, 5e-7, 1e-7)),  # the paper's MeZO full grid
+}
+DEFAULT_METHODS = "zero-shot,fo-lora,mezo-lora,mobizo-q1,mobizo-q4,mobizo-q16"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--model", required=True, type=Path, metavar="DIR", help="Hugging Face model folder")
+    add("--out", required=True, type=Path, metavar="DIR", help="results folder (resumable: rerun to continue)")
+    add("--tasks", default="sst2,rte,boolq", help=f"comma-separated, from {', '.join(TASK_FILES)}")
+    add("--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)}")
+    add("--steps", type=int, default=2000, help="training steps of each method (paper: 20000)")
+    add("--pilot-steps", type=int, default=200, help="steps of each learning-rate pilot")
+    add("--eval-every", type=int, default=100, metavar="K", help="validation (and checkpoint) every K steps")
+    add("--lr", action="append", default=[], metavar="METHOD=LR,LR", help="a method's learning-rate grid")
+    add("--batch-size", type=int, default=16, help="examples per step (q·E)")
+    add("--n-train", type=int, default=1000)
+    add("--n-val", type=int, default=500)
+    add("--n-test", type=int, default=1000)
+    add("--seq-len", type=int, help="cut prompts from the left to this many tokens (default: no cut)")
+    add("--sample-seed", type=int, default=0, help="seeds the train/validation/test samples")
+    add("--seed", type=int, default=defaults.SEED, help="run seed (batch order and step seeds)")
+    add("--device", default="cpu", help="cpu or cuda")
+    add("--dtype", default="float32")
+    add("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    add("--data-dir", type=Path, help="task data (default ../shared/data)")
+    add("--chat-template", action="store_true", help="frame prompts with the model's chat template")
+    add("--no-plot", action="store_true", help="skip curves.png")
+    return parser.parse_args(argv)
+
+
+def lr_grids(args: argparse.Namespace) -> dict[str, tuple[float, ...]]:
+    """Each method's grid: the default, or what ``--lr METHOD=a,b`` says."""
+    grids = {name: m.lrs for name, m in METHODS.items() if m is not None}
+    for item in args.lr:
+        name, _, values = item.partition("=")
+        if name not in grids or not values:
+            raise SystemExit(f"--lr: expected METHOD=LR[,LR...] with METHOD in {', '.join(grids)}, got {item!r}")
+        grids[name] = tuple(float(v) for v in values.split(","))
+    return grids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data: seeded samples written once
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    return atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode())
+
+
+def sample_task(task: str, data_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, Path]:
+    """``{train, val, test}`` files of a task's seeded sample (written once; the same seed gives the same files)."""
+    folder = out / "data" / task
+    files = {split: folder / f"{split}.jsonl" for split in ("train", "val", "test")}
+    if all(p.is_file() for p in files.values()):
+        return files
+    pool_file, test_file = TASK_FILES[task]
+    pool = read_jsonl(data_dir / pool_file)
+    order = np.random.default_rng(args.sample_seed).permutation(len(pool))
+    n_train, n_val = min(args.n_train, len(pool) // 2), min(args.n_val, len(pool) // 4)
+    train_set = [pool[i] for i in order[:n_train]]
+    val_set = [pool[i] for i in order[n_train : n_train + n_val]]
+    test_set = read_jsonl(data_dir / test_file) if test_file else [pool[i] for i in order[n_train + n_val :]]
+    for split, records in (("train", train_set), ("val", val_set), ("test", test_set[: args.n_test])):
+        write_jsonl(files[split], records)
+    return files
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training runs (shared.train) and test evaluation
+
+
+def run_config(
+    args: argparse.Namespace, task: str, files: dict[str, Path], method: Method, lr: float, out: Path, steps: int
+) -> TrainConfig:
+    return TrainConfig(
+        model=args.model,
+        task=task,
+        train=files["train"],
+        eval=files["val"],
+        out=out,
+        method=method.method,
+        q=method.q,
+        batch_size=args.batch_size,
+        steps=steps,
+        lr=lr,
+        eps=method.eps,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        seq_len=args.seq_len,
+        eval_every=args.eval_every,
+        checkpoint_every=None if method.method == "mezo" else args.eval_every,
+        chat_template=args.chat_template,
+    )
+
+
+def finished(out: Path, steps: int) -> dict[str, Any] | None:
+    """The metrics of a run in ``out`` that finished ``steps`` steps, else None."""
+    path = out / METRICS_FILE
+    if path.is_file():
+        metrics = json.loads(path.read_text())
+        if metrics["steps"] == steps:
+            return metrics
+    return None
+
+
+def train_once(config: TrainConfig) -> dict[str, Any]:
+    """Train (resuming from a checkpoint) unless a finished run is there; prints one line per run."""
+    done = finished(Path(config.out), config.steps)
+    if done is not None:
+        return done
+    begin = time.perf_counter()
+    metrics = train(config, progress=False)
+    print(f"  {config.out}: {config.steps} steps in {time.perf_counter() - begin:.0f} s", file=sys.stderr, flush=True)
+    return metrics
+
+
+def pick_lr(
+    args: argparse.Namespace, task: str, files: dict[str, Path], name: str, grid: tuple[float, ...], base: Path
+) -> tuple[float, list[dict]]:
+    """The grid's learning rate whose pilot ends with the lowest validation loss, and every pilot's summary."""
+    method = METHODS[name]
+    steps = min(args.pilot_steps, args.steps)
+    pilots = []
+    for lr in grid:
+        metrics = train_once(run_config(args, task, files, method, lr, base / f"pilot-lr{lr:g}", steps))
+        pilots.append({"lr": lr, "steps": steps, "eval": metrics["eval"]})
+    best = min(pilots, key=lambda p: p["eval"][-1]["loss"])
+    return best["lr"], pilots
+
+
+def train_method(
+    args: argparse.Namespace, task: str, files: dict[str, Path], name: str, grid: tuple[float, ...]
+) -> dict[str, Any]:
+    """Pilots, then the winning pilot continued to ``--steps``; returns the run's summary (no test yet)."""
+    method = METHODS[name]
+    base = args.out / "runs" / task / name
+    if len(grid) == 1:
+        lr, pilots = grid[0], []
+    else:
+        lr, pilots = pick_lr(args, task, files, name, grid, base)
+    main = base / "main"
+    pilot = base / f"pilot-lr{lr:g}" / CHECKPOINT_DIR
+    if pilots and not (main / CHECKPOINT_DIR).exists() and pilot.is_dir():
+        shutil.copytree(pilot, main / CHECKPOINT_DIR)  # continue the winning pilot
+    metrics = train_once(run_config(args, task, files, method, lr, main, args.steps))
+    return {"lr": lr, "pilots": pilots, "metrics": metrics, "out": main}
+
+
+class Scorer:
+    """One task's model, with LoRA injected (idle for zero-shot), to score the validation and test files."""
+
+    def __init__(self, args: argparse.Namespace, task: str) -> None:
+        self.model, self.tokenizer = load_model(args.model, args.dtype, args.device)
+        self.lora = inject_lora(self.model, defaults.TARGETS, defaults.RANK, defaults.ALPHA, defaults.A_SEED)
+        frame = model_chat_frame(args.model) if args.chat_template else None
+        self.task, self.seq_len = with_chat(get_task(task), frame), args.seq_len
+
+    def score(self, path: Path, b: torch.Tensor | None = None) -> dict[str, Any]:
+        self.lora.apply(None if b is None else b.to(self.lora.device)[None])
+        try:
+            return evaluate(self.model, self.tokenizer, self.task, load_examples(self.task, path), max_len=self.seq_len)
+        finally:
+            self.lora.apply(None)
+
+
+def cached(path: Path, compute) -> dict[str, Any]:
+    """``compute()``'s JSON result, stored in ``path`` the first time."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = compute()
+    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode())
+    return result
+
+
+def test_result(
+    args: argparse.Namespace, scorer: Scorer, files: dict[str, Path], run: dict[str, Any]
+) -> dict[str, Any]:
+    """Test accuracy of the adapter at the best validation step (``mezo``: at the end, it has no checkpoint)."""
+    metrics = run["metrics"]
+    checkpoint = load_checkpoint(run["out"])
+    if checkpoint is None:  # mezo: the final model is gone with its process; only its curve is reported
+        return {"best_step": None, "val_accuracy": metrics["eval"][-1]["accuracy"], "test": None}
+    best = checkpoint.best
+    result_file = run["out"] / f"test-{metrics['steps']}.json"
+    test = cached(result_file, partial(scorer.score, files["test"], checkpoint.best_b))
+    return {"best_step": best["step"], "val_accuracy": best["accuracy"], "test": test}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The benchmark
+
+
+def run_task(args: argparse.Namespace, task: str, methods: list[str], grids: dict) -> dict[str, Any]:
+    data_dir = args.data_dir or shared_data_dir()
+    files = sample_task(task, data_dir, args.out, args)
+    rows: dict[str, Any] = {}
+    scorer = None
+    for name in methods:
+        print(f"{task} / {name}", file=sys.stderr, flush=True)
+        if name == "zero-shot":
+            scorer = scorer or Scorer(args, task)
+            folder = args.out / "runs" / task / "zero-shot"
+            val = cached(folder / "val.json", partial(scorer.score, files["val"]))
+            test = cached(folder / "test.json", partial(scorer.score, files["test"]))
+            rows[name] = {"val_accuracy": val["accuracy"], "test": test, "curve": [{"step": 0, **val}]}
+            continue
+        run = train_method(args, task, files, name, grids[name])
+        scorer = scorer or Scorer(args, task)
+        metrics = run["metrics"]
+        rows[name] = test_result(args, scorer, files, run) | {
+            "lr": run["lr"],
+            "pilots": run["pilots"],
+            "steps": metrics["steps"],
+            "curve": metrics["eval"],
+            "step_time_s": metrics["step_time_s"],
+            "train_time_s": metrics["train_time_s"],
+        }
+    return rows
+
+
+def table(results: dict[str, Any]) -> str:
+    head = f"{'task':<6} {'method':<11} {'lr':>8} {'steps':>6} {'best':>6} {'val acc':>8} {'test acc':>8} {'s/step':>7}"
+    lines = [head, "-" * len(head)]
+    for task, rows in results["tasks"].items():
+        for name, row in rows.items():
+            test = "—" if row["test"] is None else f"{row['test']['accuracy']:.3f}"
+            lr = f"{row['lr']:g}" if "lr" in row else "—"
+            steps = row.get("steps", 0)
+            best = "—" if row.get("best_step") is None else row["best_step"]
+            step_time = f"{row['step_time_s']:.2f}" if "step_time_s" in row else "—"
+            val = f"{row['val_accuracy']:.3f}"
+            lines.append(f"{task:<6} {name:<11} {lr:>8} {steps:>6} {best!s:>6} {val:>8} {test:>8} {step_time:>7}")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Validation accuracy and loss against steps, one column per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = results["tasks"]
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 7), squeeze=False)
+    for col, (task, rows) in enumerate(tasks.items()):
+        for name, row in rows.items():
+            steps = [e["step"] for e in row["curve"]]
+            for ax, key in ((axes[0][col], "accuracy"), (axes[1][col], "loss")):
+                if name == "zero-shot":
+                    ax.axhline(row["curve"][0][key], color="grey", linestyle="--", label=name)
+                else:
+                    ax.plot(steps, [e[key] for e in row["curve"]], marker=".", label=f"{name} (lr {row['lr']:g})")
+        axes[0][col].set_title(f"{task}: validation accuracy")
+        axes[1][col].set_title(f"{task}: validation loss (nats, answer token)")
+        axes[1][col].set_xlabel("step")
+        axes[0][col].legend(fontsize=8)
+    title = f"{Path(results['model']).name}: batch {results['batch_size']}, eager training ({results['device']})"
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buffer = path.with_suffix(".tmp.png")
+    fig.savefig(buffer, dpi=100)
+    buffer.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tasks, methods = args.tasks.split(","), args.methods.split(",")
+    unknown = [t for t in tasks if t not in TASK_FILES] + [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown task or method: {', '.join(unknown)}")
+    grids = lr_grids(args)
+    results = {
+        "model": str(args.model),
+        "device": args.device,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "training": "eager (shared.train)",
+        "chat_template": args.chat_template,
+        "tasks": {task: run_task(args, task, methods, grids) for task in tasks},
+    }
+    atomic_write_bytes(args.out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
+    if not args.no_plot:
+        plot(results, args.out / "curves.png")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

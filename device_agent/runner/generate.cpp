@@ -1,0 +1,117 @@
+// mobizo_runner generate: greedy generation with a mobizo inference program (.pte + the model's .ptd).
+//
+//   mobizo_runner generate --program P.pte --data W.ptd --prompt-ids 1,2,3 --max-new-tokens N
+//                          [--b B.f32] [--stop-ids 2,7]
+// stdout: one JSON line per new token {"token":id,"seconds":s}, flushed at once (the first line's time includes
+// the prompt's prefill). Greedy: the first token of highest logit, as torch.argmax picks. The program's forward
+// takes (tokens [1,T], input_pos [T]) and keeps the KV cache itself; --b sets the adapter with set_lora_b.
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor.h>
+
+#include "generate.h"
+#include "runner_io.h"
+
+namespace mobizo {
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::aten::SizesType;
+using executorch::extension::from_blob;
+using executorch::extension::Module;
+using executorch::extension::TensorPtr;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+
+std::vector<int64_t> parse_ids(const std::string& name, const std::string& text) {
+  std::vector<int64_t> ids;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string part = text.substr(start, end - start);
+    char* stop = nullptr;
+    const long long v = std::strtoll(part.c_str(), &stop, 10);
+    if (part.empty() || *stop != '\0' || v < 0) throw GenerateUsage(name + ": not a list of token ids: " + text);
+    ids.push_back(v);
+    start = end + 1;
+  }
+  return ids;
+}
+
+void check(Error err, const std::string& what) {
+  if (err != Error::Ok) throw RunnerError(what + ": " + executorch::runtime::to_string(err));
+}
+
+// The next token from the logits of the last position: the first maximum.
+int64_t argmax_last(const executorch::aten::Tensor& logits) {
+  const int64_t vocab = logits.size(2), t = logits.size(1);
+  const float* row = logits.const_data_ptr<float>() + (t - 1) * vocab;
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i)
+    if (row[i] > row[best]) best = i;
+  return best;
+}
+
+}  // namespace
+
+int generate(int argc, char** argv) {
+  std::map<std::string, std::string> kv;
+  for (int i = 0; i < argc; i += 2) {
+    const std::string key = argv[i];
+    if (key.rfind("--", 0) != 0 || i + 1 >= argc) throw GenerateUsage("expected --name value pairs near " + key);
+    kv[key] = argv[i + 1];
+  }
+  for (const char* required : {"--program", "--data", "--prompt-ids", "--max-new-tokens"})
+    if (!kv.count(required)) throw GenerateUsage(std::string(required) + " is required");
+  for (const auto& [key, value] : kv)
+    if (key != "--program" && key != "--data" && key != "--prompt-ids" && key != "--max-new-tokens" &&
+        key != "--b" && key != "--stop-ids")
+      throw GenerateUsage("unknown argument " + key);
+  std::vector<int64_t> tokens = parse_ids("--prompt-ids", kv["--prompt-ids"]);
+  const std::vector<int64_t> max_new = parse_ids("--max-new-tokens", kv["--max-new-tokens"]);
+  if (tokens.empty() || max_new.size() != 1 || max_new[0] < 1) throw GenerateUsage("--prompt-ids and --max-new-tokens must be non-empty");
+  std::set<int64_t> stop;
+  if (kv.count("--stop-ids"))
+    for (int64_t id : parse_ids("--stop-ids", kv["--stop-ids"])) stop.insert(id);
+  for (const std::string& path : {kv["--program"], kv["--data"]})
+    if (!file_exists(path)) throw RunnerError("cannot open " + path + ": no such file");
+
+  Module module(kv["--program"], kv["--data"], Module::LoadMode::Mmap, nullptr, nullptr, nullptr,
+                /*share_memory_arenas=*/true);
+  check(module.load(), "loading the program");
+  // Both methods before any runs: loading a method re-initialises the shared B and KV-cache buffers.
+  for (const char* name : {"forward", "set_lora_b"}) check(module.load_method(name), std::string("loading ") + name);
+  if (kv.count("--b")) {
+    std::vector<float> b = read_b(kv["--b"]);
+    const TensorPtr tensor = from_blob(b.data(), {static_cast<SizesType>(b.size())}, ScalarType::Float);
+    check(module.execute("set_lora_b", std::vector<EValue>{EValue(tensor)}).error(), "set_lora_b");
+  }
+  size_t position = 0;
+  for (int64_t n = 0; n < max_new[0]; ++n) {
+    const auto started = std::chrono::steady_clock::now();
+    std::vector<int64_t> fresh(tokens.begin() + position, tokens.end()), pos(fresh.size());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(position + i);
+    const auto count = static_cast<SizesType>(fresh.size());
+    const std::vector<TensorPtr> inputs{from_blob(fresh.data(), {1, count}, ScalarType::Long),
+                                        from_blob(pos.data(), {count}, ScalarType::Long)};
+    auto out = module.execute("forward", std::vector<EValue>(inputs.begin(), inputs.end()));
+    check(out.error(), "forward at position " + std::to_string(position));
+    const int64_t token = argmax_last(out.get().at(0).toTensor());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::printf("{\"token\":%lld,\"seconds\":%.6f}\n", static_cast<long long>(token), seconds);
+    std::fflush(stdout);
+    position = tokens.size();
+    tokens.push_back(token);
+    if (stop.count(token)) break;
+  }
+  return 0;
+}
+
+}  // namespace mobizo

@@ -1,0 +1,308 @@
+"""Federated jobs of a cohort: handing out round work, rebuilding each client's update from its log, closing
+rounds.
+
+A round r starts from B_r (a B file in the store). Up to K eligible member devices — at most one per user — lease
+it; each trains the job's local steps from B_r with its own seed (``client_seed``) and uploads its log alone. The
+server replays the log from B_r in a verify worker (``server.verify.replay_log_only``: the log checks, then the
+replay), so each client's B_i is the replay of what it logged. The round closes when K clients reported, or at its
+deadline with at least M (fewer: reopened once, then the job fails); closing aggregates the deltas B_i − B_r in
+client order (``shared.aggregate``), writes B_{r+1} = B_r + ETA·aggregate, packages it as the cohort's next
+adapter version, and opens round r+1 from it. Every transition goes through ``server.jobstate``.
+
+Replay proves what a log *means*; it cannot prove that its g were honestly measured on real data. The defences
+against a lying client are the log checks (every step, the round's seeds, finite losses, each g what its losses
+give), the optional bound on |g| (``max_abs_g``) and a robust aggregation (trimmed mean, median).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server import jobstate, registry
+from server.pool import WorkerPool
+from server.settings import Settings
+from server.store import ArtifactStore
+from server.tables import Adapter, CohortMember, Device, Job, Model, Program, Round, RoundClient, utcnow
+from server.verify import b_size, package_adapter
+from shared.aggregate import next_global_b
+from shared.b_file import b_file_bytes, read_b_file
+from shared.files import atomic_write_bytes
+from shared.schemas import FederationProgress, FederationSpec, JobSpec
+
+log = logging.getLogger(__name__)
+
+
+def client_seed(job_seed: int, round_index: int, slot: int) -> int:
+    """A client's run seed (its step seeds and batch order): distinct per (job seed, round, slot), in [0, 2**31)."""
+    digest = hashlib.sha256(f"mobizo-round:{job_seed}:{round_index}:{slot}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def federation(job: Job) -> FederationSpec:
+    return FederationSpec.model_validate(job.federation)
+
+
+def is_member(session: Session, cohort_id: int, user_id: int) -> bool:
+    """Whether the user is opted in to the cohort now (joined and not left)."""
+    return (
+        session.scalar(
+            select(CohortMember.id).where(
+                CohortMember.cohort_id == cohort_id, CohortMember.user_id == user_id, CohortMember.left_at.is_(None)
+            )
+        )
+        is not None
+    )
+
+
+def store_b(store: ArtifactStore, b: np.ndarray) -> str:
+    """Publish a B file in the store's ``adapters/`` by content → its sha256."""
+    tmp = store.tmp_dir()
+    try:
+        path = tmp / "b_flat.safetensors"
+        atomic_write_bytes(path, b_file_bytes(np.asarray(b, dtype=np.float32)))
+        return store.keep(path, "adapters", ".safetensors")[1]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _d(session: Session, job: Job) -> int:
+    return b_size(session.get_one(Program, job.program_id).manifest)
+
+
+def _candidates(session: Session, device: Device) -> list[Job]:
+    """Federated jobs of the cohorts the device's user is in now, that the device fits, oldest first."""
+    member_of = select(CohortMember.cohort_id).where(
+        CohortMember.user_id == device.user_id, CohortMember.left_at.is_(None)
+    )
+    return list(
+        session.scalars(
+            select(Job)
+            .where(
+                Job.cohort_id.in_(member_of),
+                Job.status.in_(("ready", "running")),
+                or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
+                jobstate.fits_memory(device.memory_mb),
+            )
+            .order_by(Job.id)
+        )
+    )
+
+
+def _slots_taken(session: Session, round_id: int) -> int:
+    return session.scalar(
+        select(func.count(RoundClient.id)).where(
+            RoundClient.round_id == round_id, RoundClient.status.in_(("leased", "reported"))
+        )
+    )
+
+
+def lease_round(session: Session, store: ArtifactStore, device: Device, lease_s: int) -> RoundClient | None:
+    """Round work for the device, or None: the open round of the oldest federated job it can join (its user is a
+    member, has no part in that round yet, and fewer than K clients hold or finished a part). Committed."""
+    for job in _candidates(session, device):
+        fed = federation(job)
+        if job.status == "ready":
+            round_ = jobstate.open_first_round(session, job, store_b(store, np.zeros(_d(session, job), np.float32)))
+        else:
+            round_ = jobstate.open_round(session, job.id)
+        if round_ is None or _slots_taken(session, round_.id) >= fed.clients_per_round:
+            continue
+        mine = select(RoundClient.id).where(RoundClient.round_id == round_.id, RoundClient.user_id == device.user_id)
+        if session.scalar(mine) is not None:
+            continue
+        slot = session.scalar(select(func.count(RoundClient.id)).where(RoundClient.round_id == round_.id))
+        seed = client_seed(job.spec["seed"], round_.index, slot)
+        try:
+            client = jobstate.lease_round_client(session, round_, device, seed, lease_s, fed.round_timeout_s)
+            session.commit()
+        except IntegrityError:  # another device of the same user took the round's part meanwhile
+            session.rollback()
+            continue
+        return client
+    session.commit()
+    return None
+
+
+def client_spec(job: Job, client: RoundClient) -> JobSpec:
+    """What the client trains: the job's spec with the client's seed, log-only upload."""
+    return jobstate.device_spec(job).model_copy(update={"seed": client.seed, "upload": "log"})
+
+
+def replay_context(session: Session, job: Job, client: RoundClient) -> dict[str, Any]:
+    """What ``server.verify.replay_log_only`` needs to check and replay a client's log (plain data)."""
+    program = session.get_one(Program, job.program_id)
+    return {
+        "spec": client_spec(job, client).model_dump(mode="json"),
+        "d": b_size(program.manifest),
+        "max_abs_g": federation(job).max_abs_g,
+    }
+
+
+def _package_context(session: Session, job: Job) -> dict[str, Any]:
+    program = session.get_one(Program, job.program_id)
+    return {
+        "manifest": program.manifest,
+        "d": b_size(program.manifest),
+        "base_model": session.get_one(Model, job.model_id).name,
+    }
+
+
+def reported_clients(session: Session, round_id: int) -> list[RoundClient]:
+    """The round's reported clients in aggregation order: the order they were leased (client id)."""
+    return list(
+        session.scalars(
+            select(RoundClient)
+            .where(RoundClient.round_id == round_id, RoundClient.status == "reported")
+            .order_by(RoundClient.id)
+            .execution_options(populate_existing=True)  # reported by conditional UPDATEs: reload the rows
+        )
+    )
+
+
+def _round_record(job: Job, round_: Round, fed: FederationSpec, clients: list[RoundClient], b_next: str) -> bytes:
+    """The round's account (stored with the adapter as its "log"): everything an offline recomputation needs."""
+    record = {
+        "job_id": job.id,
+        "cohort_id": job.cohort_id,
+        "round": round_.index,
+        "b_r_sha256": round_.b_sha256,
+        "aggregation": fed.aggregation,
+        "trim_fraction": fed.trim_fraction,
+        "global_lr": fed.global_lr,
+        "clients": [{"id": c.id, "seed": c.seed, "log_sha256": c.log_sha256, "b_sha256": c.b_sha256} for c in clients],
+        "b_next_sha256": b_next,
+    }
+    return json.dumps(record, indent=2, sort_keys=True).encode()
+
+
+def close_round(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings, round_id: int) -> bool:
+    """Aggregate a round and publish B_{r+1} as the cohort's next adapter version; False if another request or
+    sweep is closing it. A failure on the way fails the round and the job with the reason."""
+    if not jobstate.begin_close(session, round_id):
+        return False
+    round_ = session.get_one(Round, round_id, populate_existing=True)
+    job = session.get_one(Job, round_.job_id)
+    try:
+        _aggregate_and_publish(session, store, pool, settings, job, round_)
+    except Exception as error:  # noqa: BLE001 - whatever broke, the round must not stay "closing" silently
+        session.rollback()
+        log.exception("closing round %d of job %d failed", round_.index, job.id)
+        jobstate.abort_close(session, round_, f"aggregation failed: {type(error).__name__}: {error}")
+    return True
+
+
+def _aggregate_and_publish(
+    session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings, job: Job, round_: Round
+) -> None:
+    fed, ctx = federation(job), _package_context(session, job)
+    clients = reported_clients(session, round_.id)
+    session.commit()  # no transaction (on SQLite: no write lock) while aggregating and packaging
+    start = time.perf_counter()
+    b_r = read_b_file(store.adapter_b(round_.b_sha256), ctx["d"])
+    client_bs = [read_b_file(store.adapter_b(c.b_sha256), ctx["d"]) for c in clients]
+    b_next, _ = next_global_b(b_r, client_bs, fed.aggregation, fed.trim_fraction, fed.global_lr)
+    aggregate_s = time.perf_counter() - start
+    b_next_sha = store_b(store, b_next)
+    tmp = store.tmp_dir()
+    try:
+        archive = Path(pool.run(package_adapter, ctx, str(store.adapter_b(b_next_sha)), str(tmp)))
+        archive_sha = store.keep(archive, "archives", ".zip")[1]
+        record = tmp / "round.json"
+        atomic_write_bytes(record, _round_record(job, round_, fed, clients, b_next_sha))
+        record_sha = store.keep(record, "rounds", ".json")[1]
+        archive_size = store.archive(archive_sha).stat().st_size
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    mean_loss = float(np.mean([c.mean_loss for c in clients])) if clients else None
+    metrics = {
+        "round": round_.index,
+        "clients": len(clients),
+        "mean_loss": mean_loss,
+        "aggregation": fed.aggregation,
+        "aggregate_s": aggregate_s,
+        "replay_s": [c.replay_s for c in clients],
+    }
+    files = registry.StoredFiles(b_next_sha, b_next_sha, record_sha, archive_sha, archive_size)
+    adapter = registry.add_cohort_version(session, job, round_, files, metrics)
+    jobstate.finish_close(session, round_, adapter.id, {"mean_loss": mean_loss, "aggregate_s": aggregate_s}, b_next_sha)
+    session.commit()
+
+
+def close_if_full(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings, client: RoundClient):
+    """After a report: close the round once K clients reported."""
+    round_ = session.get_one(Round, client.round_id)
+    session.refresh(round_)
+    job = session.get_one(Job, round_.job_id)
+    reported = len(reported_clients(session, round_.id))
+    session.commit()
+    if round_.status == "open" and reported >= federation(job).clients_per_round:
+        close_round(session, store, pool, settings, round_.id)
+
+
+def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings) -> None:
+    """Free the slots of clients whose lease ran out; at each open round's deadline close it with at least M
+    reports, else reopen it once, else fail it (and its job) with the reason."""
+    jobstate.expire_round_clients(session)
+    session.commit()
+    due = list(
+        session.scalars(
+            select(Round).where(
+                and_(Round.status == "open", Round.deadline_at.is_not(None), Round.deadline_at < utcnow())
+            )
+        )
+    )
+    for round_ in due:
+        job = session.get_one(Job, round_.job_id)
+        fed = federation(job)
+        reported = len(reported_clients(session, round_.id))
+        session.commit()
+        if reported >= fed.min_reports:
+            close_round(session, store, pool, settings, round_.id)
+        elif not round_.reopened:
+            jobstate.reopen(session, round_, fed.round_timeout_s)
+        else:
+            jobstate.fail_round(
+                session,
+                round_,
+                f"{reported} of at least {fed.min_reports} clients reported by the deadline (reopened once)",
+            )
+
+
+def progress(session: Session, job: Job) -> FederationProgress:
+    """``mobizo jobs show``: the round in progress, its clients, the last closed round's mean loss."""
+    fed = federation(job)
+    current = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.index.desc())).first()
+    last_closed = session.scalars(
+        select(Round).where(Round.job_id == job.id, Round.status == "closed").order_by(Round.index.desc())
+    ).first()
+    counts = {}
+    if current is not None:
+        rows = session.execute(
+            select(RoundClient.status, func.count(RoundClient.id))
+            .where(RoundClient.round_id == current.id)
+            .group_by(RoundClient.status)
+        ).all()
+        counts = dict(rows)
+    return FederationProgress(
+        round=None if current is None else current.index,
+        rounds=fed.rounds,
+        clients_leased=counts.get("leased", 0),
+        clients_reported=counts.get("reported", 0),
+        last_mean_loss=None if last_closed is None else last_closed.mean_loss,
+    )
+
+
+def cohort_adapter_visible(session: Session, adapter: Adapter, user_id: int) -> bool:
+    """A cohort's adapter is visible to the cohort's members only (a user who left no longer sees it)."""
+    return adapter.cohort_id is not None and is_member(session, adapter.cohort_id, user_id)

@@ -1,0 +1,163 @@
+"""Cohorts and consent: the admin creates a cohort (a model and a task) and submits its federated jobs; users list
+cohorts and opt in or out with their own key. Only opted-in users' devices ever receive a cohort's round work.
+
+``POST /v1/cohorts`` (admin), ``GET /v1/cohorts`` (admin or user), ``POST /v1/cohorts/{id}/join`` and
+``/leave`` (user), ``POST /v1/cohorts/{id}/jobs`` (admin: a federated job, 202, compiled in the background).
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, status
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from server import jobstate
+from server.deps import AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, UserOrAdmin
+from server.responses import errors, field_error, not_found
+from server.router import Router
+from server.tables import Cohort, CohortMember, Model, User, utcnow
+from server.views import job_public
+from shared.errors import UsageError
+from shared.schemas import (
+    CohortCreate,
+    CohortPublic,
+    CohortsPublic,
+    FederatedJobCreate,
+    FederationSpec,
+    JobCreate,
+    JobPublic,
+)
+from shared.tasks import get_task
+
+router = Router(prefix="/v1/cohorts", tags=["cohorts"])
+
+
+def _members(session: Session, cohort_id: int) -> int:
+    active = (CohortMember.cohort_id == cohort_id, CohortMember.left_at.is_(None))
+    return session.scalar(select(func.count(CohortMember.id)).where(*active)) or 0
+
+
+def _membership(session: Session, cohort_id: int, user_id: int) -> CohortMember | None:
+    return session.scalar(
+        select(CohortMember).where(CohortMember.cohort_id == cohort_id, CohortMember.user_id == user_id)
+    )
+
+
+def public(session: Session, cohort: Cohort, user: User | None) -> CohortPublic:
+    member = None
+    if user is not None:
+        row = _membership(session, cohort.id, user.id)
+        member = row is not None and row.left_at is None
+    return CohortPublic(
+        id=cohort.id,
+        name=cohort.name,
+        model=session.get_one(Model, cohort.model_id).name,
+        task=cohort.task,
+        members=_members(session, cohort.id),
+        member=member,
+        created_at=cohort.created_at,
+    )
+
+
+def _cohort(session: Session, cohort_id: int) -> Cohort:
+    cohort = session.get(Cohort, cohort_id)
+    if cohort is None:
+        raise not_found("cohort", cohort_id)
+    return cohort
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=CohortPublic,
+    responses=errors(400, 401, 403, 409, 413, 422, e409="a cohort of that name exists"),
+)
+def create(body: CohortCreate, _: AdminDep, session: SessionDep) -> CohortPublic:
+    model = session.scalar(select(Model).where(Model.name == body.model))
+    if model is None:
+        raise field_error("model", f"no registered model named {body.model!r}")
+    if session.scalar(select(Cohort.id).where(Cohort.name == body.name)) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"name: a cohort called {body.name!r} exists")
+    cohort = Cohort(name=body.name, model_id=model.id, task=body.task)
+    session.add(cohort)
+    session.commit()
+    return public(session, cohort, None)
+
+
+@router.get("", response_model=CohortsPublic, responses=errors(401, 403))
+def list_cohorts(user: UserOrAdmin, session: SessionDep) -> CohortsPublic:
+    """Every cohort, so that users can choose one to join; ``member`` says whether the caller is in it."""
+    cohorts = session.scalars(select(Cohort).order_by(Cohort.id)).all()
+    return CohortsPublic(data=[public(session, c, user) for c in cohorts], count=len(cohorts))
+
+
+@router.post("/{cohort_id}/join", response_model=CohortPublic, responses=errors(401, 403, 404, 413, 422))
+def join(cohort_id: ObjectId, user: CurrentUser, session: SessionDep) -> CohortPublic:
+    """Opt in: from now on this user's devices may receive the cohort's round work (joining twice is a no-op)."""
+    cohort = _cohort(session, cohort_id)
+    row = _membership(session, cohort.id, user.id)
+    if row is None:
+        session.add(CohortMember(cohort_id=cohort.id, user_id=user.id))
+    elif row.left_at is not None:
+        row.left_at, row.joined_at = None, utcnow()
+    session.commit()
+    return public(session, cohort, user)
+
+
+@router.post("/{cohort_id}/leave", response_model=CohortPublic, responses=errors(401, 403, 404, 413, 422))
+def leave(cohort_id: ObjectId, user: CurrentUser, session: SessionDep) -> CohortPublic:
+    """Opt out: no further round work for this user's devices, and the cohort's adapters are no longer visible to
+    them (leaving twice, or without having joined, is a no-op)."""
+    cohort = _cohort(session, cohort_id)
+    row = _membership(session, cohort.id, user.id)
+    if row is not None and row.left_at is None:
+        row.left_at = utcnow()
+    session.commit()
+    return public(session, cohort, user)
+
+
+def _stored_spec(cohort: Cohort, model: Model, body: FederatedJobCreate) -> dict:
+    """The job's spec in the shape every job stores (``JobCreate``): the cohort's model and task, the body's
+    hyperparameters (``steps``: local steps per round), log-only uploads."""
+    hyper = body.model_dump(include=set(JobCreate.model_fields) - {"model", "task"})
+    try:
+        spec = JobCreate(**hyper, model=model.name, task=cohort.task, upload="log")
+    except ValidationError as exc:  # the checks that need the task: room for a prompt beside the answer
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "answer_len"
+        raise field_error(field, first["msg"].removeprefix("Value error, ")) from None
+    if spec.answer_len is None and get_task(cohort.task, None, None).kind != "classification":
+        raise field_error("answer_len", f"required for task {cohort.task} (its answers come from the data)")
+    missing = [t for t in spec.targets if t not in {name.rsplit(".", 1)[-1] for name in model.modules}]
+    if missing:
+        raise field_error("targets", f"{', '.join(missing)} not in {model.name}")
+    return spec.model_dump(mode="json")
+
+
+@router.post(
+    "/{cohort_id}/jobs",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobPublic,
+    responses=errors(400, 401, 403, 404, 413, 422),
+)
+def submit(cohort_id: ObjectId, body: FederatedJobCreate, _: AdminDep, session: SessionDep, queue: QueueDep):
+    """A federated job: R rounds of K clients × N local steps; compiled like any job, then leased round by round."""
+    cohort = _cohort(session, cohort_id)
+    model = session.get_one(Model, cohort.model_id)
+    try:
+        spec = _stored_spec(cohort, model, body)
+    except UsageError as exc:
+        raise field_error(exc.argument.lstrip("-"), exc.reason) from None
+    fed = body.model_dump(mode="json", include=set(FederationSpec.model_fields))
+    job = jobstate.submit(
+        session,
+        user_id=None,
+        cohort_id=cohort.id,
+        model_id=model.id,
+        task=cohort.task,
+        spec=spec,
+        federation=fed,
+    )
+    queue.submit(job.id)
+    return job_public(session, job, model.name, None)

@@ -1,0 +1,242 @@
+"""A device's part in a federated round (``/v1/round-clients/{id}/…``) and the admin's view of a job's rounds.
+
+A round lease (``POST /v1/leases`` answering with ``round`` set) names a round client; its device downloads the
+cached program, weights, tokenizer and B_r (``init``) here, heartbeats, and uploads its log alone
+(``POST /v1/round-clients/{id}/result``: multipart ``log`` and ``metrics``). The server replays the log from B_r
+in a verify worker and records the client's B; the K-th report closes the round (``server.federation``). An
+upload after the round closed, or after the client's lease ran out, answers 409. Only the device holding the part
+sees any of it (404 for anyone else).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi.responses import FileResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server import federation, jobstate
+from server.deps import (
+    AdminDep,
+    CurrentDevice,
+    ObjectId,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    UploadSlotsDep,
+    VerifyPoolDep,
+)
+from server.responses import FILE_RESPONSE, IfNoneMatch, errors, field_error, not_found, serve_file
+from server.router import Router
+from server.tables import Job, Program, Round, RoundClient, utcnow
+from server.uploads import MULTIPART_OVERHEAD, close_form, read_parts, run_verification, spool_part
+from server.verify import METRICS_LIMIT, ResultRejected, check_step_count, log_limit, parse_metrics, replay_log_only
+from shared.manifest import ProgramManifest
+from shared.schemas import (
+    HeartbeatCreate,
+    HeartbeatPublic,
+    JobFailureCreate,
+    RoundClientPublic,
+    RoundPublic,
+    RoundReportPublic,
+    RoundsPublic,
+)
+
+router = Router(tags=["rounds"])
+LOG_PARTS = ("log", "metrics")
+LOG_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": list(LOG_PARTS),
+                "properties": {
+                    "log": {"type": "string", "format": "binary", "description": "training log, JSON Lines"},
+                    "metrics": {"type": "string", "format": "binary", "description": "metrics.json"},
+                },
+            }
+        }
+    },
+}
+
+
+def get_device_client(client_id: ObjectId, device: CurrentDevice, session: SessionDep) -> RoundClient:
+    """The round client of the path if this device holds it; 404 for anyone else's."""
+    client = session.get(RoundClient, client_id)
+    session.commit()
+    if client is None or client.device_id != device.id:
+        raise not_found("round client", client_id)
+    return client
+
+
+DeviceClient = Annotated[RoundClient, Depends(get_device_client)]
+
+
+def _job(session: Session, client: RoundClient) -> tuple[Round, Job]:
+    round_ = session.get_one(Round, client.round_id)
+    return round_, session.get_one(Job, round_.job_id)
+
+
+def _program_file(session: Session, store, client: RoundClient, entry: str) -> tuple[Path, str]:
+    program = session.get_one(Program, _job(session, client)[1].program_id)
+    session.commit()
+    file = getattr(ProgramManifest.model_validate(program.manifest), entry)
+    return (store.program(program.key) if entry == "pte" else store.blob(file.file)), file.sha256
+
+
+_CLIENT = "/v1/round-clients/{client_id}"
+
+
+@router.get(
+    f"{_CLIENT}/program", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)}
+)
+def program_file(client: DeviceClient, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch):
+    path, sha256 = _program_file(session, store, client, "pte")
+    return serve_file(path, sha256, "program.pte", if_none_match)
+
+
+@router.get(
+    f"{_CLIENT}/weights", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)}
+)
+def weights_file(client: DeviceClient, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch):
+    path, sha256 = _program_file(session, store, client, "ptd")
+    return serve_file(path, sha256, path.name, if_none_match)
+
+
+@router.get(
+    f"{_CLIENT}/tokenizer", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)}
+)
+def tokenizer_file(client: DeviceClient, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch):
+    path, sha256 = _program_file(session, store, client, "tokenizer")
+    return serve_file(path, sha256, "tokenizer.json", if_none_match, "application/json")
+
+
+@router.get(f"{_CLIENT}/init", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)})
+def init_file(client: DeviceClient, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch):
+    """B_r, the round's starting B (a B file): set it with ``set_lora_b`` before step 1."""
+    b_sha = session.get_one(Round, client.round_id).b_sha256
+    session.commit()
+    return serve_file(store.adapter_b(b_sha), b_sha, "init.safetensors", if_none_match)
+
+
+@router.post(f"{_CLIENT}/heartbeat", response_model=HeartbeatPublic, responses=errors(400, 401, 403, 404, 413, 422))
+def heartbeat(client: DeviceClient, body: HeartbeatCreate, session: SessionDep, settings: SettingsDep):
+    """Extends the client's lease; ``cancelled: true`` once its part is over (the round closed without it, its
+    lease ran out, or the job ended): the device stops and forgets it."""
+    expires = jobstate.client_heartbeat(session, client, settings.lease_s, body.step)
+    job = _job(session, client)[1]
+    session.commit()
+    if expires is None:
+        return HeartbeatPublic(cancelled=True, status=job.status, expires_at=utcnow())
+    return HeartbeatPublic(cancelled=False, status=job.status, expires_at=expires)
+
+
+@router.post(
+    f"{_CLIENT}/fail",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=errors(400, 401, 403, 404, 409, 413, 422, e409="this part of the round is over"),
+)
+def fail(client: DeviceClient, body: JobFailureCreate, session: SessionDep) -> Response:
+    """The device gives up its part (bad local data, say): the slot is free for another device."""
+    if not jobstate.client_gave_up(session, client):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"round client {client.id}: its part is over")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _late(client: RoundClient) -> HTTPException:
+    return HTTPException(
+        status.HTTP_409_CONFLICT, f"round client {client.id}: the round closed or its lease ran out (late upload)"
+    )
+
+
+@router.post(
+    f"{_CLIENT}/result",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RoundReportPublic,
+    responses=errors(
+        401,
+        403,
+        404,
+        409,
+        413,
+        422,
+        429,
+        503,
+        e409="the round closed, or this client's lease ran out: a late upload",
+        e422="a part is missing or malformed, or the log is not a valid log of this round's part",
+    ),
+    openapi_extra={"requestBody": LOG_BODY},
+)
+def upload_log(
+    client: DeviceClient,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    pool: VerifyPoolDep,
+    slots: UploadSlotsDep,
+    request: Request,
+) -> RoundReportPublic:
+    """Multipart ``log`` and ``metrics``; the log is checked and replayed from B_r (no B is uploaded)."""
+    round_, job = _job(session, client)
+    if client.status != "leased" or round_.status != "open":
+        raise _late(client)
+    ctx = federation.replay_context(session, job, client)
+    init = store.adapter_b(round_.b_sha256)
+    spec_limit = log_limit(federation.client_spec(job, client))
+    session.commit()
+    with slots.hold(client.device_id):
+        form, parts = read_parts(request, spec_limit + METRICS_LIMIT + MULTIPART_OVERHEAD, LOG_PARTS)
+        tmp = store.tmp_dir()
+        try:
+            log_path = spool_part(store, tmp, parts["log"], spec_limit, "log")
+            metrics_path = spool_part(store, tmp, parts["metrics"], METRICS_LIMIT, "metrics")
+            try:
+                check_step_count(log_path, federation.client_spec(job, client))
+                parse_metrics(metrics_path.read_bytes())
+            except ResultRejected as exc:
+                raise field_error(exc.field, exc.message) from None
+            outcome = run_verification(
+                pool, settings, client.user_id, replay_log_only, ctx, str(log_path), str(init), str(tmp)
+            )
+            b_sha = store.keep(Path(outcome["b_flat"]), "adapters", ".safetensors")[1]
+            log_sha = store.keep(log_path, "logs", ".jsonl")[1]
+            report = {
+                "log_sha256": log_sha,
+                "b_sha256": b_sha,
+                "mean_loss": outcome["mean_loss"],
+                "replay_s": outcome["replay_s"],
+                "log_bytes": store.log(log_sha).stat().st_size,
+            }
+            if not jobstate.client_reported(session, client, report):
+                raise _late(client)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            close_form(form)
+    federation.close_if_full(session, store, pool, settings, client)
+    return RoundReportPublic(client_id=client.id, round=round_.index, b_sha256=b_sha)
+
+
+def _client_public(client: RoundClient) -> RoundClientPublic:
+    return RoundClientPublic.model_validate(client, from_attributes=True)
+
+
+@router.get("/v1/jobs/{job_id}/rounds", response_model=RoundsPublic, responses=errors(401, 403, 404, 422))
+def list_rounds(job_id: ObjectId, _: AdminDep, session: SessionDep) -> RoundsPublic:
+    """A federated job's rounds, each with its clients in aggregation order (admin)."""
+    job = session.get(Job, job_id)
+    if job is None or job.cohort_id is None:
+        raise not_found("federated job", job_id)
+    rounds = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.index)).all()
+    data = []
+    for round_ in rounds:
+        clients = session.scalars(
+            select(RoundClient).where(RoundClient.round_id == round_.id).order_by(RoundClient.id)
+        ).all()
+        fields = {name: getattr(round_, name) for name in RoundPublic.model_fields if name != "clients"}
+        data.append(RoundPublic(**fields, clients=[_client_public(c) for c in clients]))
+    return RoundsPublic(data=data, count=len(data))

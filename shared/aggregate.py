@@ -1,0 +1,61 @@
+"""Aggregating a federated round, bit-reproducibly: the clients' deltas (each the replay of its log from B_r, minus
+B_r), combined coordinate-wise in float32 in a fixed order, and the next global B.
+
+Every operation is an IEEE float32 elementwise add, subtract, multiply or divide (or a sort), applied in the order
+written here — sums run left to right over the clients in the order given — so the same inputs give the same bits
+on every machine: the round's B can be recomputed offline from the accepted logs. NumPy only (the server's request
+path imports it without torch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+AGGREGATIONS = ("fedavg", "trimmed-mean", "median")
+
+
+def _sum_left_to_right(rows: Sequence[np.ndarray]) -> np.ndarray:
+    total = np.array(rows[0], dtype=np.float32, copy=True)
+    for row in rows[1:]:
+        total = total + row
+    return total
+
+
+def trimmed_count(n: int, trim_fraction: float) -> int:
+    """How many values trimmed-mean cuts at each end of n: floor(F·n), leaving at least one."""
+    return min(math.floor(trim_fraction * n), (n - 1) // 2)
+
+
+def aggregate(deltas: Sequence[np.ndarray], method: str, trim_fraction: float = 0.0) -> np.ndarray:
+    """Combine the clients' deltas (float32 [D] each, in the round's client order) coordinate-wise.
+
+    fedavg: their plain mean (every client ran the same local steps on the same batch size). trimmed-mean: per
+    coordinate, drop the ``trimmed_count`` smallest and largest values and average the rest (in sorted order).
+    median: per coordinate, the middle value, or the mean of the two middle ones.
+    """
+    if not deltas:
+        raise ValueError("no client deltas to aggregate")
+    if method not in AGGREGATIONS:
+        raise ValueError(f"aggregation {method!r} is not one of {', '.join(AGGREGATIONS)}")
+    n = len(deltas)
+    if method == "fedavg":
+        return _sum_left_to_right(deltas) / np.float32(n)
+    ordered = np.sort(np.stack(deltas).astype(np.float32), axis=0, kind="stable")
+    if method == "trimmed-mean":
+        cut = trimmed_count(n, trim_fraction)
+        kept = ordered[cut : n - cut]
+        return _sum_left_to_right(list(kept)) / np.float32(len(kept))
+    if n % 2:
+        return ordered[n // 2].copy()
+    return (ordered[n // 2 - 1] + ordered[n // 2]) / np.float32(2)
+
+
+def next_global_b(b_r: np.ndarray, client_bs: Sequence[np.ndarray], method: str, trim_fraction: float, eta: float):
+    """B_{r+1} = B_r + ETA·aggregate(B_i − B_r) → (B_{r+1}, the aggregate), all float32."""
+    b_r = np.asarray(b_r, dtype=np.float32)
+    deltas = [np.asarray(b, dtype=np.float32) - b_r for b in client_bs]
+    update = aggregate(deltas, method, trim_fraction)
+    return b_r + np.float32(eta) * update, update

@@ -1,0 +1,41 @@
+"""The shared weights file (``.ptd``) written in one canonical byte layout, whichever program wrote it.
+
+ExecuTorch lays out the named tensors of a ``.ptd`` in the order the lowering met them, which differs between a
+training program and the inference program of the same model although both hold the same tensors under the same
+names. Rewritten with the keys sorted, the file depends only on its (name, bytes) pairs, so both programs store
+the very same ``weights-<sha256>.ptd`` and a device keeps one copy of the base.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from shared.files import atomic_write_bytes, store_by_content
+
+WEIGHTS_TAG = "weights"  # name of the external data file the frozen weights go to
+
+
+def canonical_ptd(data: bytes) -> bytes:
+    """The same named tensors, keys sorted, each segment aligned as ExecuTorch aligns them (128 B)."""
+    from executorch.exir._serialize._cord import Cord
+    from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    serializer = FlatTensorSerializer()
+    payload = serializer.deserialize(Cord(data))
+    buffers, named = [], {}
+    for key in sorted(payload.named_data):
+        entry = payload.named_data[key]
+        named[key] = DataEntry(buffer_index=len(buffers), alignment=1, tensor_layout=entry.tensor_layout)
+        buffers.append(payload.buffers[entry.buffer_index])
+    return bytes(serializer.serialize(DataPayload(buffers=buffers, named_data=named)))
+
+
+def store_weights(manager, store: Path) -> tuple[Path, str]:
+    """Write a lowered program's weights ``.ptd`` canonically into ``store`` by content: (path, sha256)."""
+    with tempfile.TemporaryDirectory(dir=store, prefix=".ptd.") as tmp:
+        manager.write_tensor_data_to_file(tmp)
+        raw = Path(tmp) / f"{WEIGHTS_TAG}.ptd"
+        atomic_write_bytes(raw, canonical_ptd(raw.read_bytes()))
+        return store_by_content(raw, store, "weights-", ".ptd")

@@ -1,0 +1,49 @@
+"""Quantized frozen weights: the base model's linear layers as 4-bit groupwise weights with int8 dynamic activations.
+
+``8da4w`` is torchao's ``Int8DynamicActivationIntxWeightConfig(weight_dtype=int4, weight_granularity=PerGroup(g))``,
+the ExecuTorch LLM standard, which the XNNPACK delegate runs as int8 x int4 kernels. Only the base model's
+``nn.Linear`` layers change: LoRA A is a buffer (``shared.lora.MPLoRALinear.lora_A``), B and the whole ZO step
+(noise, perturbed copies, losses, update) stay float32, so the step, its log and its replay keep their meaning.
+
+Layers whose input size is not a multiple of the group (XNNPACK takes only groups that are multiples of 32) get
+int8 per-channel weights instead (8da8w: same dynamic activations, one scale per output row), which XNNPACK also
+runs; no model we target has such a layer (SmolLM2, TinyLlama, Llama-2: every size is a multiple of 32; the tiny
+test model's MLP, 176 wide, is one). The embedding stays float32: XNNPACK has no embedding kernel, and a
+quantized embedding would need the runtime's quantized-op library. With tied embeddings ``lm_head`` is still a
+quantized linear of its own, so the ``.ptd`` then holds the float embedding and the 4-bit head.
+
+Applied to the step module by ``shared.program.build_step_module``, so the exported program and the ``torch``
+device backend run the same quantized base.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def quantize_base(model: nn.Module, quantize: str, group_size: int) -> None:
+    """Quantize (in place) every base ``nn.Linear`` of ``model`` as ``quantize`` says (``none``: leave it).
+
+    ``4w`` (int4 groupwise weights, float activations, like the paper's NF4) is for eager use only: XNNPACK's
+    weight-only path does not take the base linears' 3-D inputs (``ConvertToLinearPass``), so no program has it.
+    """
+    if quantize == "none":
+        return
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    if quantize == "8da4w":
+        grouped = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4, weight_granularity=PerGroup(group_size)
+        )
+        per_channel = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    elif quantize == "4w":
+        grouped = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size))
+        per_channel = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
+    else:
+        raise ValueError(f"unknown quantization {quantize!r}")
+    # MPLoRALinear is no nn.Linear (its base layer is) and A enters through a functional linear of a buffer, so
+    # selecting nn.Linear selects exactly the base model's linears.
+    quantize_(model, grouped, filter_fn=lambda m, _: isinstance(m, nn.Linear) and m.in_features % group_size == 0)
+    quantize_(model, per_channel, filter_fn=lambda m, _: isinstance(m, nn.Linear) and m.in_features % group_size != 0)

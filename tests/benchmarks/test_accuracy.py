@@ -1,0 +1,89 @@
+"""benchmarks/accuracy.py on the tiny model: samples, pilots, the continued winner, the table, and a run that is
+killed and started again ending exactly where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.accuracy import main, sample_task
+from shared.data import read_jsonl
+from shared.tasks import shared_data_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--tasks", "sst2", "--methods", "zero-shot,mobizo-q4", "--lr", "mobizo-q4=1e-2,1e-3", "--seq-len", "64"]
+SMALL += ["--n-train", "32", "--n-val", "16", "--n-test", "16", "--pilot-steps", "4", "--eval-every", "2"]
+SMALL += ["--batch-size", "4", "--threads", "1"]
+STEPS = 40
+
+
+def _args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["--model", str(model), "--out", str(out), "--steps", str(STEPS), *SMALL, *extra]
+
+
+def _without_times(results: dict) -> dict:
+    """The results minus wall-clock figures, which differ between two runs of the same computation."""
+    for rows in results["tasks"].values():
+        for row in rows.values():
+            for key in ("step_time_s", "train_time_s"):
+                row.pop(key, None)
+    return results
+
+
+def test_boolq_is_sampled_from_its_validation_split_and_tested_on_the_rest(tmp_path: Path) -> None:
+    args = argparse.Namespace(n_train=1000, n_val=500, n_test=5000, sample_seed=0)
+    files = sample_task("boolq", shared_data_dir(), tmp_path, args)
+    splits = {name: read_jsonl(path) for name, path in files.items()}
+    pool = read_jsonl(shared_data_dir() / "superglue" / "boolq" / "validation.jsonl")
+    assert [len(splits[s]) for s in ("train", "val", "test")] == [1000, 500, len(pool) - 1500]
+    keys = {s: {json.dumps(r, sort_keys=True) for r in splits[s]} for s in splits}
+    assert not (keys["train"] & keys["val"] or keys["train"] & keys["test"] or keys["val"] & keys["test"])
+    assert keys["train"] | keys["val"] | keys["test"] == {json.dumps(r, sort_keys=True) for r in pool}
+    again = sample_task("boolq", shared_data_dir(), tmp_path / "again", args)
+    assert all(files[s].read_bytes() == again[s].read_bytes() for s in files)  # seeded
+
+
+def _kill_mid_run(model: Path, out: Path) -> None:
+    """Start the benchmark in a process and SIGKILL it once its main run has checkpointed past the pilot."""
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), *_args(model, out, "--no-plot")]
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = out / "runs" / "sst2" / "mobizo-q4" / "main" / "checkpoint" / "state.json"
+    try:
+        while process.poll() is None:
+            if state.is_file() and json.loads(state.read_text())["step"] > 4:
+                process.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.01)
+        process.wait(timeout=600)
+    finally:
+        process.kill()
+    assert process.returncode == -signal.SIGKILL, "the benchmark finished before it could be killed"
+    assert not (out / "results.json").exists()
+
+
+def test_a_killed_run_resumes_to_the_same_results(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    assert main(_args(tiny_model_dir, tmp_path / "whole")) == 0
+    table = capsys.readouterr().out
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert (tmp_path / "whole" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    row = whole["tasks"]["sst2"]["mobizo-q4"]
+    # the pilot with the lowest final validation loss wins, and the main run is that pilot continued
+    pilots = {p["lr"]: p for p in row["pilots"]}
+    assert row["lr"] == min(pilots, key=lambda lr: pilots[lr]["eval"][-1]["loss"])
+    assert row["curve"][: len(pilots[row["lr"]]["eval"])] == pilots[row["lr"]]["eval"]
+    assert [e["step"] for e in row["curve"]] == list(range(0, STEPS + 1, 2))
+    best = max(row["curve"], key=lambda e: e["accuracy"])
+    assert (row["best_step"], row["val_accuracy"]) == (best["step"], best["accuracy"])
+    assert row["test"]["n"] == 16 and f"{row['test']['accuracy']:.3f}" in table.splitlines()[-1]
+
+    _kill_mid_run(tiny_model_dir, tmp_path / "resumed")
+    assert main(_args(tiny_model_dir, tmp_path / "resumed")) == 0
+    resumed = json.loads((tmp_path / "resumed" / "results.json").read_text())
+    assert _without_times(resumed) == _without_times(whole)

@@ -1,0 +1,131 @@
+"""`mobizo agent generate` and `mobizo agent eval` against a real server: the device fetches the inference program
+(compiled by the server), the model's weights file and its adapter's B, and agrees with the host's eager PyTorch +
+PEFT (`mobizo eval`, `mobizo generate`) on the adapter the device itself trained."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mobizo.cli import main
+from shared.tasks import shared_data_dir
+from tests.device_agent.stack import Agent, Stack, agent_env, seed_program_cache, server_env
+from tests.server import live
+from tests.server.live import REPO
+from tests.utils.programs import TINY_Q4
+from tests.utils.tolerance import loss_rtol
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A live server, an enrolled device that trained an adapter on local SST-2, and that adapter as PEFT files."""
+    tmp = tmp_path_factory.mktemp("agent-inference")
+    artifacts = tmp / "artifacts"
+    artifacts.mkdir()
+    seed_program_cache(artifacts, tiny_model_dir, *program_factory(TINY_Q4))
+    data = tmp / "data"
+    (data / "sst2").mkdir(parents=True)
+    with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
+        (data / "sst2" / "train.jsonl").write_text("".join(itertools.islice(f, 64)))
+    with live.server_process(server_env(artifacts, tmp / "db.sqlite"), tmp / "server.log") as url:
+        stack = Stack(url, artifacts, tmp, tiny_model_dir)
+        job_id = stack.submit(steps=10)
+        agent = Agent(stack.enroll(), tmp / "work", data, tmp / "agent.log", ["--poll-s", "0.2"])
+        assert agent.start().wait() == 0, agent.tail()
+        adapter_id = stack.adapter(job_id)["id"]
+        yield stack, agent, adapter_id, stack.download_adapter(job_id, tmp / "adapter"), data / "sst2" / "train.jsonl"
+
+
+def _agent(agent: Agent, *args: str) -> subprocess.CompletedProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "mobizo",
+        "agent",
+        *args,
+        "--config",
+        str(agent.config),
+        "--work-dir",
+        str(agent.work),
+    ]
+    return subprocess.run(argv, env=agent_env(), capture_output=True, text=True, timeout=1200, cwd=REPO)
+
+
+def test_agent_eval_agrees_with_mobizo_eval(trained, tiny_model_dir, capsys):
+    """Same examples, same scoring: accuracy equal, loss within the model's float32 rounding bound
+    (tests/utils/tolerance.py) relative to the loss."""
+    stack, agent, adapter_id, adapter_dir, data = trained
+    flags = ["--task", "sst2", "--data", str(data), "--limit", "24", "--json"]
+    device = _agent(agent, "eval", "--adapter-id", str(adapter_id), *flags)
+    assert device.returncode == 0, device.stderr
+    assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(adapter_dir), *flags]) == 0
+    host = json.loads(capsys.readouterr().out.splitlines()[-1])
+    got = json.loads(device.stdout.splitlines()[-1])
+    assert got["n"] == host["n"] == 24 and got["accuracy"] == host["accuracy"]
+    from transformers import AutoConfig
+
+    atol = loss_rtol(AutoConfig.from_pretrained(tiny_model_dir)) * host["loss"]
+    assert abs(got["loss"] - host["loss"]) <= atol
+    cached = sorted(p.suffix for p in (agent.work / "cache").iterdir())
+    assert cached.count(".ptd") == 1  # the training program's weights file serves inference too
+
+
+def test_agent_generate_agrees_with_mobizo_generate_where_decisive(trained, tiny_model_dir, capsys):
+    """Greedy tokens of the device equal the host's at every step whose top-2 margin exceeds twice the bound."""
+    from peft import PeftModel
+
+    from shared.data import prompt_token_ids
+    from shared.generation import EagerStepper, Sampling, generate
+    from shared.hf_models import load_model
+
+    stack, agent, adapter_id, adapter_dir, _ = trained
+    flags = ["--prompt", "The movie was", "--max-new-tokens", "16", "--json"]
+    device = _agent(agent, "generate", "--adapter-id", str(adapter_id), *flags)
+    assert device.returncode == 0, device.stderr
+    lines = [json.loads(x) for x in device.stdout.splitlines()]
+    assert lines[-1]["event"] == "done" and lines[-1]["decode_tokens_per_s"] > 0
+    got = [x["token"] for x in lines[:-1]]
+    model, tokenizer = load_model(tiny_model_dir)
+    eager = PeftModel.from_pretrained(model, adapter_dir).eval()
+    stepper, decisive = EagerStepper(eager), []
+
+    def recording(tokens, pos):
+        logits = stepper(tokens, pos)
+        top2 = torch.topk(logits, 2).values
+        decisive.append(float(top2[0] - top2[1]) > 2 * loss_rtol(model.config) * float(logits.abs().max()))
+        return logits
+
+    ids = prompt_token_ids(tokenizer, "The movie was")
+    want = [g.token for g in generate(recording, ids, 16, Sampling(), frozenset({tokenizer.eos_token_id}))]
+    compared = list(itertools.takewhile(lambda t: t[2], zip(got, want, decisive)))
+    assert compared and all(a == b for a, b, _ in compared)
+
+
+def test_adb_backend_generates_what_the_python_runtime_generates(trained, runner_binary, tmp_path):
+    """The phone (the adb stand-in running the native runner's generate mode) picks the same greedy tokens as the
+    ExecuTorch runtime in this process: same program, same kernels."""
+    import os
+
+    from tests.device_agent.conftest import ADB_STANDIN_DIR
+
+    _, agent, adapter_id, _, _ = trained
+    flags = ["generate", "--adapter-id", str(adapter_id), "--prompt", "It was", "--max-new-tokens", "12", "--json"]
+    here = _agent(agent, *flags)
+    env = {
+        "MOBIZO_FAKE_DEVICE_ROOT": str(tmp_path / "phone"),
+        "PATH": f"{ADB_STANDIN_DIR}{os.pathsep}{os.environ['PATH']}",
+    }
+    argv = [sys.executable, "-m", "mobizo", "agent", *flags, "--backend", "adb", "--runner", str(runner_binary)]
+    argv += ["--config", str(agent.config), "--work-dir", str(agent.work)]
+    phone = subprocess.run(argv, env=agent_env(env), capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert here.returncode == 0 and phone.returncode == 0, here.stderr + phone.stderr
+    tokens = [[json.loads(x).get("token") for x in run.stdout.splitlines()[:-1]] for run in (here, phone)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) > 0

@@ -1,0 +1,232 @@
+"""Jobs compiled and results verified by real ``mobizo worker`` processes through the local Redis
+(``MOBIZO_QUEUE=celery``).
+
+``mobizo server`` processes and workers share a data dir and a database (SQLite; PostgreSQL for the test with two
+API processes, skipped with the reason when MOBIZO_TEST_DATABASE_URL is unset); the broker is the machine's Redis
+on loopback (skipped with the reason when it does not answer). The exports are real (tiny model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.settings import Settings
+from tests.server.conftest import pg_schema
+from tests.server.factories import (
+    ADMIN_TOKEN,
+    FakeCompileQueue,
+    b_flat_bytes,
+    bearer,
+    create_user,
+    enroll_device,
+    fake_training,
+    make_fake_model,
+    register_model,
+    submit_job,
+    upload,
+)
+from tests.server.live import kill_group, server_process, worker_process
+
+pytestmark = pytest.mark.slow
+
+REDIS = ("127.0.0.1", 6379)
+VISIBILITY_S = 5  # short, so that the task of a killed worker comes back within the test
+SPEC = {"model": "tiny", "task": "sst2", "q": 1, "batch_size": 2, "steps": 2, "rank": 2, "seq_len": 16}
+
+
+def _redis_answers() -> bool:
+    try:
+        with socket.create_connection(REDIS, timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def broker_url() -> str:
+    """A Redis database of its own (1-15, chosen at random) with no compile or verify tasks left in it."""
+    if not _redis_answers():
+        pytest.skip(f"no Redis answering on {REDIS[0]}:{REDIS[1]} (the Celery broker of these tests)")
+    import redis
+
+    db = random.randint(1, 15)
+    client = redis.Redis(*REDIS, db=db)
+    client.delete("compile", "verify", "unacked", "unacked_index")
+    client.close()
+    return f"redis://{REDIS[0]}:{REDIS[1]}/{db}"
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data dir for the module, as a shared volume would be: a config compiled by one test is cached for the
+    next (each test still works alone, exporting what it needs)."""
+    return tmp_path_factory.mktemp("artifacts")
+
+
+@pytest.fixture
+def env(tmp_path: Path, broker_url: str, artifacts: Path) -> dict[str, str]:
+    return {
+        "MOBIZO_QUEUE": "celery",
+        "MOBIZO_BROKER_URL": broker_url,
+        "MOBIZO_BROKER_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
+        "MOBIZO_DATA_DIR": str(artifacts),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'mobizo.db'}",
+        "MOBIZO_ADMIN_TOKEN": ADMIN_TOKEN,
+    }
+
+
+@pytest.fixture
+def server(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
+    with server_process(env, tmp_path / "server.log") as url:
+        yield url
+
+
+def _ok(response: httpx.Response, code: int = 200) -> dict:
+    assert response.status_code == code, response.text
+    return response.json()
+
+
+def _user(server: str, model_dir: Path) -> httpx.Client:
+    admin = httpx.Client(base_url=server, headers=bearer(ADMIN_TOKEN), timeout=60)
+    key = _ok(admin.post("/v1/users", json={"name": "alice"}), 201)["api_key"]
+    _ok(admin.post("/v1/models", json={"name": "tiny", "path": str(model_dir)}), 201)
+    return httpx.Client(base_url=server, headers=bearer(key), timeout=60)
+
+
+def _wait_for(user: httpx.Client, job_id: int, statuses: set[str], timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = _ok(user.get(f"/v1/jobs/{job_id}"))
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s")
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped by its parent counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_job_survives_its_worker_being_killed_mid_compile(server, env, tmp_path, tiny_model_dir):
+    """Worker 1 takes the task and is SIGKILLed (its whole process group) while exporting; the task is not
+    acknowledged, so the broker gives it to worker 2 after the visibility timeout, which takes over the job left
+    ``compiling`` and makes it ready. The program the worker wrote is what the API then hands a device."""
+    user = _user(server, tiny_model_dir)
+    with worker_process(env, tmp_path / "worker1.log", queues="compile") as first:
+        job = _ok(user.post("/v1/jobs", json=SPEC), 202)
+        _wait_for(user, job["id"], {"compiling"}, timeout=120)
+        kill_group(first, signal.SIGKILL)
+    time.sleep(1)
+    assert _ok(user.get(f"/v1/jobs/{job['id']}"))["status"] == "compiling"  # nobody else had it
+    with worker_process(env, tmp_path / "worker2.log", queues="compile"):
+        done = _wait_for(user, job["id"], {"ready", "failed", "cancelled"})
+    assert done["status"] == "ready", done["error"]
+
+    code = _ok(user.post("/v1/enrollment-codes", json={}), 201)["code"]
+    enrolled = _ok(
+        httpx.post(f"{server}/v1/devices", json={"code": code, "name": "phone", "backend": "executorch"}), 201
+    )
+    device = httpx.Client(base_url=server, headers=bearer(enrolled["token"]), timeout=60)
+    lease = _ok(device.post("/v1/leases"))
+    assert lease["job_id"] == job["id"]
+    program = device.get(lease["program"]["url"]).raise_for_status().content
+    assert hashlib.sha256(program).hexdigest() == lease["program"]["sha256"]
+
+
+def _programs(env: dict[str, str]) -> set[str]:
+    return {p.name for p in (Path(env["MOBIZO_DATA_DIR"]) / "programs").glob("[0-9a-f]*")}
+
+
+def test_cancel_kills_the_running_export(server, env, broker_url, tmp_path, tiny_model_dir):
+    """Cancelling a compiling job revokes its task: the pool process running the export is killed, no program is
+    published, the job stays cancelled, and the worker goes on with the next task."""
+    from server.celery_queue import compile_task_id, make_celery
+
+    user = _user(server, tiny_model_dir)
+    inspector = make_celery(Settings(broker_url=broker_url)).control.inspect(timeout=2)
+    published = _programs(env)
+    with worker_process(env, tmp_path / "worker.log", queues="compile"):
+        job = _ok(user.post("/v1/jobs", json={**SPEC, "q": 2, "batch_size": 4}), 202)  # a config not cached
+        _wait_for(user, job["id"], {"compiling"}, timeout=120)
+        active = [task for tasks in (inspector.active() or {}).values() for task in tasks]
+        assert [t["id"] for t in active] == [compile_task_id(job["id"])]
+        exporter = active[0]["worker_pid"]
+        assert not _gone(exporter)
+        assert _ok(user.post(f"/v1/jobs/{job['id']}/cancel"))["status"] == "cancelled"
+        deadline = time.monotonic() + 30
+        while not _gone(exporter):
+            assert time.monotonic() < deadline, f"export process {exporter} still running after the cancel"
+            time.sleep(0.1)
+        time.sleep(2 * VISIBILITY_S)  # past the visibility timeout: a redelivered task would have started by now
+        assert _ok(user.get(f"/v1/jobs/{job['id']}"))["status"] == "cancelled"
+        assert _programs(env) == published  # nothing published
+
+        other = _ok(user.post("/v1/jobs", json=SPEC), 202)
+        assert _wait_for(user, other["id"], {"ready", "failed"})["status"] == "ready"
+
+
+def test_uploads_are_verified_by_a_worker_of_the_verify_queue(env, tmp_path):
+    """The upload route waits on the verify task: a B the log does not replay to is a 422 naming ``b_flat``, the
+    right one a 201 with the replay's checks, both answered by a worker that takes only the verify queue."""
+    settings = Settings(
+        data_dir=Path(env["MOBIZO_DATA_DIR"]),
+        database_url=env["DATABASE_URL"],
+        admin_token=ADMIN_TOKEN,
+        queue="celery",
+        broker_url=env["MOBIZO_BROKER_URL"],
+    )
+    log_file = tmp_path / "worker.log"
+    with TestClient(create_app(settings, queue_factory=FakeCompileQueue().bind)) as client:
+        register_model(client, make_fake_model(tmp_path / "model"))
+        user = create_user(client)
+        phone = enroll_device(client, user)
+        job = submit_job(client, user)
+        lease = client.post("/v1/leases", headers=phone["headers"]).json()
+        b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
+        with worker_process(env, log_file, queues="verify"):
+            wrong = upload(client, phone, job["id"], b_flat_bytes(b * 2), log)
+            right = upload(client, phone, job["id"], b_flat_bytes(b), log)
+        assert wrong.status_code == 422 and wrong.json()["detail"][0]["loc"][-1] == "b_flat", wrong.text
+        assert right.status_code == 201, right.text
+        adapter = client.get(f"/v1/adapters/{right.json()['adapter_id']}", headers=user).json()
+        assert adapter["metrics"]["server"]["replay_max_abs_diff"] == 0.0
+    assert log_file.read_text().count("mobizo.verify[") >= 4  # two tasks, each received and succeeded
+
+
+def test_two_api_processes_on_postgresql_share_the_queue(env, tmp_path, tiny_model_dir, pg_url):
+    """``mobizo server --workers 2`` on PostgreSQL: two API processes start together (one migrates and recovers
+    under the advisory lock, the other waits), and a job submitted through them is compiled by the worker."""
+    log_file = tmp_path / "server.log"
+    with pg_schema(pg_url) as db:
+        pg_env = {**env, "DATABASE_URL": db}
+        with server_process(pg_env, log_file, workers=2) as url:
+            user = _user(url, tiny_model_dir)
+            with worker_process(pg_env, tmp_path / "worker.log", queues="compile"):
+                job = _ok(user.post("/v1/jobs", json=SPEC), 202)
+                done = _wait_for(user, job["id"], {"ready", "failed"})
+            assert done["status"] == "ready", done["error"]
+            jobs = [_ok(user.get("/v1/jobs"))["count"] for _ in range(20)]  # answered by either process
+            assert jobs == [1] * 20
+    text = log_file.read_text()
+    started = set(re.findall(r"Started server process \[(\d+)\]", text))
+    assert len(started) == 2, text[-3000:]
+    recovered, waited = text.count("startup: resubmitted"), text.count("startup: another API process")
+    assert recovered >= 1 and recovered + waited == 2, text[-3000:]

@@ -1,0 +1,273 @@
+"""Cohorts, consent and federated rounds through the REST API: the app in-process (fake programs, the real replay
+and aggregation), devices played by the test with logs a device could have written (``factories.fake_training``).
+
+What the issue asks of the server: only opted-in users' eligible devices get round work, at most one per user and
+K per round; each client's B is the replay of its log from B_r and the round's B_{r+1} is their aggregate in client
+order, bit for bit; a round closes at K reports or at its deadline with at least M (else it is reopened once, then
+the job fails with the reason); a late upload answers 409; a cohort's adapters are its members' only (404 else).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from safetensors.numpy import load
+
+from tests.server.factories import (
+    ADMIN,
+    create_user,
+    enroll_device,
+    fake_training,
+    make_fake_model,
+    register_model,
+)
+
+HYPER = {"q": 2, "batch_size": 4, "steps": 3, "rank": 2, "lr": 0.01, "eps": 0.01, "seed": 5}
+
+
+@pytest.fixture
+def world(client: TestClient, tmp_path: Path) -> dict:
+    """A model, five users (a, b, c, d members of cohort 1 once they join; n never) with one device each."""
+    import shared.replay  # noqa: F401 - import torch now, not inside a round's deadline
+
+    register_model(client, make_fake_model(tmp_path / "model"))
+    users = {name: create_user(client, name) for name in "abcdn"}
+    devices = {name: enroll_device(client, key, f"phone-{name}") for name, key in users.items()}
+    r = client.post("/v1/cohorts", json={"name": "keyboard", "model": "tiny", "task": "sst2"}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    return {"users": users, "devices": devices, "cohort": r.json()["id"]}
+
+
+def join(client: TestClient, world: dict, *names: str) -> None:
+    for name in names:
+        r = client.post(f"/v1/cohorts/{world['cohort']}/join", headers=world["users"][name])
+        assert r.status_code == 200 and r.json()["member"] is True, r.text
+
+
+def submit(client: TestClient, world: dict, **federation) -> dict:
+    r = client.post(f"/v1/cohorts/{world['cohort']}/jobs", json={**HYPER, **federation}, headers=ADMIN)
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def lease(client: TestClient, world: dict, name: str, eligible: bool | None = True):
+    r = client.post("/v1/leases", json={"eligible": eligible}, headers=world["devices"][name]["headers"])
+    assert r.status_code in (200, 204), r.text
+    return r.json() if r.status_code == 200 else None
+
+
+def init_b(client: TestClient, world: dict, name: str, lease_json: dict) -> np.ndarray:
+    r = client.get(lease_json["init"]["url"], headers=world["devices"][name]["headers"])
+    assert r.status_code == 200, r.text
+    return load(r.content)["b_flat"]
+
+
+def report(client: TestClient, world: dict, name: str, lease_json: dict, rng_seed: int):
+    """Train (fake losses, real seeds) from the round's B and upload the log alone → (response, the device's B)."""
+    spec, d = lease_json["spec"], lease_json["manifest"]["lora_size"]
+    b, log = fake_training(spec, d, init_b(client, world, name, lease_json), seed=rng_seed)
+    files = {"log": ("log.jsonl", io.BytesIO(log.encode())), "metrics": ("metrics.json", io.BytesIO(b"{}"))}
+    url = f"/v1/round-clients/{lease_json['round']['client_id']}/result"
+    return client.post(url, files=files, headers=world["devices"][name]["headers"]), b
+
+
+def rounds(client: TestClient, job_id: int) -> list[dict]:
+    r = client.get(f"/v1/jobs/{job_id}/rounds", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    return r.json()["data"]
+
+
+def run_out_the_clock(settings, job_id: int) -> None:
+    """Move the open round's deadline into the past, as if its timeout had passed (the sweeper, every 0.5 s, acts
+    on it): deadline tests then wait for no clock, however slow the machine."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from server.db import make_engine
+    from server.tables import Round, utcnow
+
+    engine = make_engine(settings.db_url)
+    try:
+        with engine.begin() as conn:
+            moved = conn.execute(
+                update(Round)
+                .where(Round.job_id == job_id, Round.status == "open", Round.deadline_at.is_not(None))
+                .values(deadline_at=utcnow() - timedelta(seconds=1))
+            ).rowcount
+        assert moved == 1, "no open round with a running clock"
+    finally:
+        engine.dispose()
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_cohorts_are_created_by_the_admin_and_joined_and_left_by_users(client: TestClient, world: dict):
+    a = world["users"]["a"]
+    body = {"name": "other", "model": "tiny", "task": "sst2"}
+    assert client.post("/v1/cohorts", json=body, headers=a).status_code == 403
+    assert client.post("/v1/cohorts", json={**body, "name": "keyboard"}, headers=ADMIN).status_code == 409
+    r = client.post("/v1/cohorts", json={**body, "model": "nope"}, headers=ADMIN)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "model"]
+    assert client.post("/v1/cohorts", json={**body, "task": "nope"}, headers=ADMIN).status_code == 422
+    listed = client.get("/v1/cohorts", headers=a).json()["data"]
+    assert [(c["name"], c["member"], c["members"]) for c in listed] == [("keyboard", False, 0)]
+    join(client, world, "a", "a")  # joining twice is a no-op
+    assert client.get("/v1/cohorts", headers=ADMIN).json()["data"][0]["members"] == 1
+    r = client.post(f"/v1/cohorts/{world['cohort']}/leave", headers=a)
+    assert r.json()["member"] is False and r.json()["members"] == 0
+    assert client.post("/v1/cohorts/999/join", headers=a).status_code == 404
+    fed = {"rounds": 1, "clients_per_round": 2}
+    assert client.post(f"/v1/cohorts/{world['cohort']}/jobs", json={**HYPER, **fed}, headers=a).status_code == 403
+    r = client.post(f"/v1/cohorts/{world['cohort']}/jobs", json={**HYPER, **fed, "min_clients": 3}, headers=ADMIN)
+    assert r.status_code == 422 and "min_clients" in r.text
+
+
+def _replay(b_r: np.ndarray, log_path: Path) -> np.ndarray:
+    import torch
+
+    from shared.replay import replay
+    from shared.train_log import read_log
+
+    return replay(torch.from_numpy(b_r.copy()), read_log(log_path)).numpy()
+
+
+def _recompute(store: Path, round_: dict, eta: float) -> np.ndarray:
+    """B_{r+1} offline from the round's accepted logs: replay each from B_r, mean of deltas summed left to right."""
+    b_r = load((store / "adapters" / f"{round_['b_sha256']}.safetensors").read_bytes())["b_flat"]
+    reported = [c for c in round_["clients"] if c["status"] == "reported"]
+    total = None
+    for c in reported:
+        delta = _replay(b_r, store / "logs" / f"{c['log_sha256']}.jsonl") - b_r
+        total = delta if total is None else total + delta
+    return b_r + np.float32(eta) * (total / np.float32(len(reported)))
+
+
+def test_rounds_are_the_aggregate_of_replayed_logs_bit_for_bit(client: TestClient, world: dict, settings):
+    join(client, world, "a", "b", "c", "d")
+    job = submit(client, world, rounds=2, clients_per_round=3, min_clients=2, round_timeout_s=600, global_lr=0.5)
+    second = enroll_device(client, world["users"]["a"], "a-tablet")
+    # round 0: three of the four members; at most one device per user, none for a non-member or an ineligible one
+    assert lease(client, world, "n") is None
+    leases = {name: lease(client, world, name) for name in "abc"}
+    assert all(x is not None and x["round"]["index"] == 0 for x in leases.values())
+    assert client.post("/v1/leases", json={}, headers=second["headers"]).status_code == 204
+    assert lease(client, world, "d") is None  # K = 3 parts are taken
+    seeds = {x["spec"]["seed"] for x in leases.values()}
+    assert len(seeds) == 3 and all(x["spec"]["upload"] == "log" and x["spec"]["steps"] == 3 for x in leases.values())
+    for i, name in enumerate("abc"):
+        r, _ = report(client, world, name, leases[name], i)
+        assert r.status_code == 201, r.text
+    assert rounds(client, job["id"])[0]["status"] == "closed"  # the K-th report closed it
+    # round 1: b left; d straggles; the round closes at its deadline with M = 2 and refuses d's late upload
+    assert client.post(f"/v1/cohorts/{world['cohort']}/leave", headers=world["users"]["b"]).status_code == 200
+    assert lease(client, world, "b") is None
+    assert lease(client, world, "d", eligible=False) is None
+    leases = {name: lease(client, world, name) for name in "acd"}
+    assert all(x["round"]["index"] == 1 for x in leases.values())
+    for i, name in enumerate("ac"):
+        assert report(client, world, name, leases[name], 10 + i)[0].status_code == 201
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()
+    assert shown["federation_progress"]["round"] == 1 and shown["federation_progress"]["clients_reported"] == 2
+    assert shown["status"] == "running"  # K = 3 not reached: the round waits for its deadline
+    run_out_the_clock(settings, job["id"])
+    done = wait_for(
+        lambda: (j := client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json())["status"] != "running" and j,
+        60,
+        "the round's deadline",
+    )
+    assert done["status"] == "succeeded", done["error"]
+    late, _ = report(client, world, "d", leases["d"], 20)
+    assert late.status_code == 409 and "late" in late.text
+    # every round's B is the offline recomputation from its accepted logs, and round r+1 starts from it
+    listed = rounds(client, job["id"])
+    assert [r["status"] for r in listed] == ["closed", "closed"]
+    assert [len([c for c in r["clients"] if c["status"] == "reported"]) for r in listed] == [3, 2]
+    assert world["devices"]["b"]["id"] not in {c["device_id"] for c in listed[1]["clients"]}
+    a = world["users"]["a"]
+    for index, round_ in enumerate(listed):
+        adapter = client.get(f"/v1/adapters/{round_['adapter_id']}", headers=a).json()
+        assert (adapter["cohort_id"], adapter["round"], adapter["version"]) == (world["cohort"], index, index + 1)
+        stored = load((settings.data_dir / "adapters" / f"{adapter['b_sha256']}.safetensors").read_bytes())["b_flat"]
+        expected = _recompute(settings.data_dir, round_, 0.5)
+        assert np.array_equal(stored.view(np.int32), expected.view(np.int32))
+        assert np.abs(stored).max() > 0
+        if index + 1 < len(listed):
+            assert listed[index + 1]["b_sha256"] == adapter["b_sha256"]
+    # members see and download the cohort's adapters; a non-member and a user who left get 404
+    last = listed[-1]["adapter_id"]
+    assert {x["id"] for x in client.get("/v1/adapters", headers=a).json()["data"]} == {r["adapter_id"] for r in listed}
+    assert client.get(f"/v1/adapters/{last}/download", headers=a).status_code == 200
+    for outsider in ("n", "b"):
+        headers = world["users"][outsider]
+        assert client.get(f"/v1/adapters/{last}", headers=headers).status_code == 404
+        assert client.get(f"/v1/adapters/{last}/download", headers=headers).status_code == 404
+        assert client.get("/v1/adapters", headers=headers).json()["count"] == 0
+    # a member starts a personal job from the cohort's adapter; a non-member cannot
+    personal = {"model": "tiny", "task": "sst2", **HYPER, "init_adapter_id": last}
+    assert client.post("/v1/jobs", json=personal, headers=a).status_code == 202
+    assert client.post("/v1/jobs", json=personal, headers=world["users"]["n"]).status_code == 404
+
+
+def test_a_round_short_of_m_clients_is_reopened_once_then_the_job_fails(client: TestClient, world: dict, settings):
+    join(client, world, "a", "b")
+    job = submit(client, world, rounds=1, clients_per_round=2, min_clients=2, round_timeout_s=600)
+    assert lease(client, world, "a") is not None  # one part taken, never reported
+    run_out_the_clock(settings, job["id"])
+    wait_for(lambda: rounds(client, job["id"])[0]["reopened"] == 1, 60, "the round to be reopened")
+    assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "running"
+    run_out_the_clock(settings, job["id"])
+    failed = wait_for(
+        lambda: (j := client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json())["status"] == "failed" and j,
+        60,
+        "the job to fail",
+    )
+    assert "0 of at least 2 clients reported" in failed["error"] and "reopened once" in failed["error"]
+    assert rounds(client, job["id"])[0]["status"] == "failed"
+
+
+def test_a_round_log_that_is_not_the_round_part_is_refused(client: TestClient, world: dict):
+    join(client, world, "a")
+    submit(client, world, rounds=1, clients_per_round=1, round_timeout_s=60, max_abs_g=0.001)
+    mine = lease(client, world, "a")
+    r, _ = report(client, world, "a", mine, 0)  # fake losses give |g| far above 0.001
+    assert r.status_code == 422 and "bound" in r.text
+    wrong_seed = {**mine, "spec": {**mine["spec"], "seed": mine["spec"]["seed"] + 1}}
+    r, _ = report(client, world, "a", wrong_seed, 0)
+    assert r.status_code == 422 and "seed" in r.text
+    other = enroll_device(client, world["users"]["b"], "b-2")
+    url = f"/v1/round-clients/{mine['round']['client_id']}/heartbeat"
+    assert client.post(url, json={"step": 1}, headers=other["headers"]).status_code == 404
+    assert client.post(url, json={"step": 1}, headers=world["devices"]["a"]["headers"]).json()["cancelled"] is False
+
+
+def test_a_personal_job_with_upload_log_stores_the_replay(client: TestClient, world: dict, settings):
+    from tests.server.factories import b_flat_bytes, submit_job
+
+    a = world["users"]["a"]
+    job = submit_job(client, a, upload="log")
+    got = client.post("/v1/leases", json={}, headers=world["devices"]["a"]["headers"]).json()
+    b, log = fake_training(got["spec"], got["manifest"]["lora_size"])
+    files = {"log": ("log.jsonl", log.encode()), "metrics": ("metrics.json", b"{}")}
+    with_b = {**files, "b_flat": ("b.safetensors", b_flat_bytes(b))}
+    headers = world["devices"]["a"]["headers"]
+    r = client.post(f"/v1/jobs/{job['id']}/result", files=with_b, headers=headers)
+    assert r.status_code == 422 and "log alone" in r.text
+    r = client.post(f"/v1/jobs/{job['id']}/result", files=files, headers=headers)
+    assert r.status_code == 201, r.text
+    adapter = client.get(f"/v1/adapters/{r.json()['adapter_id']}", headers=a).json()
+    stored = load((settings.data_dir / "adapters" / f"{adapter['b_sha256']}.safetensors").read_bytes())["b_flat"]
+    assert np.array_equal(stored.view(np.int32), b.view(np.int32))
+    assert client.post(f"/v1/jobs/{job['id']}/result", files=files, headers=headers).status_code == 200  # a repeat
