@@ -30,6 +30,7 @@ from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQ
 from server.db import make_engine, make_sessionmaker, migrate, startup_lock
 from server.inference_builds import InferenceBuilds
 from server.limits import BodyLimits, UploadSlots
+from server.object_store import shared_objects
 from server.pool import WorkerPool
 from server.responses import http_error, validation_error
 from server.routes import (
@@ -109,7 +110,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = ArtifactStore(settings.data_dir)
+        store = ArtifactStore(settings.data_dir, shared_objects(settings.store_url))
         lock = None
         if queue_factory is None and settings.queue == "local":  # this process alone runs jobs from this data dir
             lock = store.lock()  # before the database, recover() or the spool are touched

@@ -14,9 +14,10 @@ killed mid-export leaves its task to the next worker. When that happens depends 
 
 Verification keeps the upload synchronous: the route sends the replay to the verify queue and waits for its result
 (``CeleryVerifyPool``, the verify pool's interface), so a device still gets 201 or a 422 naming the bad part in
-the same response, as with the local pool; the spooled parts and the replay's output live in the data dir, which
-workers share with the servers (a shared volume, mounted at the same path). The result travels through the result
-backend (``Settings.result_backend``).
+the same response, as with the local pool. The spooled parts and the replay's output live in the data dir, which
+workers share with the servers (a shared volume, mounted at the same path), or, with a bucket
+(``MOBIZO_STORE_URL``), travel through it (``server.verify_spool``), so that a worker needs no shared volume at
+all. The result travels through the result backend (``Settings.result_backend``).
 
 Tasks are idempotent: every change of a job goes through a conditional transition of ``server.jobstate``, so a
 duplicate delivery finds the job no longer ``queued`` and does nothing, while a redelivery (the broker's
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
@@ -38,19 +40,25 @@ from celery.result import AsyncResult
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from server import jobstate
+from server import jobstate, verify_spool
 from server.compile import build_program
 from server.compile_queue import compile_job
 from server.db import make_engine, make_sessionmaker
 from server.jobstate import CompileInput
+from server.object_store import shared_objects
 from server.pool import OwnerBusy, WorkerDied, WorkTimedOut
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.verify import ResultRejected, verify_and_package
+from server.verify import ResultRejected, package_adapter, replay_log_only, verify_and_package
 
 log = logging.getLogger(__name__)
 COMPILE_QUEUE, VERIFY_QUEUE = "compile", "verify"
 COMPILE_TASK, VERIFY_TASK = "mobizo.compile", "mobizo.verify"
+# Every function the server hands its verify pool (``server.uploads.run_verification``, the round close of
+# ``server.federation``), by name: a task names its function, it never carries pickled code.
+VERIFY_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    fn.__name__: fn for fn in (verify_and_package, replay_log_only, package_adapter)
+}
 RESULT_POLL_S = 0.02  # how often a waiting upload looks for its verification result
 QUEUES = (COMPILE_QUEUE, VERIFY_QUEUE)
 
@@ -73,7 +81,7 @@ class _WorkerResources:
     def get(self) -> tuple[sessionmaker[Session], ArtifactStore]:
         if self._pid != os.getpid() or self._sessions is None or self._store is None:
             self._sessions = make_sessionmaker(make_engine(self._settings.db_url))
-            self._store = ArtifactStore(self._settings.data_dir)
+            self._store = ArtifactStore(self._settings.data_dir, shared_objects(self._settings.store_url))
             self._pid = os.getpid()
         return self._sessions, self._store
 
@@ -110,18 +118,36 @@ def make_celery(settings: Settings) -> Celery:
 
         def export(work: CompileInput) -> dict[str, Any]:
             programs, blobs = str(store.programs_dir), str(store.blobs_dir)
-            return build_program(
-                work.model_dir, work.model_sha256, work.spec, programs, blobs, memory_mb=settings.compile_memory_mb
+            built = build_program(
+                work.model_dir,
+                work.model_sha256,
+                work.spec,
+                programs,
+                blobs,
+                memory_mb=settings.compile_memory_mb,
+                fetch=store.fetch_program,
             )
+            store.publish_program(built["key"], built["manifest"])
+            return built
 
         compile_job(sessions, job_id, export, resume=redelivered)
 
     @app.task(name=VERIFY_TASK, ignore_result=False, time_limit=settings.verify_timeout_s)
-    def verify(*args: Any) -> dict[str, Any]:
-        """``verify_and_package`` → ``{"ok": its result}``, or ``{"rejected": [field, message]}`` for a bad result
-        (an answer, not a failure of the task). Past ``verify_timeout_s`` the worker kills the process."""
+    def verify(name: str, args: list[Any], spool: str | None = None) -> dict[str, Any]:
+        """``VERIFY_FUNCTIONS[name](*args)`` → ``{"ok": its result}``, or ``{"rejected": [field, message]}`` for a
+        bad result (an answer, not a failure of the task). Past ``verify_timeout_s`` the worker kills the process.
+        With ``spool`` the files travel through the bucket (``server.verify_spool``), not the data dir."""
+        fn = VERIFY_FUNCTIONS[name]
         try:
-            return {"ok": verify_and_package(*args)}
+            if spool is None:
+                return {"ok": fn(*args)}
+            store = resources.get()[1]
+            local = store.tmp_dir()
+            try:
+                local_args, out = verify_spool.receive_args(store.shared, args, local)
+                return {"ok": verify_spool.send_result(store.shared, spool, fn(*local_args), out)}
+            finally:
+                shutil.rmtree(local, ignore_errors=True)
         except ResultRejected as exc:
             return {"rejected": [exc.field, exc.message]}
 
@@ -191,10 +217,9 @@ class CeleryVerifyPool:
     ``WorkTimedOut`` (the wait, queueing included, ran past the timeout: the task is revoked, its process killed)
     or ``WorkerDied`` (the task failed in the worker)."""
 
-    _TASKS: dict[Callable[..., Any], str] = {verify_and_package: VERIFY_TASK}
-
     def __init__(self, settings: Settings) -> None:
         self._app = make_celery(settings)
+        self._shared = shared_objects(settings.store_url)
         ttl_s = int(settings.verify_timeout_s) + 60
         self._owners = SharedOwnerLimit(str(settings.result_backend), settings.verify_per_user, ttl_s)
 
@@ -206,15 +231,23 @@ class CeleryVerifyPool:
         key: Hashable | None = None,
         owner: Hashable | None = None,
     ) -> Any:
+        if VERIFY_FUNCTIONS.get(fn.__name__) is not fn:
+            raise ValueError(f"{fn.__name__} is not a function of the verify queue")
+        spool = verify_spool.new_spool() if self._shared is not None else None
         with self._owners.hold(owner):
-            result = self._app.send_task(self._TASKS[fn], args=list(args), queue=VERIFY_QUEUE)
             try:
-                reply = self._wait(result, timeout)
+                sent, folder = verify_spool.send_args(self._shared, spool, args) if spool else (list(args), None)
+                result = self._app.send_task(VERIFY_TASK, args=[fn.__name__, sent, spool], queue=VERIFY_QUEUE)
+                try:
+                    reply = self._wait(result, timeout)
+                finally:
+                    result.forget()
+                if "rejected" in reply:
+                    raise ResultRejected(*reply["rejected"])
+                return verify_spool.receive_result(self._shared, reply["ok"], folder) if spool else reply["ok"]
             finally:
-                result.forget()
-        if "rejected" in reply:
-            raise ResultRejected(*reply["rejected"])
-        return reply["ok"]
+                if spool:
+                    self._shared.delete_prefix(spool)
 
     def _wait(self, result: AsyncResult, timeout: float | None) -> dict[str, Any]:
         """Poll the result backend (thread-safe, unlike the backend's push consumer shared by request threads)."""

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -57,12 +58,14 @@ def build_program(
     programs_dir: str,
     blobs_dir: str,
     memory_mb: int | None = None,
+    fetch: Callable[[str], object] | None = None,
 ) -> dict:
     """Compile (or find in the cache) the program of a job → ``{"key", "manifest", "answer_len"}``.
 
     A config compiled before is found by its key and costs nothing; a new one is exported into a temporary
     directory that is renamed into place, so a concurrent build of the same key simply loses the rename. The base
     weights and tokenizer go to ``blobs_dir`` by content, so every program of a model shares one ``.ptd``.
+    ``fetch(key)`` first brings a program another machine published into the cache (``ArtifactStore``).
     """
     from shared.files import make_dirs
     from shared.manifest import FORMAT_VERSION, ProgramConfig, manifest_path, read_manifest
@@ -73,6 +76,8 @@ def build_program(
     config = program_config(spec, answer_len, chat)
     key = program_key(model_sha256, config, FORMAT_VERSION)
     final = Path(programs_dir) / key
+    if fetch is not None:
+        fetch(key)
     if not manifest_path(final / "program.pte").is_file():
         check_export_memory(Path(model_dir), memory_mb)
         tmp = make_dirs(Path(programs_dir) / f".tmp-{uuid.uuid4().hex}")

@@ -108,9 +108,11 @@ class LocalCompileQueue:
 
         def export(work: CompileInput) -> dict[str, Any]:
             programs, blobs = str(self._store.programs_dir), str(self._store.blobs_dir)
-            return self._pool.run(
+            built = self._pool.run(
                 self._build, work.model_dir, work.model_sha256, work.spec, programs, blobs, key=job_id
             )
+            self._store.publish_program(built["key"], built["manifest"])
+            return built
 
         compile_job(self._sessions, job_id, export, abandoned=lambda: self._closing)
 

@@ -39,7 +39,7 @@ class InferenceBuilds:
         self._failed: dict[str, str] = {}
 
     def pte(self, key: str) -> Path:
-        return self._store.programs_dir / key / INFERENCE_PTE
+        return self._store.program(key, INFERENCE_PTE)
 
     def get(self, model_dir: str, model_sha256: str, config: dict[str, Any]) -> tuple[str, dict | None]:
         """(key, manifest or None while building); starts the build on first sight of the key."""
@@ -61,15 +61,16 @@ class InferenceBuilds:
     def _read(self, key: str) -> dict | None:
         from shared.manifest import manifest_path
 
-        path = manifest_path(self.pte(key))
+        path = self._store.program(key, manifest_path(Path(INFERENCE_PTE)).name)  # built here, or fetched
         return json.loads(path.read_bytes()) if path.is_file() else None
 
     def _build(self, key: str, model_dir: str, model_sha256: str, config: dict[str, Any]) -> None:
         store = self._store
         try:
-            self._pool.run(
+            manifest = self._pool.run(
                 build_inference, model_dir, model_sha256, config, str(store.programs_dir), str(store.blobs_dir), key=key
             )
+            store.publish_program(key, manifest)
         except Exception as exc:  # any failure of the export is the program's error text
             log.warning("inference program %s: build failed: %s", key, exc)
             with self._lock:

@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +43,11 @@ class Settings(BaseSettings):
         description="where Celery workers leave verification results for the server waiting on them; default: the "
         "broker URL when it is Redis (with RabbitMQ, name a Redis here)",
     )
+    store_url: str | None = Field(
+        default=None,
+        description="s3://bucket/prefix: artifacts shared through an S3-compatible bucket (endpoint: boto3's "
+        "AWS_ENDPOINT_URL), the data dir a per-machine cache of it; unset: the data dir alone (shared as a volume)",
+    )
     compile_workers: int = Field(default=1, ge=1, description="processes compiling programs (MOBIZO_QUEUE=local)")
     compile_paused: bool = Field(default=False, description="accept jobs but leave them queued (fuzzing, maintenance)")
     compile_memory_mb: int | None = Field(
@@ -69,6 +74,16 @@ class Settings(BaseSettings):
     enrollment_codes_per_hour: int = Field(
         default=60, ge=1, description="enrollment codes a user may make per hour (more: 429 Retry-After)"
     )
+
+    @field_validator("store_url")
+    @classmethod
+    def _bucket_url(cls, value: str | None) -> str | None:
+        """A bad ``MOBIZO_STORE_URL`` stops the server at start, naming the setting, not at its first upload."""
+        from server.object_store import parse_store_url
+
+        if value:
+            parse_store_url(value)
+        return value or None
 
     @property
     def db_url(self) -> str:

@@ -13,17 +13,26 @@ Layout (everything but ``tmp/`` is written once and then only read):
 Files are written under ``tmp/`` (or a temporary sibling), fsynced and renamed (``shared.files``), so a reader
 never sees half a file; content-addressed names make a repeated write of the same bytes a no-op. Folders are 0700
 and files 0600 whatever the umask.
+
+Shared by several machines, the store is either this directory on a shared volume, or an S3 bucket
+(``MOBIZO_STORE_URL``, ``server.object_store``) behind a data dir per machine: everything published (``keep``,
+``publish_program``) is uploaded under its relative name, and the accessors (``program``, ``blob``, ``adapter_b``…)
+fetch a file this machine does not have yet. Downloads are still served from the local file (sha256 ETag, Range,
+304), so clients do not change and never follow a redirect.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
+import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from server.object_store import SharedObjects
 from shared.files import open_private, private_dir, store_by_content
 
 _CHUNK = 1 << 20
@@ -34,10 +43,12 @@ class DataDirInUse(RuntimeError):
 
 
 class ArtifactStore:
-    """Paths of the store's files; creates its directories, 0700 like the root (files in them are 0600)."""
+    """Paths of the store's files; creates its directories, 0700 like the root (files in them are 0600).
+    With ``shared`` (a bucket), the root is this machine's cache of it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, shared: SharedObjects | None = None) -> None:
         self.root = private_dir(Path(root).resolve())
+        self.shared = shared
         for sub in ("programs", "blobs", "adapters", "logs", "archives", "rounds", "tmp"):
             private_dir(self.root / sub)
 
@@ -75,29 +86,79 @@ class ArtifactStore:
                 path.unlink(missing_ok=True)
         return len(stale)
 
-    def program(self, key: str) -> Path:
-        return self.programs_dir / key / "program.pte"
+    def _here(self, name: str) -> Path:
+        """The local path of ``name`` (relative to the root), fetched from the shared tier if this machine does
+        not have it; absent when neither has it (the caller's open or stat then fails as it would without one)."""
+        path = self.root / name
+        if self.shared is not None and not path.exists():
+            self.shared.get(name, path)
+        return path
+
+    def program(self, key: str, name: str = "program.pte") -> Path:
+        """A file of the program folder ``key`` (``program.pte``, its manifest ``program.json``…)."""
+        return self._here(f"programs/{key}/{Path(name).name}")
 
     def blob(self, file_name: str) -> Path:
         """A file a manifest names (``weights-<sha>.ptd``, ``tokenizer-<sha>.json``)."""
-        return self.blobs_dir / Path(file_name).name
+        return self._here(f"blobs/{Path(file_name).name}")
 
     def adapter_b(self, sha256: str) -> Path:
-        return self.root / "adapters" / f"{sha256}.safetensors"
+        return self._here(f"adapters/{sha256}.safetensors")
 
     def log(self, sha256: str) -> Path:
-        return self.root / "logs" / f"{sha256}.jsonl"
+        return self._here(f"logs/{sha256}.jsonl")
 
     def archive(self, sha256: str) -> Path:
-        return self.root / "archives" / f"{sha256}.zip"
+        return self._here(f"archives/{sha256}.zip")
 
     def round_record(self, sha256: str) -> Path:
         """A federated round's account (``server.federation``): B_r, its clients in order, their logs, B_{r+1}."""
-        return self.root / "rounds" / f"{sha256}.json"
+        return self._here(f"rounds/{sha256}.json")
 
     def keep(self, src: Path, kind: str, suffix: str) -> tuple[Path, str]:
-        """Publish ``src`` (under ``tmp/``) as ``<kind>/<sha256><suffix>`` → (path, sha256)."""
-        return store_by_content(src, self.root / kind, "", suffix)
+        """Publish ``src`` (under ``tmp/``) as ``<kind>/<sha256><suffix>`` → (path, sha256); uploaded to the
+        shared tier, if any, before it is returned (so a database row naming it never precedes the object)."""
+        path, sha256 = store_by_content(src, self.root / kind, "", suffix)
+        self._publish(path)
+        return path, sha256
+
+    def publish_program(self, key: str, manifest: dict) -> None:
+        """Upload a built program folder (training or inference) and the blobs its ``manifest`` (JSON) names, its
+        ``.ptd`` and tokenizer, to the shared tier: the blobs, then the folder's files with the manifest last, so
+        that a manifest in the bucket means its program is there whole. A no-op without a shared tier."""
+        if self.shared is None:
+            return
+        for entry in ("ptd", "tokenizer"):
+            self._publish(self.blobs_dir / Path(manifest[entry]["file"]).name)
+        folder = self.programs_dir / key
+        for path in sorted(folder.iterdir(), key=lambda p: (p.suffix == ".json", p.name)):
+            self._publish(path)
+
+    def fetch_program(self, key: str) -> bool:
+        """Bring the program folder ``key`` and its blobs from the shared tier into this data dir (the manifest
+        last, as ``build_program``'s cache looks for it) → whether it is here now. A no-op without a shared tier."""
+        manifest_file = self.programs_dir / key / "program.json"
+        if self.shared is None or manifest_file.exists():
+            return manifest_file.exists()
+        tmp = self.tmp_dir()
+        try:
+            if not self.shared.get(f"programs/{key}/program.json", tmp / "program.json"):
+                return False
+            manifest = json.loads((tmp / "program.json").read_bytes())
+            for entry in ("ptd", "tokenizer"):
+                self.blob(manifest[entry]["file"])
+            for entry in ("pte", "init_b"):
+                if manifest.get(entry):
+                    self.program(key, manifest[entry]["file"])
+            private_dir(manifest_file.parent)
+            os.replace(tmp / "program.json", manifest_file)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return True
+
+    def _publish(self, path: Path) -> None:
+        if self.shared is not None:
+            self.shared.put(path.relative_to(self.root).as_posix(), path)
 
     def tmp_dir(self) -> Path:
         """A fresh private directory under ``tmp/`` (the caller removes it)."""

@@ -61,3 +61,12 @@ def tiny_inference(program_factory, tiny_model_dir: Path, tmp_path_factory: pyte
     config = InferenceConfig(max_context=64, rank=TINY_Q1.rank, alpha=TINY_Q1.alpha)
     manifest = export_inference_program(tiny_model_dir, config, out, store=train_pte.parent, progress=lambda _: None)
     return out, manifest, train_pte.parent, train_manifest
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory):
+    """A loopback S3 server (moto's standalone server process) for the session → its endpoint URL."""
+    from tests.utils.s3 import s3_server
+
+    with s3_server(tmp_path_factory.mktemp("s3") / "moto.log") as url:
+        yield url

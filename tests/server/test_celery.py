@@ -18,13 +18,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from safetensors.numpy import load
 
 from server.app import create_app
+from server.object_store import parse_store_url
 from server.settings import Settings
 from tests.server.conftest import pg_schema
 from tests.server.factories import (
+    ADMIN,
     ADMIN_TOKEN,
     FakeCompileQueue,
     b_flat_bytes,
@@ -38,6 +42,7 @@ from tests.server.factories import (
     upload,
 )
 from tests.server.live import kill_group, server_process, worker_process
+from tests.utils.s3 import new_bucket, s3_env
 
 pytestmark = pytest.mark.slow
 
@@ -183,32 +188,123 @@ def test_cancel_kills_the_running_export(server, env, broker_url, tmp_path, tiny
         assert _wait_for(user, other["id"], {"ready", "failed"})["status"] == "ready"
 
 
-def test_uploads_are_verified_by_a_worker_of_the_verify_queue(env, tmp_path):
-    """The upload route waits on the verify task: a B the log does not replay to is a 422 naming ``b_flat``, the
-    right one a 201 with the replay's checks, both answered by a worker that takes only the verify queue."""
-    settings = Settings(
+@pytest.fixture(params=["volume", "bucket"])
+def storage(request: pytest.FixtureRequest, env: dict[str, str], tmp_path: Path, monkeypatch) -> dict:
+    """How the verify worker reaches the upload's files: ``volume``, the API process's data dir (shared); ``bucket``,
+    a data dir of its own and an S3 bucket (``MOBIZO_STORE_URL``) that both use → the worker's env, the app's
+    ``store_url`` and (bucket only) a boto3 client of the bucket."""
+    if request.param == "volume":
+        return {"worker_env": env, "store_url": None, "bucket": None}
+    import boto3
+
+    endpoint = request.getfixturevalue("s3_endpoint")
+    for name, value in s3_env(endpoint).items():
+        monkeypatch.setenv(name, value)  # the app (in this process) reads them when it makes its client
+    store_url = new_bucket(endpoint)
+    # versioned, so that the spool a task uploaded and then deleted still shows (``_spooled``)
+    boto3.client("s3").put_bucket_versioning(
+        Bucket=parse_store_url(store_url)[0], VersioningConfiguration={"Status": "Enabled"}
+    )
+    worker_env = {**env, **s3_env(endpoint), "MOBIZO_STORE_URL": store_url, "MOBIZO_DATA_DIR": str(tmp_path / "w")}
+    return {"worker_env": worker_env, "store_url": store_url, "bucket": (boto3.client("s3"), store_url)}
+
+
+def _celery_settings(env: dict[str, str], storage: dict) -> Settings:
+    return Settings(
         data_dir=Path(env["MOBIZO_DATA_DIR"]),
         database_url=env["DATABASE_URL"],
         admin_token=ADMIN_TOKEN,
         queue="celery",
         broker_url=env["MOBIZO_BROKER_URL"],
+        store_url=storage["store_url"],
     )
+
+
+def _check_spool(storage: dict, tasks: int, answered: int) -> None:
+    """With a bucket, each of ``tasks`` verify tasks sent its inputs through it (``in-*`` objects under a
+    ``tmp/verify-*`` of its own) and the ``answered`` ones (not rejected) their outputs (``out-*``); the API process
+    deleted them all afterwards."""
+    if storage["bucket"] is None:
+        return
+    client, url = storage["bucket"]
+    bucket, prefix = parse_store_url(url)
+    assert client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}tmp/").get("KeyCount", 0) == 0
+    versions = client.list_object_versions(Bucket=bucket, Prefix=f"{prefix}tmp/").get("Versions", [])
+    spools = {
+        kind: {v["Key"].split("/")[-2] for v in versions if v["Key"].split("/")[-1].startswith(kind)}
+        for kind in ("in-", "out-")
+    }
+    assert (len(spools["in-"]), len(spools["out-"])) == (tasks, answered), spools
+    assert spools["out-"] <= spools["in-"]
+
+
+def test_uploads_are_verified_by_a_worker_of_the_verify_queue(env, storage, tmp_path):
+    """The upload route waits on the verify task: a B the log does not replay to is a 422 naming ``b_flat``, the
+    right one a 201 with the replay's checks, both answered by a worker that takes only the verify queue; with a
+    bucket the worker shares no folder with the API process."""
     log_file = tmp_path / "worker.log"
-    with TestClient(create_app(settings, queue_factory=FakeCompileQueue().bind)) as client:
+    with TestClient(create_app(_celery_settings(env, storage), queue_factory=FakeCompileQueue().bind)) as client:
         register_model(client, make_fake_model(tmp_path / "model"))
         user = create_user(client)
         phone = enroll_device(client, user)
         job = submit_job(client, user)
         lease = client.post("/v1/leases", headers=phone["headers"]).json()
         b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
-        with worker_process(env, log_file, queues="verify"):
+        with worker_process(storage["worker_env"], log_file, queues="verify"):
             wrong = upload(client, phone, job["id"], b_flat_bytes(b * 2), log)
             right = upload(client, phone, job["id"], b_flat_bytes(b), log)
         assert wrong.status_code == 422 and wrong.json()["detail"][0]["loc"][-1] == "b_flat", wrong.text
         assert right.status_code == 201, right.text
         adapter = client.get(f"/v1/adapters/{right.json()['adapter_id']}", headers=user).json()
         assert adapter["metrics"]["server"]["replay_max_abs_diff"] == 0.0
+        download = client.get(f"/v1/adapters/{adapter['id']}/download", headers=user)
+        assert download.status_code == 200 and download.content[:2] == b"PK"  # the worker's archive
     assert log_file.read_text().count("mobizo.verify[") >= 4  # two tasks, each received and succeeded
+    _check_spool(storage, tasks=2, answered=1)  # the wrong B was rejected
+
+
+def test_a_round_is_replayed_and_closed_by_the_verify_queue(env, storage, tmp_path):
+    """A federated round through the verify queue: each client's log is replayed there (``replay_log_only``) and
+    the K-th report closes the round, whose PEFT archive a worker packages (``package_adapter``); the round's B is
+    the offline recomputation from the accepted logs, bit for bit."""
+    from tests.server.test_federation import HYPER, _recompute
+
+    settings = _celery_settings(env, storage)
+    with TestClient(create_app(settings, queue_factory=FakeCompileQueue().bind)) as client:
+        register_model(client, make_fake_model(tmp_path / "model"))
+        users = [create_user(client, name) for name in ("a", "b")]
+        devices = [enroll_device(client, key, f"phone-{i}") for i, key in enumerate(users)]
+        cohort = client.post("/v1/cohorts", json={"name": "c", "model": "tiny", "task": "sst2"}, headers=ADMIN)
+        for key in users:
+            assert client.post(f"/v1/cohorts/{cohort.json()['id']}/join", headers=key).status_code == 200
+        body = {
+            **HYPER,
+            "rounds": 1,
+            "clients_per_round": 2,
+            "min_clients": 2,
+            "round_timeout_s": 600,
+            "global_lr": 0.5,
+        }
+        job = client.post(f"/v1/cohorts/{cohort.json()['id']}/jobs", json=body, headers=ADMIN).json()
+        with worker_process(storage["worker_env"], tmp_path / "worker.log", queues="verify"):
+            for seed, device in enumerate(devices):
+                lease = client.post("/v1/leases", json={"eligible": True}, headers=device["headers"]).json()
+                init = load(client.get(lease["init"]["url"], headers=device["headers"]).content)["b_flat"]
+                _, log = fake_training(lease["spec"], lease["manifest"]["lora_size"], init, seed=seed)
+                files = {"log": ("log.jsonl", log.encode()), "metrics": ("metrics.json", b"{}")}
+                url = f"/v1/round-clients/{lease['round']['client_id']}/result"
+                reported = client.post(url, files=files, headers=device["headers"])
+                assert reported.status_code == 201, reported.text
+        done = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()
+        assert done["status"] == "succeeded", done["error"]
+        (round_,) = client.get(f"/v1/jobs/{job['id']}/rounds", headers=ADMIN).json()["data"]
+        adapter = client.get(f"/v1/adapters/{round_['adapter_id']}", headers=users[0]).json()
+        stored = load((settings.data_dir / "adapters" / f"{adapter['b_sha256']}.safetensors").read_bytes())
+        expected = _recompute(settings.data_dir, round_, 0.5)
+        assert np.array_equal(stored["b_flat"].view(np.int32), expected.view(np.int32))
+        download = client.get(f"/v1/adapters/{adapter['id']}/download", headers=users[0])
+        assert download.status_code == 200 and download.content[:2] == b"PK"
+    _check_spool(storage, tasks=3, answered=3)  # two replays and the round's archive
 
 
 def test_two_api_processes_on_postgresql_share_the_queue(env, tmp_path, tiny_model_dir, pg_url):
