@@ -130,6 +130,11 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
                 if lock is None:  # shared data dir: only what no live process can still be using
                     store.clean_tmp(older_than_s=STALE_TMP_S)
                 log.info("startup: resubmitted %d unfinished jobs", queue.recover())
+                if settings.queue == "local":  # one server per database: nobody else can be closing a round
+                    with sessions() as session:
+                        reopened = jobstate.reopen_closing_rounds(session)
+                    if reopened:
+                        log.info("startup: %d rounds left mid-close will be closed again", reopened)
             else:
                 log.info("startup: another API process started at the same time and recovered the jobs")
         stop = threading.Event()

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import and_, func, or_, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from server import jobstate, registry
-from server.pool import WorkerPool
+from server.pool import WorkerDied, WorkerPool, WorkTimedOut
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Adapter, CohortMember, Device, Job, Model, Program, Round, RoundClient, utcnow
@@ -188,13 +188,18 @@ def _round_record(job: Job, round_: Round, fed: FederationSpec, clients: list[Ro
 
 def close_round(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings, round_id: int) -> bool:
     """Aggregate a round and publish B_{r+1} as the cohort's next adapter version; False if another request or
-    sweep is closing it. A failure on the way fails the round and the job with the reason."""
+    sweep is closing it. A passing failure (the packaging worker died or timed out, the database hiccuped) leaves
+    the round open for the sweeper to close again; any other fails the round and the job with the reason."""
     if not jobstate.begin_close(session, round_id):
         return False
     round_ = session.get_one(Round, round_id, populate_existing=True)
     job = session.get_one(Job, round_.job_id)
     try:
         _aggregate_and_publish(session, store, pool, settings, job, round_)
+    except (WorkerDied, WorkTimedOut, OperationalError) as error:
+        session.rollback()
+        log.warning("closing round %d of job %d stopped (%s); it will be closed again", round_.index, job.id, error)
+        jobstate.retry_close(session, round_)
     except Exception as error:  # noqa: BLE001 - whatever broke, the round must not stay "closing" silently
         session.rollback()
         log.exception("closing round %d of job %d failed", round_.index, job.id)
@@ -251,10 +256,17 @@ def close_if_full(session: Session, store: ArtifactStore, pool: WorkerPool, sett
 
 
 def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings) -> None:
-    """Free the slots of clients whose lease ran out; at each open round's deadline close it with at least M
+    """Free the slots of clients whose lease ran out; close an open round that is full (K reports: one whose
+    closing was stopped, or left by a stopped server); at each open round's deadline close it with at least M
     reports, else reopen it once, else fail it (and its job) with the reason."""
     jobstate.expire_round_clients(session)
     session.commit()
+    for round_ in list(session.scalars(select(Round).where(Round.status == "open"))):
+        job = session.get_one(Job, round_.job_id)
+        full = len(reported_clients(session, round_.id)) >= federation(job).clients_per_round
+        session.commit()
+        if full:
+            close_round(session, store, pool, settings, round_.id)
     due = list(
         session.scalars(
             select(Round).where(

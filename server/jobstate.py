@@ -385,6 +385,22 @@ def finish_close(session: Session, round_: Round, adapter_id: int, stats: dict[s
         )
 
 
+def retry_close(session: Session, round_: Round) -> None:
+    """closing → open: aggregation stopped on a failure that says nothing about the round (its worker died or
+    timed out, the database hiccuped); the sweeper closes it again, as it closes any open round that is full or
+    past its deadline."""
+    session.execute(update(Round).where(Round.id == round_.id, Round.status == "closing").values(status="open"))
+    session.commit()
+
+
+def reopen_closing_rounds(session: Session) -> int:
+    """closing → open for rounds a stopped server left mid-close (at the start of the one server of a data dir:
+    nobody else can be closing them) → how many; the sweeper closes them again."""
+    moved = session.execute(update(Round).where(Round.status == "closing").values(status="open")).rowcount
+    session.commit()
+    return moved
+
+
 def abort_close(session: Session, round_: Round, error: str) -> None:
     """closing → failed, and the job with it (aggregation could not finish: a missing file, a worker error)."""
     session.execute(update(Round).where(Round.id == round_.id).values(status="failed", closed_at=utcnow()))

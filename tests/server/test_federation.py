@@ -20,6 +20,7 @@ from safetensors.numpy import load
 
 from tests.server.factories import (
     ADMIN,
+    InlinePool,
     create_user,
     enroll_device,
     fake_training,
@@ -236,6 +237,75 @@ def test_a_round_short_of_m_clients_is_reopened_once_then_the_job_fails(client: 
     )
     assert "0 of at least 2 clients reported" in failed["error"] and "reopened once" in failed["error"]
     assert rounds(client, job["id"])[0]["status"] == "failed"
+
+
+class _PackagingDiesOnce:
+    """A verify pool whose first packaging task's worker dies (as an OOM kill would); every other task runs in the
+    test process."""
+
+    def __init__(self) -> None:
+        self.packagings = 0
+
+    def run(self, fn, *args, timeout=None, key=None, owner=None):
+        from server.pool import WorkerDied
+        from server.verify import package_adapter
+
+        if fn is package_adapter:
+            self.packagings += 1
+            if self.packagings == 1:
+                raise WorkerDied("worker process died (exit code -9)")
+        return fn(*args)
+
+    def close(self) -> None:
+        pass
+
+
+def _finished(client: TestClient, job_id: int) -> dict:
+    job = client.get(f"/v1/jobs/{job_id}", headers=ADMIN).json()
+    return job if job["status"] != "running" else {}
+
+
+def test_a_round_whose_packaging_worker_dies_is_closed_again(client: TestClient, world: dict):
+    join(client, world, "a", "b")
+    job = submit(client, world, rounds=1, clients_per_round=2, round_timeout_s=600)
+    parts = {name: lease(client, world, name) for name in "ab"}
+    pool = client.app.state.verify_pool = _PackagingDiesOnce()
+    for i, name in enumerate("ab"):
+        assert report(client, world, name, parts[name], i)[0].status_code == 201
+    # the K-th report began closing the round and its packaging died: the round is open again, not failed, and
+    # the sweeper closes it (it is full)
+    done = wait_for(lambda: _finished(client, job["id"]), 60, "the round to be closed again")
+    assert done["status"] == "succeeded", done["error"]
+    assert pool.packagings == 2 and rounds(client, job["id"])[0]["status"] == "closed"
+
+
+def test_a_round_left_closing_by_a_stopped_server_is_closed_by_the_next(
+    client: TestClient, world: dict, settings, queue
+):
+    from sqlalchemy import update
+
+    from server.app import create_app
+    from server.db import make_engine
+    from server.tables import Round
+
+    join(client, world, "a", "b", "c")
+    job = submit(client, world, rounds=1, clients_per_round=3, min_clients=2, round_timeout_s=600)
+    parts = {name: lease(client, world, name) for name in "ab"}
+    for i, name in enumerate("ab"):
+        assert report(client, world, name, parts[name], i)[0].status_code == 201
+    engine = make_engine(settings.db_url)
+    with engine.begin() as conn:  # a server stopped while closing the round at its deadline: "closing" stays
+        conn.execute(update(Round).where(Round.job_id == job["id"]).values(status="closing"))
+    engine.dispose()
+    with TestClient(create_app(settings, queue_factory=queue.bind)) as restarted:  # the next server's start
+        restarted.app.state.verify_pool.close()
+        restarted.app.state.verify_pool = InlinePool()
+        assert rounds(restarted, job["id"])[0]["status"] == "open"  # reopened at start, M = 2 reports kept
+        run_out_the_clock(settings, job["id"])
+        done = wait_for(lambda: _finished(restarted, job["id"]), 60, "the round to be closed after the restart")
+    assert done["status"] == "succeeded", done["error"]
+    (closed,) = rounds(client, job["id"])
+    assert closed["status"] == "closed" and len([c for c in closed["clients"] if c["status"] == "reported"]) == 2
 
 
 def test_a_round_log_that_is_not_the_round_part_is_refused(client: TestClient, world: dict):
