@@ -125,8 +125,18 @@ def _local_log(setup: Setup, b: np.ndarray, shard: Path, seed: int, steps: int) 
 
 
 def _poison(records: list[dict], factor: float) -> list[dict]:
-    """A lying client: its g multiplied by ``factor`` (its losses forged to match; replay only reads g)."""
-    return [{**r, "g": [float(np.float32(v * factor)) for v in r["g"]]} for r in records]
+    """A lying client: its g multiplied by ``factor`` and its losses forged to match, so that each g still follows
+    from them as the server checks ((l+ - l-) / (2 eps) in float32): each pair keeps its mean, raised where needed
+    so that no loss is negative (× -1 thus swaps the pair)."""
+    forged_records = []
+    for r in records:
+        eps = np.float32(r["eps"])
+        g = np.asarray(r["g"], np.float32) * np.float32(factor)
+        mid = np.maximum(np.asarray(r["losses"], np.float32).reshape(-1, 2).mean(axis=1), eps * np.abs(g))
+        losses = np.stack([mid + eps * g, mid - eps * g], axis=1).astype(np.float32)
+        g_forged = (losses[:, 0] - losses[:, 1]) / (eps * np.float32(2))
+        forged_records.append(log_record(r["step"], r["seed"], r["lr"], r["eps"], g_forged, losses.ravel()))
+    return forged_records
 
 
 def federate(setup: Setup, shards: list[Path], evals: list, args, method: str, poison: float | None) -> dict:

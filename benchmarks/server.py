@@ -48,9 +48,11 @@ SPEC = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 10, "
 
 
 @contextmanager
-def running_server(db_url: str, data_dir: Path, log: Path, workers: int = 1, broker_url: str | None = None):
-    """A ``mobizo server`` process (``workers`` API processes); with ``broker_url``, on the Celery queue with one
-    ``mobizo worker`` beside it."""
+def running_server(
+    db_url: str, data_dir: Path, log: Path, workers: int = 1, broker_url: str | None = None, compile_workers: int = 1
+):
+    """A ``mobizo server`` process (``workers`` API processes); with ``broker_url``, on the Celery queue with
+    a ``mobizo worker`` beside it running ``compile_workers`` exports at once (``--concurrency``)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -73,6 +75,7 @@ def running_server(db_url: str, data_dir: Path, log: Path, workers: int = 1, bro
         procs.append(subprocess.Popen(command + ["--workers", str(workers)], cwd=REPO, env=env, stdout=out, stderr=out))
         if broker_url:
             worker = [sys.executable, "-m", "mobizo", "worker", "--queues", "compile", "--log-level", "warning"]
+            worker += ["--concurrency", str(compile_workers)]
             procs.append(subprocess.Popen(worker, cwd=REPO, env=env, stdout=out, stderr=out))
     url = f"http://127.0.0.1:{port}"
     try:
