@@ -11,7 +11,7 @@ from shared.program import build_step_module
 from shared.replay import replay
 from shared.train_log import log_record
 from tests.shared.test_program import Device
-from tests.utils.programs import TINY_Q4, TINY_Q4_8DA4W
+from tests.utils.programs import TINY_Q1, TINY_Q4, TINY_Q4_8DA4W
 from tests.utils.tiny import random_batch
 from tests.utils.tolerance import loss_rtol
 
@@ -105,6 +105,15 @@ def test_pte_holds_no_weight_and_the_ptd_is_smaller(quantized, program_factory):
     assert manifest.ptd.sha256 != float_manifest.ptd.sha256
     assert manifest.ptd.size < 0.5 * float_manifest.ptd.size  # embedding float32 (see shared/quantize.py)
     assert manifest.config.quantize == "8da4w" and manifest.lora == float_manifest.lora
+
+
+def test_8da4w_programs_of_other_shapes_share_one_ptd(quantized, program_factory):
+    """q, batch size and the parallel schedule change the graph, not the frozen tensors: every 8da4w program of a
+    model with one (quantization, group size, rank, targets, A seed) names the same .ptd (as float32 ones do)."""
+    _, manifest = quantized
+    _, other = program_factory(TINY_Q1.model_copy(update={"quantize": "8da4w"}))
+    assert (other.config.q, other.config.batch_size) != (manifest.config.q, manifest.config.batch_size)
+    assert other.ptd == manifest.ptd
 
 
 def test_quantization_is_part_of_the_program_key():
