@@ -100,6 +100,25 @@ def test_a_published_program_is_read_whole_on_the_other_machine(two_machines):
     assert reader.blob(tokenizer_name).read_bytes() == tokenizer
 
 
+def test_a_compile_worker_finds_a_program_another_published(two_machines):
+    """``fetch_program`` (what a compile worker calls before exporting): the folder and its blobs arrive, the
+    manifest last; a key nobody published is not there."""
+    writer, reader = two_machines
+    manifest = {"ptd": {"file": "weights-w.ptd"}, "tokenizer": {"file": "tokenizer-t.json"}}
+    manifest["pte"] = {"file": "program.pte"}
+    (writer.blobs_dir / "weights-w.ptd").write_bytes(b"weights")
+    (writer.blobs_dir / "tokenizer-t.json").write_bytes(b"{}")
+    (writer.programs_dir / "key-2").mkdir()
+    (writer.programs_dir / "key-2" / "program.pte").write_bytes(b"pte")
+    (writer.programs_dir / "key-2" / "program.json").write_text(json.dumps(manifest))
+    writer.publish_program("key-2", manifest)
+    assert reader.fetch_program("key-2")
+    assert (reader.programs_dir / "key-2" / "program.pte").read_bytes() == b"pte"
+    assert (reader.blobs_dir / "weights-w.ptd").read_bytes() == b"weights"
+    assert json.loads((reader.programs_dir / "key-2" / "program.json").read_text()) == manifest
+    assert not reader.fetch_program("key-3") and not (reader.programs_dir / "key-3").exists()
+
+
 def test_store_url_names_the_setting_when_bad():
     assert parse_store_url("s3://bucket") == ("bucket", "")
     assert parse_store_url("s3://bucket/a/b/") == ("bucket", "a/b/")
