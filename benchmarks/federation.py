@@ -198,27 +198,35 @@ def replay_seconds(d: int, q: int, steps: int, repeats: int = 1) -> float:
     return float(np.median(times))
 
 
-def _parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+POISONS = {"x1000": 1000.0, "flip": -1.0}  # the liars: g scaled by the factor (losses forged to match)
+
+
+def federation_arguments(p: argparse.ArgumentParser, local_steps: int, shard_size: int, lr: float, eval_limit: int):
+    """The knobs both federation benchmarks take (this one in one process, ``federation_agents`` with processes)."""
     p.add_argument("--model", required=True, help="the tiny model (mobizo make-tiny-model)")
-    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--clients", type=int, default=8, help="C")
     p.add_argument("--per-round", type=int, default=4, help="K")
     p.add_argument("--rounds", type=int, default=10, help="R")
-    p.add_argument("--local-steps", type=int, default=20, help="N")
-    p.add_argument("--shard-size", type=int, default=400)
+    p.add_argument("--local-steps", type=int, default=local_steps, help="N")
+    p.add_argument("--shard-size", type=int, default=shard_size)
     p.add_argument("--skew", type=float, default=0.9, help="share of a client's majority label")
     p.add_argument("--q", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--rank", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--eps", type=float, default=1e-2)
     p.add_argument("--global-lr", type=float, default=1.0)
     p.add_argument("--trim-fraction", type=float, default=0.25)
-    p.add_argument("--eval-limit", type=int, default=256)
-    p.add_argument("--poison", nargs="+", choices=("x1000", "flip"), default=["x1000", "flip"], help="the liars")
+    p.add_argument("--eval-limit", type=int, default=eval_limit)
+    p.add_argument("--poison", nargs="*", choices=tuple(POISONS), default=list(POISONS), help="the liars")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json-out", type=Path)
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    federation_arguments(p, local_steps=20, shard_size=400, lr=1e-2, eval_limit=256)
     return p.parse_args()
 
 
@@ -230,10 +238,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         shards = _shards(args.clients, args.shard_size, args.skew, Path(tmp))
         runs = {"fedavg": federate(setup, shards, evals, args, "fedavg", None)}
-        poisons = {"x1000": 1000.0, "flip": -1.0}
         for method in ("fedavg", "trimmed-mean", "median"):
             for name in args.poison:
-                runs[f"{method} poisoned {name}"] = federate(setup, shards, evals, args, method, poisons[name])
+                runs[f"{method} poisoned {name}"] = federate(setup, shards, evals, args, method, POISONS[name])
         solo = alone(setup, shards[1], evals, args)
     per_step = np.mean(runs["fedavg"]["log_bytes"]) / args.local_steps
     sizes = {

@@ -35,11 +35,19 @@ import httpx
 import numpy as np
 from safetensors.numpy import load
 
-from benchmarks.federation import Setup, _eval_batches, _held_out_loss, _local_log, _poison, _setup, _shards
+from benchmarks.federation import (
+    POISONS,
+    Setup,
+    _eval_batches,
+    _held_out_loss,
+    _local_log,
+    _poison,
+    _setup,
+    _shards,
+    federation_arguments,
+)
 from benchmarks.server import ADMIN, REPO, running_server
 from shared.train_log import log_line
-
-POISONS = {"x1000": 1000.0, "flip": -1.0}
 
 
 def _ok(response: httpx.Response, code: int = 200) -> dict:
@@ -203,28 +211,10 @@ def alone(fed: Federation, setup: Setup, evals: list, data_dir: Path) -> list[fl
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="the tiny model (mobizo make-tiny-model)")
-    p.add_argument("--clients", type=int, default=8, help="C agent processes")
-    p.add_argument("--per-round", type=int, default=4, help="K")
-    p.add_argument("--rounds", type=int, default=10, help="R")
-    p.add_argument("--local-steps", type=int, default=5, help="N")
-    p.add_argument("--shard-size", type=int, default=200)
-    p.add_argument("--skew", type=float, default=0.9, help="share of a client's majority label")
-    p.add_argument("--q", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--rank", type=int, default=8)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--eps", type=float, default=1e-2)
-    p.add_argument("--global-lr", type=float, default=1.0)
-    p.add_argument("--trim-fraction", type=float, default=0.25)
+    federation_arguments(p, local_steps=5, shard_size=200, lr=0.05, eval_limit=64)
     p.add_argument("--round-timeout-s", type=float, default=300.0)
-    p.add_argument("--eval-limit", type=int, default=64)
-    p.add_argument("--poison", nargs="*", choices=tuple(POISONS), default=list(POISONS), help="the liars")
     p.add_argument("--methods", nargs="+", default=["fedavg", "trimmed-mean", "median"])
     p.add_argument("--agent-poll-s", type=float, default=0.5, help="the agents' lease polling (the liar polls faster)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json-out", type=Path)
     return p.parse_args()
 
 
