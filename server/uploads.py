@@ -7,7 +7,9 @@ exactly like a full one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,23 @@ def read_parts(request: Request, limit: int, names: tuple[str, ...], optional: t
 
 def close_form(form: FormData) -> None:
     anyio.from_thread.run(form.close)
+
+
+@contextmanager
+def received_parts(
+    request: Request, store: ArtifactStore, limit: int, names: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> Iterator[tuple[dict[str, UploadFile], Path]]:
+    """An upload's parts (``read_parts``) and a private spool folder under the store's ``tmp/`` → (parts, folder);
+    afterwards, however the block ends, the folder is removed and the form's files are closed."""
+    form, parts = read_parts(request, limit, names, optional)
+    try:
+        tmp = store.tmp_dir()
+        try:
+            yield parts, tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        close_form(form)
 
 
 def spool_part(store: ArtifactStore, tmp: Path, part: UploadFile, limit: int, name: str) -> Path:

@@ -15,7 +15,6 @@ after success is 409.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -33,7 +32,7 @@ from server.router import Router
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program
-from server.uploads import MULTIPART_OVERHEAD, close_form, read_parts, run_verification, spool_part
+from server.uploads import MULTIPART_OVERHEAD, received_parts, run_verification, spool_part
 from server.verify import (
     METRICS_LIMIT,
     ResultRejected,
@@ -230,9 +229,8 @@ def upload_result(
     init = store.adapter_b(session.get_one(Adapter, job.init_adapter_id).b_sha256) if job.init_adapter_id else None
     session.commit()  # no transaction (and on SQLite no write lock) while receiving and replaying
     with slots.hold(device.id):
-        form, parts = read_parts(request, upload_limit(ctx), RESULT_PARTS, optional=("b_flat",))
-        tmp = store.tmp_dir()
-        try:
+        limit = upload_limit(ctx)
+        with received_parts(request, store, limit, RESULT_PARTS, optional=("b_flat",)) as (parts, tmp):
             upload = _receive(store, tmp, ctx, parts)
             repeated = _repeat(session, job, upload)
             if repeated is not None:
@@ -248,6 +246,3 @@ def upload_result(
                 except IntegrityError:
                     session.rollback()
             raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            close_form(form)

@@ -10,7 +10,6 @@ sees any of it (404 for anyone else).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -33,7 +32,7 @@ from server.deps import (
 from server.responses import FILE_RESPONSE, IfNoneMatch, errors, field_error, not_found, serve_file
 from server.router import Router
 from server.tables import Job, Program, Round, RoundClient, utcnow
-from server.uploads import MULTIPART_OVERHEAD, close_form, read_parts, run_verification, spool_part
+from server.uploads import MULTIPART_OVERHEAD, received_parts, run_verification, spool_part
 from server.verify import METRICS_LIMIT, ResultRejected, check_step_count, log_limit, parse_metrics, replay_log_only
 from shared.manifest import ProgramManifest
 from shared.schemas import (
@@ -190,9 +189,8 @@ def upload_log(
     spec_limit = log_limit(federation.client_spec(job, client))
     session.commit()
     with slots.hold(client.device_id):
-        form, parts = read_parts(request, spec_limit + METRICS_LIMIT + MULTIPART_OVERHEAD, LOG_PARTS)
-        tmp = store.tmp_dir()
-        try:
+        limit = spec_limit + METRICS_LIMIT + MULTIPART_OVERHEAD
+        with received_parts(request, store, limit, LOG_PARTS) as (parts, tmp):
             log_path = spool_part(store, tmp, parts["log"], spec_limit, "log")
             metrics_path = spool_part(store, tmp, parts["metrics"], METRICS_LIMIT, "metrics")
             try:
@@ -214,9 +212,6 @@ def upload_log(
             }
             if not jobstate.client_reported(session, client, report):
                 raise _late(client)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            close_form(form)
     federation.close_if_full(session, store, pool, settings, client)
     return RoundReportPublic(client_id=client.id, round=round_.index, b_sha256=b_sha)
 
