@@ -13,21 +13,23 @@ getters are ``async`` so that they need no thread at all.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Connection, Engine, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from server.compile_queue import CompileQueue
+from server.db import read_only
 from server.limits import UploadSlots
 from server.pool import WorkerPool
 from server.responses import not_found
 from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_token, secret_matches
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.tables import Device, Job, User, utcnow
+from server.tables import Device, DeviceIdentity, Job, User, utcnow
 from shared.schemas import MAX_DB_INT
 
 LAST_SEEN_EVERY = timedelta(seconds=30)
@@ -37,6 +39,10 @@ _bearer = HTTPBearer(auto_error=False, description="admin token, user API key or
 def get_session(request: Request) -> Iterator[Session]:
     with request.app.state.sessionmaker() as session:
         yield session
+
+
+async def get_engine(request: Request) -> Engine:
+    return request.app.state.engine
 
 
 async def get_settings_dep(request: Request) -> Settings:
@@ -60,6 +66,7 @@ async def get_upload_slots(request: Request) -> UploadSlots:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 QueueDep = Annotated[CompileQueue, Depends(get_queue)]
@@ -108,26 +115,51 @@ def get_current_user(credentials: Credentials, session: SessionDep, settings: Se
     return user
 
 
-def get_current_device(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> Device:
+def _device_token(credentials: HTTPAuthorizationCredentials | None, settings: Settings) -> tuple[int, str]:
+    """(device id, secret) of a device token; 401/403 for anything else."""
     token = _token(credentials)
     parsed = parse_token(token)
     if parsed is None or parsed[0] != DEVICE_TOKEN:
         raise _wrong_kind(token, settings, "device token")
-    device = session.get(Device, parsed[1])
-    valid = device is not None and secret_matches(parsed[2], device.token_hash)
-    if valid:
-        _seen(device)
+    return parsed[1], parsed[2]
+
+
+def get_current_device(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> Device:
+    device_id, secret = _device_token(credentials, settings)
+    device = session.get(Device, device_id)
+    valid = device is not None and secret_matches(secret, device.token_hash)
+    if valid and seen_is_due(device.last_seen_at):
+        device.last_seen_at = utcnow()
     session.commit()  # see the module docstring
     if not valid:
         raise _unauthorized("invalid token")
     return device
 
 
-def _seen(device: Device) -> None:
-    """Record when the device was last heard from, at most every 30 s (a heartbeat should not cost two writes)."""
-    now = utcnow()
-    if device.last_seen_at is None or now - device.last_seen_at > LAST_SEEN_EVERY:
-        device.last_seen_at = now
+_DEVICE = select(Device.user_id, Device.token_hash, Device.backend, Device.memory_mb, Device.last_seen_at).where(
+    Device.id == bindparam("id")
+)  # built once (see jobstate._HEARTBEAT)
+
+
+def get_device_identity(credentials: Credentials, engine: EngineDep, settings: SettingsDep) -> DeviceIdentity:
+    device_id, secret = _device_token(credentials, settings)
+    with read_only(engine) as conn:
+        row = conn.execute(_DEVICE, {"id": device_id}).first()
+    if row is None or not secret_matches(secret, row.token_hash):
+        raise _unauthorized("invalid token")
+    return DeviceIdentity(device_id, row.user_id, row.backend, row.memory_mb, row.last_seen_at)
+
+
+def seen_is_due(last_seen_at: datetime | None) -> bool:
+    """Whether to record that a device was heard from: at most every 30 s (a heartbeat should not cost two
+    writes)."""
+    return last_seen_at is None or utcnow() - last_seen_at > LAST_SEEN_EVERY
+
+
+def record_seen(conn: Connection, device: DeviceIdentity) -> None:
+    """``last_seen_at`` of a ``DeviceIdentity``, when due (in the caller's write transaction)."""
+    if seen_is_due(device.last_seen_at):
+        conn.execute(update(Device).where(Device.id == device.id).values(last_seen_at=utcnow()))
 
 
 def require_any(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> None:
@@ -156,6 +188,7 @@ AdminDep = Annotated[None, Depends(require_admin)]
 UserOrAdmin = Annotated[User | None, Depends(get_user_or_admin)]
 CurrentUser = Annotated[User, Depends(get_current_user)]
 CurrentDevice = Annotated[Device, Depends(get_current_device)]
+DeviceId = Annotated[DeviceIdentity, Depends(get_device_identity)]
 AnyAuth = Annotated[None, Depends(require_any)]
 
 

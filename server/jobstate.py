@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, true, update
+from sqlalchemy import Connection, and_, bindparam, case, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.tables import Device, Job, Model, Program, Round, RoundClient, utcnow
+from server.tables import DeviceIdentity, Job, Model, Program, Round, RoundClient, utcnow
 from shared.manifest import ProgramManifest
-from shared.schemas import TERMINAL_STATUSES, JobCreate, JobSpec
+from shared.schemas import TERMINAL_STATUSES, HeartbeatCreate, JobCreate, JobSpec
 
 
 def submit(session: Session, **columns: Any) -> Job:
@@ -131,7 +131,7 @@ def fail(session: Session, job_id: int, error: str, from_statuses: tuple[str, ..
     return bool(moved)
 
 
-def device_failed(session: Session, job: Job, device: Device, error: str) -> bool:
+def device_failed(session: Session, job: Job, device: DeviceIdentity, error: str) -> bool:
     """running → failed with the device's reason, if the device holds the job's lease."""
     moved = session.execute(
         update(Job)
@@ -143,7 +143,7 @@ def device_failed(session: Session, job: Job, device: Device, error: str) -> boo
     return bool(moved)
 
 
-def succeed(session: Session, job: Job, device: Device, steps: int) -> bool:
+def succeed(session: Session, job: Job, device: DeviceIdentity, steps: int) -> bool:
     """running → succeeded if the device still holds the lease; the caller commits, together with the adapter."""
     moved = session.execute(
         update(Job)
@@ -165,23 +165,24 @@ def cancel(session: Session, job: Job) -> bool:
     return bool(moved)
 
 
-def expire_leases(session: Session, max_attempts: int, now: datetime | None = None) -> None:
-    """Running jobs whose lease ran out go back to ready, or fail after ``max_attempts`` leases (caller commits)."""
+def expire_leases(session: Session, max_attempts: int, user_id: int | None = None, now: datetime | None = None) -> None:
+    """Running jobs whose lease ran out go back to ready, or fail after ``max_attempts`` leases (caller commits);
+    only ``user_id``'s jobs when given (a lease request: no other user's job could be handed to the device)."""
     now = now or utcnow()
     expired = and_(Job.status == "running", Job.lease_expires_at < now)
+    if user_id is not None:
+        expired = and_(expired, Job.user_id == user_id)
+    exhausted = Job.attempts >= max_attempts
     session.execute(
         update(Job)
-        .where(expired, Job.attempts >= max_attempts)
+        .where(expired)
         .values(
-            status="failed",
-            error=f"lease expired {max_attempts} times without a result",
+            status=case((exhausted, "failed"), else_="ready"),
+            error=case((exhausted, f"lease expired {max_attempts} times without a result"), else_=Job.error),
             leased_device_id=None,
             lease_expires_at=None,
             updated_at=now,
         )
-    )
-    session.execute(
-        update(Job).where(expired).values(status="ready", leased_device_id=None, lease_expires_at=None, updated_at=now)
     )
 
 
@@ -193,7 +194,7 @@ def fits_memory(free_mb: int | None):
     return or_(needs.is_(None), needs <= free_mb)
 
 
-def lease_next(session: Session, device: Device, lease_s: int) -> Job | None:
+def lease_next(session: Session, device: DeviceIdentity, lease_s: int) -> Job | None:
     """Hand the oldest ready job of the device's user that fits it to the device (ready → running).
 
     Fits: the job names this device or none, wants this device's backend or any, and its program's memory
@@ -224,29 +225,37 @@ def lease_next(session: Session, device: Device, lease_s: int) -> Job | None:
     return job
 
 
-def heartbeat(session: Session, job: Job, device: Device, lease_s: int, progress: dict[str, Any]) -> datetime | None:
-    """Extend the device's lease and record progress → the new expiry; None when the device lost the lease."""
+_HEARTBEAT = (
+    update(Job)
+    .where(
+        Job.id == bindparam("job_id"),
+        Job.status == "running",
+        Job.leased_device_id == bindparam("holder"),
+        Job.lease_expires_at >= bindparam("now"),
+        Job.spec["steps"].as_integer() >= bindparam("step"),
+    )
+    .values(
+        lease_expires_at=bindparam("expires"),
+        updated_at=bindparam("now"),
+        progress_step=bindparam("step"),
+        progress_loss=bindparam("loss"),
+        progress_steps_per_s=bindparam("steps_per_s"),
+    )
+)  # built once: building the statement cost as much as running it
+
+
+def heartbeat(
+    conn: Connection, job_id: int, device_id: int, lease_s: int, progress: HeartbeatCreate
+) -> datetime | None:
+    """Extend the device's lease and record progress → the new expiry; None when the update did not apply: the
+    job is not running under this device's unexpired lease, or ``progress.step`` is beyond its steps (the caller
+    reads the job to say which). One conditional UPDATE, so the check and the write cannot be split by another
+    request, and a heartbeat costs one statement."""
     now = utcnow()
     expires = now + timedelta(seconds=lease_s)
-    moved = session.execute(
-        update(Job)
-        .where(
-            Job.id == job.id,
-            Job.status == "running",
-            Job.leased_device_id == device.id,
-            Job.lease_expires_at >= now,
-        )
-        .values(
-            lease_expires_at=expires,
-            updated_at=now,
-            progress_step=progress["step"],
-            progress_loss=progress["loss"],
-            progress_steps_per_s=progress["steps_per_s"],
-        )
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    session.commit()
-    return expires if moved else None
+    values = {"job_id": job_id, "holder": device_id, "now": now, "expires": expires, "step": progress.step}
+    values |= {"loss": progress.loss, "steps_per_s": progress.steps_per_s}
+    return expires if conn.execute(_HEARTBEAT, values).rowcount else None
 
 
 # --- federated rounds ----------------------------------------------------------------------------------------------
@@ -272,7 +281,7 @@ def open_round(session: Session, job_id: int) -> Round | None:
 
 
 def lease_round_client(
-    session: Session, round_: Round, device: Device, seed: int, lease_s: int, timeout_s: float
+    session: Session, round_: Round, device: DeviceIdentity, seed: int, lease_s: int, timeout_s: float
 ) -> RoundClient:
     """A new client of an open round on ``device``; the first one starts the round's clock (flushed)."""
     now = utcnow()

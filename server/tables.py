@@ -7,7 +7,7 @@ Secrets (API keys, device tokens, enrollment codes) are stored only as SHA-256 h
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, String, Text, TypeDecorator, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -76,6 +76,18 @@ class Device(Base):
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime | None]
+
+
+class DeviceIdentity(NamedTuple):
+    """Who a device token names, read with one Core statement (``server.deps.get_device_identity``): the hot
+    paths (heartbeat, lease) need no more than this and no ORM object (identity-map loads were most of a request's
+    cost)."""
+
+    id: int
+    user_id: int
+    backend: str
+    memory_mb: int | None
+    last_seen_at: datetime | None
 
 
 class Program(Base):

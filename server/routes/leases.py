@@ -13,14 +13,26 @@ finish reports it (``POST /v1/jobs/{id}/fail``) and the job fails with its reaso
 from __future__ import annotations
 
 from fastapi import HTTPException, Response, status
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from server import federation, jobstate
-from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep
-from server.responses import errors, field_error
+from server.db import read_only
+from server.deps import (
+    CurrentDevice,
+    DeviceId,
+    DeviceJob,
+    EngineDep,
+    ObjectId,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    record_seen,
+)
+from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.store import ArtifactStore
-from server.tables import Adapter, Job, Program, Round, RoundClient, utcnow
+from server.tables import Adapter, Device, DeviceIdentity, Job, Program, Round, RoundClient, utcnow
 from shared.manifest import ProgramFile, ProgramManifest
 from shared.schemas import (
     FileRef,
@@ -94,12 +106,12 @@ def _round_lease(session: Session, store: ArtifactStore, client: RoundClient, he
     responses={204: {"description": "no job is ready for this device"}, **errors(400, 401, 403, 413, 422)},
 )
 def lease(
-    device: CurrentDevice, session: SessionDep, settings: SettingsDep, store: StoreDep, body: LeaseCreate | None = None
+    device: DeviceId, session: SessionDep, settings: SettingsDep, store: StoreDep, body: LeaseCreate | None = None
 ) -> LeasePublic | Response:
     if body is not None:  # what the device reports now replaces what it reported before
-        device.backend = body.backend or device.backend
-        device.memory_mb = body.memory_mb if body.memory_mb is not None else device.memory_mb
-    jobstate.expire_leases(session, settings.max_attempts)  # committed with the lease
+        device = _report(session, device, body)
+    record_seen(session.connection(), device)
+    jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
     job = jobstate.lease_next(session, device, settings.lease_s)
     if job is not None:
         return _lease(session, store, job, settings.heartbeat_s)
@@ -108,6 +120,15 @@ def lease(
         if client is not None:
             return _round_lease(session, store, client, settings.heartbeat_s)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _report(session: Session, device: DeviceIdentity, body: LeaseCreate) -> DeviceIdentity:
+    """The device as it reports itself now (backend, free memory), stored when it changed."""
+    backend = body.backend or device.backend
+    memory_mb = body.memory_mb if body.memory_mb is not None else device.memory_mb
+    if (backend, memory_mb) != (device.backend, device.memory_mb):
+        session.execute(update(Device).where(Device.id == device.id).values(backend=backend, memory_mb=memory_mb))
+    return device._replace(backend=backend, memory_mb=memory_mb)
 
 
 @router.post(
@@ -127,20 +148,25 @@ def lease(
     ),
 )
 def heartbeat(
-    job: DeviceJob, body: HeartbeatCreate, device: CurrentDevice, session: SessionDep, settings: SettingsDep
+    job_id: ObjectId, body: HeartbeatCreate, device: DeviceId, engine: EngineDep, settings: SettingsDep
 ) -> HeartbeatPublic:
-    if job.status == "cancelled" and job.leased_device_id == device.id:
-        session.commit()  # last_seen_at
+    with engine.begin() as conn:
+        expires = jobstate.heartbeat(conn, job_id, device.id, settings.lease_s, body)
+        record_seen(conn, device)
+    if expires is not None:
+        return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
+    with read_only(engine) as conn:  # it did not apply: say why
+        job = conn.execute(
+            select(Job.status, Job.user_id, Job.leased_device_id, Job.spec).where(Job.id == job_id)
+        ).first()
+    if job is None or job.user_id != device.user_id:
+        raise not_found("job", job_id)
+    mine = job.leased_device_id == device.id
+    if job.status == "cancelled" and mine:
         return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
-    lost = HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device does not hold its lease (expired?)")
-    if job.status != "running" or job.leased_device_id != device.id:
-        raise lost  # the lease before the body's content; the update below checks it again, atomically
-    if body.step > job.spec["steps"]:
+    if job.status == "running" and mine and body.step > job.spec["steps"]:
         raise field_error("step", f"progress {body.step} is beyond the job's {job.spec['steps']} steps")
-    expires = jobstate.heartbeat(session, job, device, settings.lease_s, body.model_dump())
-    if expires is None:
-        raise lost
-    return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
+    raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device does not hold its lease (expired?)")
 
 
 @router.post(
