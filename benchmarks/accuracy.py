@@ -20,7 +20,7 @@ K steps (atomically); a finished piece is read back instead of recomputed, so a 
 stopped when the same command is run again. Outputs: the table on stdout, ``OUT/results.json`` (curves included)
 and ``OUT/curves.png``.
 
-    python benchmarks/accuracy.py --model DIR --tasks sst2,rte,boolq --steps 20000 --device cuda --out runs/acc
+    python -m benchmarks.accuracy --model DIR --tasks sst2,rte,boolq --steps 20000 --device cuda --out runs/acc
 """
 
 from __future__ import annotations

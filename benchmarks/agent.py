@@ -9,9 +9,9 @@ SST-2 batches, in interleaved pairs (bare then agent, agent then bare, ...); the
 pairs of agent/bare - 1. Target: at most 5%. On a small shared machine that ratio is noisy, so the agent's path is also
 timed around a null program (instant steps of the right shapes): that is its bookkeeping alone, per step.
 
-    python benchmarks/agent.py --steps 400 --repeats 5 --out runs/bench_agent.json
+    python -m benchmarks.agent --steps 400 --repeats 5 --out runs/bench_agent.json
     mobizo export --model SMOLLM2_DIR --task sst2 --q 4 --batch-size 8 --seq-len 64 --out runs/smollm2/p.pte
-    python benchmarks/agent.py --program runs/smollm2/p.pte --steps 20 --checkpoint-every 10   # a real model
+    python -m benchmarks.agent --program runs/smollm2/p.pte --steps 20 --checkpoint-every 10   # a real model
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ``mobizo worker`` running 1 export at a time, then by one running 2 (``--concurrency``), each on a fresh data dir
 (nothing cached) and a fresh database. Prints the seconds until every job is ready and the ratio.
 
-    python benchmarks/compile_throughput.py --broker-url redis://127.0.0.1:6379/7 --configs 4 --workers 1,2
+    python -m benchmarks.compile_throughput --broker-url redis://127.0.0.1:6379/7 --configs 4 --workers 1,2
 
 Exports are CPU-bound (and single-threaded in parts): on a 2-core machine two at once can at best halve the time.
 """

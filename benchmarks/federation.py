@@ -10,7 +10,7 @@
 3. Server cost: replay seconds per client and per round (tiny measured in the federation; SmolLM2-sized B timed
    by replaying an N-step log over its D).
 
-    python benchmarks/federation.py --model /tmp/tw/tiny --json-out /tmp/federation.json
+    python -m benchmarks.federation --model /tmp/tw/tiny --json-out /tmp/federation.json
 
 Times are wall-clock on a shared machine: read them as orders of magnitude.
 """

@@ -12,7 +12,7 @@ is one of the K of every round it wins; the table says how many it won and wheth
 logs. Under fedavg, trimmed-mean and median.
 
     mobizo make-tiny-model --out /tmp/fed/tiny
-    python benchmarks/federation_agents.py --model /tmp/fed/tiny --local-steps 5 --lr 0.05 --eval-limit 64 \\
+    python -m benchmarks.federation_agents --model /tmp/fed/tiny --local-steps 5 --lr 0.05 --eval-limit 64 \\
         --shard-size 200 --json-out /tmp/fed/federation-agents.json
 
 Times are wall-clock; the agents and the server share the machine's cores.

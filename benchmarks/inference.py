@@ -7,7 +7,7 @@ round-robin with eager PyTorch + KV cache (``shared.generation.EagerStepper``) a
 the bytes a device holds for the base plus N adapters (program + weights + tokenizer + N B files) against the
 host's (the model folder + N PEFT adapters).
 
-    python benchmarks/inference.py --model DIR [--max-context 256 --prompt-len 64 --decode 32 --threads 1 2]
+    python -m benchmarks.inference --model DIR [--max-context 256 --prompt-len 64 --decode 32 --threads 1 2]
 """
 
 from __future__ import annotations

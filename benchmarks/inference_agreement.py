@@ -9,7 +9,7 @@ and one random adapter:
   difference, and the smallest top-2 margin among them (a real model's worst-case bound is too loose to call any
   step decisive, so the margin says how close the closest agreeing call was).
 
-    python benchmarks/inference_agreement.py --model /tmp/inf/smol --program /tmp/inf/prog/inference.pte \\
+    python -m benchmarks.inference_agreement --model /tmp/inf/smol --program /tmp/inf/prog/inference.pte \\
         --training-manifest /tmp/inf/prog/train.json
 """
 

@@ -14,7 +14,7 @@ an ``inference`` program: the plain forward of the base model over the same 2q·
 
 Exports are kept in ``--workdir`` (default: a temporary folder) and reused by a later run with the same folder.
 
-    python benchmarks/program.py --model DIR [--cells 1x1 16x1 16x4] [--seq-len 64] [--threads 1 2] [--steps 10]
+    python -m benchmarks.program --model DIR [--cells 1x1 16x1 16x4] [--seq-len 64] [--threads 1 2] [--steps 10]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Variants: ``8da4w`` (torchao, eager), ``4w`` (int4 groupwise weights, float acti
 paper's NF4), and with ``--program`` an 8da4w ``.pte`` of the same shapes run by the ExecuTorch runtime (the
 device's kernels).
 
-    python benchmarks/quantization.py --model DIR [--q 4 --batch-size 8 --seq-len 64 --steps 50]
+    python -m benchmarks.quantization --model DIR [--q 4 --batch-size 8 --seq-len 64 --steps 50]
         [--eps 1e-2 1e-3 1e-1] [--program FILE.pte] [--out runs/quantization.json]
 """
 

@@ -1,7 +1,6 @@
 """What does one lease or heartbeat cost the API itself? The app in this process (``TestClient``: no socket, no
 load generator beside it, a fake compile queue), one device looping lease → 5 heartbeats over queued jobs;
-milliseconds per request, on SQLite and (``--database-url``) PostgreSQL. Read against ``benchmarks/server.py``
-(run as a module: a script run from ``benchmarks/`` would import ``benchmarks/server.py`` as ``server``):
+milliseconds per request, on SQLite and (``--database-url``) PostgreSQL. Read against ``benchmarks/server.py``:
 1000 / (ms per request) is what one core can serve before any network or client cost.
 
     python -m benchmarks.request_cost --rounds 100 --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test

@@ -18,8 +18,8 @@ alone, then while ``--noisy-devices`` devices of another user upload well-formed
 does not give (each costs a full replay before it is refused), over and over. The quiet user's p95 upload time
 with the noise should stay within 2x of the quiet case.
 
-    python benchmarks/server.py --devices 32 --duration 15 --out runs/bench_server.json
-    python benchmarks/server.py --devices 32 --open-devices 256 --noisy-uploads 0 \
+    python -m benchmarks.server --devices 32 --duration 15 --out runs/bench_server.json
+    python -m benchmarks.server --devices 32 --open-devices 256 --noisy-uploads 0 \
         --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test --broker-url redis://127.0.0.1:6379/0 \
         --api-workers 1,2,4
 """
@@ -41,6 +41,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from benchmarks import loadgen
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN = "bench-admin-token"
@@ -149,7 +151,7 @@ def setup(url: str, model_dir: Path, n_devices: int, n_jobs: int) -> dict:
 
 
 async def device(url: str, token: str, heartbeats: int, stop_at: float, lat: dict[str, list[float]]) -> None:
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+    async with loadgen.Client(url, token) as http:
         while time.perf_counter() < stop_at:
             t = time.perf_counter()
             r = await http.post("/v1/leases")
@@ -159,17 +161,18 @@ async def device(url: str, token: str, heartbeats: int, stop_at: float, lat: dic
             job_id = r.raise_for_status().json()["job_id"]
             for step in range(heartbeats):
                 t = time.perf_counter()
-                (await http.post(f"/v1/jobs/{job_id}/heartbeat", json={"step": step, "loss": 1.0})).raise_for_status()
+                (await http.post(f"/v1/jobs/{job_id}/heartbeat", {"step": step, "loss": 1.0})).raise_for_status()
                 lat["heartbeat"].append(time.perf_counter() - t)
 
 
 async def load(url: str, tokens: list[str], heartbeats: int, duration: float) -> dict:
     lat: dict[str, list[float]] = {"lease": [], "heartbeat": []}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(device(url, t, heartbeats, started + duration, lat) for t in tokens))
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     total = len(lat["lease"]) + len(lat["heartbeat"])
     summary = {"requests": total, "seconds": round(elapsed, 2), "requests_per_s": round(total / elapsed, 1)}
+    summary["client_cpu_ms"] = round(1000 * cpu / total, 2)  # the load generator's own share of the cores
     for kind, values in lat.items():
         summary |= percentiles(kind, values)
     return summary | percentiles("all", lat["lease"] + lat["heartbeat"])
@@ -188,7 +191,7 @@ async def open_device(
 ) -> None:
     """One request per second at fixed times (lease, then ``heartbeats`` heartbeats, then the next lease);
     latency counts from the scheduled time, so a slow server shows as latency, not as fewer requests."""
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+    async with loadgen.Client(url, token) as http:
         job_id, beats, due = None, 0, start
         while due < stop_at:
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
@@ -198,13 +201,13 @@ async def open_device(
                     if r.status_code == 200:
                         job_id, beats = r.json()["job_id"], 0
                 else:
-                    r = await http.post(f"/v1/jobs/{job_id}/heartbeat", json={"step": beats, "loss": 1.0})
+                    r = await http.post(f"/v1/jobs/{job_id}/heartbeat", {"step": beats, "loss": 1.0})
                     beats += 1
                     if beats >= heartbeats:
                         job_id = None
                 if r.status_code >= 300:
                     errors.append(str(r.status_code))
-            except httpx.HTTPError as exc:
+            except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 errors.append(type(exc).__name__)
             lat.append(time.perf_counter() - due)
             due += 1.0
@@ -360,7 +363,6 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="model directory (default: a fresh tiny model)")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if args.model is None:

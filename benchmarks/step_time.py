@@ -22,7 +22,7 @@ each also as a ratio to ``inference``.
 Batches are synthetic: random tokens, exactly ``--seq-len`` long, no padding, one answer token per row. With
 ``--arch`` the model is a seeded random init of a named architecture, so nothing needs to be downloaded.
 
-    python benchmarks/step_time.py --model DIR --q 1 --batch-size 16 --seq-len 64 --device cpu --json-out r.json
+    python -m benchmarks.step_time --model DIR --q 1 --batch-size 16 --seq-len 64 --device cpu --json-out r.json
 """
 
 from __future__ import annotations
