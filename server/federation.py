@@ -21,6 +21,7 @@ import json
 import logging
 import shutil
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -190,25 +191,35 @@ def close_round(session: Session, store: ArtifactStore, pool: WorkerPool, settin
     """Aggregate a round and publish B_{r+1} as the cohort's next adapter version; False if another request or
     sweep is closing it. A passing failure (the packaging worker died or timed out, the database hiccuped) leaves
     the round open for the sweeper to close again; any other fails the round and the job with the reason."""
-    if not jobstate.begin_close(session, round_id):
+    closing_at = jobstate.begin_close(session, round_id)
+    if closing_at is None:
         return False
     round_ = session.get_one(Round, round_id, populate_existing=True)
     job = session.get_one(Job, round_.job_id)
     try:
-        _aggregate_and_publish(session, store, pool, settings, job, round_)
+        _aggregate_and_publish(session, store, pool, settings, job, round_, closing_at)
+    except jobstate.CloseTakenOver as error:
+        session.rollback()
+        log.warning("%s; this close publishes nothing", error)
     except (WorkerDied, WorkTimedOut, OperationalError) as error:
         session.rollback()
         log.warning("closing round %d of job %d stopped (%s); it will be closed again", round_.index, job.id, error)
-        jobstate.retry_close(session, round_)
+        jobstate.retry_close(session, round_, closing_at)
     except Exception as error:  # noqa: BLE001 - whatever broke, the round must not stay "closing" silently
         session.rollback()
         log.exception("closing round %d of job %d failed", round_.index, job.id)
-        jobstate.abort_close(session, round_, f"aggregation failed: {type(error).__name__}: {error}")
+        jobstate.abort_close(session, round_, closing_at, f"aggregation failed: {type(error).__name__}: {error}")
     return True
 
 
 def _aggregate_and_publish(
-    session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings, job: Job, round_: Round
+    session: Session,
+    store: ArtifactStore,
+    pool: WorkerPool,
+    settings: Settings,
+    job: Job,
+    round_: Round,
+    closing_at: datetime,
 ) -> None:
     fed, ctx = federation(job), _package_context(session, job)
     clients = reported_clients(session, round_.id)
@@ -240,7 +251,8 @@ def _aggregate_and_publish(
     }
     files = registry.StoredFiles(b_next_sha, b_next_sha, record_sha, archive_sha, archive_size)
     adapter = registry.add_cohort_version(session, job, round_, files, metrics)
-    jobstate.finish_close(session, round_, adapter.id, {"mean_loss": mean_loss, "aggregate_s": aggregate_s}, b_next_sha)
+    stats = {"mean_loss": mean_loss, "aggregate_s": aggregate_s}
+    jobstate.finish_close(session, round_, closing_at, adapter.id, stats, b_next_sha)
     session.commit()
 
 
@@ -255,12 +267,25 @@ def close_if_full(session: Session, store: ArtifactStore, pool: WorkerPool, sett
         close_round(session, store, pool, settings, round_.id)
 
 
+CLOSE_MARGIN_S = 300
+
+
+def stale_close_after(settings: Settings) -> timedelta:
+    """How long a close may take: its packaging task's timeout, plus a margin for reading and storing the files
+    (an object store upload included)."""
+    return timedelta(seconds=settings.verify_timeout_s + CLOSE_MARGIN_S)
+
+
 def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings) -> None:
-    """Free the slots of clients whose lease ran out; close an open round that is full (K reports: one whose
-    closing was stopped, or left by a stopped server); at each open round's deadline close it with at least M
-    reports, else reopen it once, else fail it (and its job) with the reason."""
+    """Free the slots of clients whose lease ran out; reopen a close older than any close may take (its process
+    died); close an open round that is full (K reports: one whose closing was stopped, or left by a stopped
+    server); at each open round's deadline close it with at least M reports, else reopen it once, else fail it
+    (and its job) with the reason."""
     jobstate.expire_round_clients(session)
     session.commit()
+    stale = jobstate.reopen_stale_closes(session, stale_close_after(settings))
+    if stale:
+        log.warning("%d rounds left mid-close (a stopped API process) will be closed again", stale)
     for round_ in list(session.scalars(select(Round).where(Round.status == "open"))):
         job = session.get_one(Job, round_.job_id)
         full = len(reported_clients(session, round_.id)) >= federation(job).clients_per_round

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, or_, select, true, update
+from sqlalchemy import Connection, Update, and_, bindparam, case, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -165,25 +165,31 @@ def cancel(session: Session, job: Job) -> bool:
     return bool(moved)
 
 
-def expire_leases(session: Session, max_attempts: int, user_id: int | None = None, now: datetime | None = None) -> None:
-    """Running jobs whose lease ran out go back to ready, or fail after ``max_attempts`` leases (caller commits);
-    only ``user_id``'s jobs when given (a lease request: no other user's job could be handed to the device)."""
-    now = now or utcnow()
-    expired = and_(Job.status == "running", Job.lease_expires_at < now)
-    if user_id is not None:
-        expired = and_(expired, Job.user_id == user_id)
-    exhausted = Job.attempts >= max_attempts
-    session.execute(
+def _expire(scope: Any) -> Update:
+    exhausted = Job.attempts >= bindparam("max_attempts")
+    return (
         update(Job)
-        .where(expired)
+        .where(Job.status == "running", Job.lease_expires_at < bindparam("now"), scope)
         .values(
             status=case((exhausted, "failed"), else_="ready"),
-            error=case((exhausted, f"lease expired {max_attempts} times without a result"), else_=Job.error),
+            error=case((exhausted, bindparam("exhausted")), else_=Job.error),
             leased_device_id=None,
             lease_expires_at=None,
-            updated_at=now,
+            updated_at=bindparam("now"),
         )
     )
+
+
+_EXPIRE_ALL, _EXPIRE_USER = _expire(true()), _expire(Job.user_id == bindparam("user"))  # built once
+
+
+def expire_leases(session: Session, max_attempts: int, user_id: int | None = None, now: datetime | None = None) -> None:
+    """Running jobs whose lease ran out go back to ready, or fail after ``max_attempts`` leases, in one statement
+    (caller commits); only ``user_id``'s jobs when given (a lease request: no other user's job could be handed to
+    the device)."""
+    values = {"now": now or utcnow(), "max_attempts": max_attempts, "user": user_id}
+    values["exhausted"] = f"lease expired {max_attempts} times without a result"
+    session.connection().execute(_EXPIRE_ALL if user_id is None else _EXPIRE_USER, values)
 
 
 def fits_memory(free_mb: int | None):
@@ -360,24 +366,39 @@ def expire_round_clients(session: Session, now: datetime | None = None) -> None:
     )
 
 
-def begin_close(session: Session, round_id: int) -> bool:
-    """open → closing: only one request or sweep aggregates a round."""
+class CloseTakenOver(Exception):
+    """The round is no longer closing under this attempt: it was given up as stale and another close took it."""
+
+
+def begin_close(session: Session, round_id: int) -> datetime | None:
+    """open → closing → the attempt's stamp (``closing_at``), or None when another request or sweep is closing the
+    round: only one aggregates it. The later transitions of the close name the stamp."""
+    now = utcnow()
     moved = session.execute(
-        update(Round).where(Round.id == round_id, Round.status == "open").values(status="closing")
+        update(Round).where(Round.id == round_id, Round.status == "open").values(status="closing", closing_at=now)
     ).rowcount
     session.commit()
-    return bool(moved)
+    return now if moved else None
 
 
-def finish_close(session: Session, round_: Round, adapter_id: int, stats: dict[str, Any], next_b: str) -> None:
+def _closing(round_: Round, closing_at: datetime) -> Any:
+    return and_(Round.id == round_.id, Round.status == "closing", Round.closing_at == closing_at)
+
+
+def finish_close(
+    session: Session, round_: Round, closing_at: datetime, adapter_id: int, stats: dict[str, Any], next_b: str
+) -> None:
     """closing → closed with its published adapter; the next round opens from ``next_b`` (B_{r+1}), or after the
-    last round the job succeeds. Leased clients left behind are stragglers: expired. The caller commits."""
+    last round the job succeeds. Leased clients left behind are stragglers: expired. The caller commits; raises
+    ``CloseTakenOver`` (the caller rolls back) when this attempt no longer holds the round."""
     now = utcnow()
-    session.execute(
+    moved = session.execute(
         update(Round)
-        .where(Round.id == round_.id, Round.status == "closing")
+        .where(_closing(round_, closing_at))
         .values(status="closed", adapter_id=adapter_id, closed_at=now, **stats)
-    )
+    ).rowcount
+    if not moved:
+        raise CloseTakenOver(f"round {round_.index} of job {round_.job_id} was taken over by another close")
     session.execute(
         update(RoundClient)
         .where(RoundClient.round_id == round_.id, RoundClient.status == "leased")
@@ -394,27 +415,44 @@ def finish_close(session: Session, round_: Round, adapter_id: int, stats: dict[s
         )
 
 
-def retry_close(session: Session, round_: Round) -> None:
+def retry_close(session: Session, round_: Round, closing_at: datetime) -> None:
     """closing → open: aggregation stopped on a failure that says nothing about the round (its worker died or
     timed out, the database hiccuped); the sweeper closes it again, as it closes any open round that is full or
     past its deadline."""
-    session.execute(update(Round).where(Round.id == round_.id, Round.status == "closing").values(status="open"))
+    session.execute(update(Round).where(_closing(round_, closing_at)).values(status="open", closing_at=None))
     session.commit()
 
 
 def reopen_closing_rounds(session: Session) -> int:
     """closing → open for rounds a stopped server left mid-close (at the start of the one server of a data dir:
     nobody else can be closing them) → how many; the sweeper closes them again."""
-    moved = session.execute(update(Round).where(Round.status == "closing").values(status="open")).rowcount
+    moved = session.execute(
+        update(Round).where(Round.status == "closing").values(status="open", closing_at=None)
+    ).rowcount
     session.commit()
     return moved
 
 
-def abort_close(session: Session, round_: Round, error: str) -> None:
-    """closing → failed, and the job with it (aggregation could not finish: a missing file, a worker error)."""
-    session.execute(update(Round).where(Round.id == round_.id).values(status="failed", closed_at=utcnow()))
+def reopen_stale_closes(session: Session, older_than: timedelta) -> int:
+    """closing → open for closes that began more than ``older_than`` ago (longer than any close may take: the
+    process running it died) → how many. With several API processes this is how a round left mid-close gets
+    closed again; should the old closer still be alive, its attempt no longer holds the round."""
+    stale = or_(Round.closing_at.is_(None), Round.closing_at < utcnow() - older_than)
+    moved = session.execute(
+        update(Round).where(Round.status == "closing", stale).values(status="open", closing_at=None)
+    ).rowcount
     session.commit()
-    fail(session, round_.job_id, f"round {round_.index}: {error}", ("running",))
+    return moved
+
+
+def abort_close(session: Session, round_: Round, closing_at: datetime, error: str) -> None:
+    """closing → failed, and the job with it (aggregation could not finish: a missing file, a worker error)."""
+    moved = session.execute(
+        update(Round).where(_closing(round_, closing_at)).values(status="failed", closed_at=utcnow())
+    ).rowcount
+    session.commit()
+    if moved:
+        fail(session, round_.job_id, f"round {round_.index}: {error}", ("running",))
 
 
 def reopen(session: Session, round_: Round, timeout_s: float) -> bool:

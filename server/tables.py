@@ -167,6 +167,7 @@ class Round(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     index: Mapped[int]
     status: Mapped[str] = mapped_column(String(16), doc="open, closing, closed, failed")
+    closing_at: Mapped[datetime | None] = mapped_column(doc="when the current close began: it names the attempt")
     b_sha256: Mapped[str] = mapped_column(String(64))
     deadline_at: Mapped[datetime | None] = mapped_column(doc="set when the first client leases the round")
     reopened: Mapped[int] = mapped_column(default=0)

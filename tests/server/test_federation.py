@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load
+from sqlalchemy import select
 
 from tests.server.factories import (
     ADMIN,
@@ -306,6 +307,79 @@ def test_a_round_left_closing_by_a_stopped_server_is_closed_by_the_next(
     assert done["status"] == "succeeded", done["error"]
     (closed,) = rounds(client, job["id"])
     assert closed["status"] == "closed" and len([c for c in closed["clients"] if c["status"] == "reported"]) == 2
+
+
+def _set_closing(settings, job_id: int, closing_at) -> None:
+    """The job's round "closing" since ``closing_at``, its deadline past (once reopened, the sweep closes it)."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from server.db import make_engine
+    from server.tables import Round, utcnow
+
+    engine = make_engine(settings.db_url)
+    past = utcnow() - timedelta(seconds=1)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                update(Round)
+                .where(Round.job_id == job_id)
+                .values(status="closing", closing_at=closing_at, deadline_at=past)
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_close_left_by_a_dead_api_process_is_reopened_by_the_sweep_once_stale(
+    client: TestClient, world: dict, settings
+):
+    """With several API processes no start-up may reopen a "closing" round (a live process may be closing it): the
+    sweep reopens a close only once it is older than any close may take, and then closes the round."""
+    from server.federation import stale_close_after
+    from server.tables import utcnow
+
+    join(client, world, "a", "b", "c")
+    job = submit(client, world, rounds=1, clients_per_round=3, min_clients=2, round_timeout_s=600)
+    parts = {name: lease(client, world, name) for name in "ab"}
+    for i, name in enumerate("ab"):
+        assert report(client, world, name, parts[name], i)[0].status_code == 201
+    client.app.state.verify_pool = InlinePool()
+    _set_closing(settings, job["id"], utcnow())  # a live close, just begun
+    time.sleep(1.5)  # three sweeps (every 0.5 s)
+    assert rounds(client, job["id"])[0]["status"] == "closing"  # left alone
+    _set_closing(settings, job["id"], utcnow() - stale_close_after(settings) - (stale_close_after(settings) / 10))
+    done = wait_for(lambda: _finished(client, job["id"]), 60, "the stale close to be reopened and the round closed")
+    assert done["status"] == "succeeded", done["error"]
+    assert rounds(client, job["id"])[0]["status"] == "closed"
+
+
+def test_a_close_given_up_on_cannot_publish_or_fail_the_round(client: TestClient, world: dict):
+    """A closer whose attempt was reopened as stale and taken by another: its finish raises CloseTakenOver (the
+    caller rolls back what it would have published), its abort leaves the job alone; the new attempt finishes."""
+    from datetime import timedelta
+
+    from server import jobstate
+    from server.tables import Round
+
+    join(client, world, "a", "b")
+    job = submit(client, world, rounds=1, clients_per_round=2, round_timeout_s=600)
+    lease(client, world, "a")
+    with client.app.state.sessionmaker() as session:
+        round_ = session.scalars(select(Round).where(Round.job_id == job["id"])).one()
+        old = jobstate.begin_close(session, round_.id)
+        assert old is not None and jobstate.begin_close(session, round_.id) is None  # one closer at a time
+        assert jobstate.reopen_stale_closes(session, timedelta(0)) == 1
+        new = jobstate.begin_close(session, round_.id)
+        assert new is not None and new != old
+        with pytest.raises(jobstate.CloseTakenOver):
+            jobstate.finish_close(session, round_, old, 1, {}, round_.b_sha256)
+        session.rollback()
+        jobstate.abort_close(session, round_, old, "the old closer's error")
+        assert rounds(client, job["id"])[0]["status"] == "closing"
+        assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "running"
+        jobstate.retry_close(session, round_, new)  # the new attempt may give the round back
+    assert rounds(client, job["id"])[0]["status"] == "open"
 
 
 def test_a_round_log_that_is_not_the_round_part_is_refused(client: TestClient, world: dict):
