@@ -84,8 +84,9 @@ class ProgramConfig(BaseModel):
             targets=tuple(get("targets")),
             a_seed=get("a_seed"),
             backend=get("program_backend"),
-            quantize=get("quantize") or defaults.QUANTIZE,  # specs stored before quantization have neither
+            quantize=get("quantize") or defaults.QUANTIZE,  # specs stored before these fields have none
             group_size=get("group_size") or defaults.GROUP_SIZE,
+            parallel=get("parallel") or defaults.PARALLEL,
             chat=chat,
         )
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared import defaults
-from shared.backends import DeviceBackend, ProgramBackend, Quantization
+from shared.backends import DeviceBackend, Parallel, ProgramBackend, Quantization
 from shared.errors import FieldError, UsageError
 from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
 
@@ -193,6 +193,11 @@ class HyperParams(BaseModel):
     a_seed: int = Field(default=defaults.A_SEED, ge=0, le=_MAX_SEED, description="seed of the frozen LoRA A matrices")
     program_backend: ProgramBackend = defaults.PROGRAM_BACKEND
     quantize: Quantization = Field(default=defaults.QUANTIZE, description="the program's frozen base linears")
+    parallel: Parallel = Field(
+        default=defaults.PARALLEL,
+        description="how a mobizo step runs its 2q paths: both (one pass), outer (queries side by side, ± in turn), "
+        "inner (± side by side, queries in turn) or none (one path at a time, the MeZO way); the same losses and B",
+    )
     group_size: int = Field(default=defaults.GROUP_SIZE, ge=32, le=4096, multiple_of=32, description="per 4-bit scale")
 
     @model_validator(mode="after")

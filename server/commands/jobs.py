@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
-from shared.backends import DEVICE_BACKENDS, PROGRAM_BACKENDS, QUANTIZATIONS
+from shared.backends import DEVICE_BACKENDS, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
 from shared.errors import ExitCode, cli_flag
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
@@ -36,6 +36,7 @@ _FIELDS = (
     "program_backend",
     "quantize",
     "group_size",
+    "parallel",
     "device_id",
     "device_backend",
     "init_adapter_id",
@@ -53,7 +54,22 @@ _FEDERATION = (
     "max_abs_g",
 )
 _PERSONAL_ONLY = ("model", "task", "template", "verbalizer", "steps", "device_id", "device_backend", "init_adapter_id")
-_HYPER = ("q", "batch_size", "lr", "eps", "rank", "alpha", "seq_len", "answer_len", "seed", "a_seed", "program_backend")
+_HYPER = (
+    "q",
+    "batch_size",
+    "lr",
+    "eps",
+    "rank",
+    "alpha",
+    "seq_len",
+    "answer_len",
+    "seed",
+    "a_seed",
+    "program_backend",
+    "quantize",
+    "group_size",
+    "parallel",
+)
 
 
 def _add_submit(sub: argparse._SubParsersAction) -> None:
@@ -97,6 +113,11 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--targets", help="comma-separated module names (default q_proj,v_proj)")
     p.add_argument(cli_flag("program_backend"), dest="program_backend", choices=PROGRAM_BACKENDS)
     p.add_argument(cli_flag("quantize"), choices=QUANTIZATIONS, help="the program's frozen base linears (default none)")
+    p.add_argument(
+        cli_flag("parallel"),
+        choices=PARALLEL_MODES,
+        help="how a step runs its 2q paths: both (one pass, default), outer, inner or none (one at a time)",
+    )
     p.add_argument(cli_flag("device_id"), dest="device_id", type=int, help="run on this device only")
     p.add_argument(cli_flag("device_backend"), choices=DEVICE_BACKENDS)
     p.add_argument(

@@ -111,3 +111,20 @@ def test_list_is_newest_first_and_paginated(client, user):
     ids = [submit_job(client, user)["id"] for _ in range(3)]
     page = client.get("/v1/jobs", params={"limit": 2}, headers=user).json()
     assert page["count"] == 3 and [j["id"] for j in page["data"]] == ids[::-1][:2]
+
+
+def test_the_schedule_and_quantization_of_a_job_spec_are_part_of_its_program() -> None:
+    """``parallel`` and ``quantize`` travel from the job spec into the program config, hence its key: two jobs
+    differing only there share no program; a spec stored before the fields existed gets the defaults."""
+    from server.compile import program_config, program_key
+    from shared import defaults
+    from shared.schemas import HyperParams
+
+    base = HyperParams(q=2, batch_size=4).model_dump(mode="json")
+    configs = {p: program_config(base | {"parallel": p}, answer_len=1) for p in ("both", "outer", "inner", "none")}
+    assert [c["parallel"] for c in configs.values()] == ["both", "outer", "inner", "none"]
+    assert len({program_key("m", c, 1) for c in configs.values()}) == 4
+    assert program_config(base | {"quantize": "8da4w"}, 1)["quantize"] == "8da4w"
+    old = {k: v for k, v in base.items() if k not in ("parallel", "quantize", "group_size")}
+    assert program_config(old, 1) == program_config(base, 1)
+    assert program_config(old, 1)["parallel"] == defaults.PARALLEL
