@@ -16,6 +16,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,10 +166,17 @@ def local_examples(ctx: AgentContext, lease: LeasePublic) -> tuple:
 
 
 def evaluate_held_out(
-    ctx: AgentContext, lease: LeasePublic, run: TrainRun, tokenizer_file: Path, final_b: np.ndarray
+    ctx: AgentContext,
+    lease: LeasePublic,
+    run: TrainRun,
+    tokenizer_file: Path,
+    records: list[dict],
+    final_b: np.ndarray,
 ) -> list[dict]:
-    """Accuracy and loss on the held-out slice with the starting B (step 0) and the trained one ([] without a
-    slice). Run by the ExecuTorch runtime on this host with the job's own program, whatever backend trained."""
+    """Accuracy and loss on the held-out slice with the starting B (step 0), every ``eval_every`` steps when the
+    job asks, and with the trained B ([] without a slice). Run by the ExecuTorch runtime on this host with the
+    job's own program, whatever backend trained. B at an intermediate step k is rebuilt from the log by replay
+    (``b_at_steps``), so training never pauses to evaluate and a resumed job measures the same points."""
     from device_agent.et_program import ProgramSession
     from device_agent.evaluation import evaluate_program
     from device_agent.local_data import program_shape
@@ -178,13 +186,33 @@ def evaluate_held_out(
     if not held_out:
         return []
     session, tokenizer = ProgramSession(run.program, run.weights), load_tokenizer_file(tokenizer_file)
-    shape, start = program_shape(run.manifest.config), run.init_b
+    shape, steps = program_shape(run.manifest.config), lease.spec.steps
     evals = []
-    for step, b in ((0, start), (lease.spec.steps, final_b)):
+    points = [*b_at_steps(run.init_b, records, eval_steps(steps, lease.spec.eval_every)[:-1]), (steps, final_b)]
+    for step, b in points:
         session.set_b(b)
         evals.append({"step": step, **evaluate_program(session, held_out, tokenizer, shape, task.kind)})
-    ctx.reporter.event("held_out", job_id=lease.job_id, before=evals[0], after=evals[1])
+        ctx.reporter.event("held_out_step", job_id=lease.job_id, **evals[-1])
+    ctx.reporter.event("held_out", job_id=lease.job_id, before=evals[0], after=evals[-1])
     return evals
+
+
+def eval_steps(steps: int, every: int | None) -> list[int]:
+    """0, every K steps, and the last step, ascending."""
+    return sorted({0, steps, *(range(every, steps, every) if every else ())})
+
+
+def b_at_steps(init_b: np.ndarray, records: list[dict], steps: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+    """(k, B after k steps) for each k of ``steps`` (ascending), replaying the log from ``init_b``: the same
+    update the device ran, so B_k is bit for bit the device's (the server's replay check rests on it)."""
+    import torch
+
+    from shared.replay import replay
+
+    b, done = torch.from_numpy(np.asarray(init_b, dtype=np.float32)), 0
+    for k in steps:
+        b, done = replay(b, records[done:k]), k
+        yield k, b.numpy()
 
 
 def train(
@@ -228,9 +256,10 @@ def train(
         "backend": ctx.backend.name,
         "job_id": lease.job_id,
         "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
-        "eval": evaluate_held_out(ctx, lease, run, tokenizer_file, outcome.b),
     }
-    metrics = training_metrics(lease.manifest, read_complete(jobs.log), seconds, extra)
+    records = read_complete(jobs.log)
+    extra["eval"] = evaluate_held_out(ctx, lease, run, tokenizer_file, records, outcome.b)
+    metrics = training_metrics(lease.manifest, records, seconds, extra)
     atomic_write_bytes(jobs.b_flat, b_file_bytes(outcome.b))
     atomic_write_bytes(jobs.metrics, json.dumps(metrics, indent=2).encode())
     return "trained"

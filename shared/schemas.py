@@ -39,6 +39,7 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _MAX_SEED = 2**31 - 1
 MAX_DB_INT = 2**31 - 1  # the largest value of an INTEGER column (PostgreSQL): ids, memory_mb, steps
 _MAX_INT64 = 2**63 - 1
+MAX_EVALS = 1000  # held-out measurements of one job (eval_every): each costs a pass over the slice on the device
 MAX_LABELS = 256  # a verbalizer's labels: each is scored on every evaluation example
 
 
@@ -183,6 +184,13 @@ class HyperParams(BaseModel):
     q: int = Field(default=defaults.Q, ge=1, le=64)
     batch_size: int = Field(default=defaults.BATCH_SIZE, ge=1, le=1024)
     steps: int | None = Field(default=None, ge=1, le=1_000_000, description="default: the method's")
+    eval_every: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="also measure the device's held-out slice every K steps (a curve in the adapter's held_out); "
+        f"at most {MAX_EVALS} points; default: before and after only",
+    )
     lr: float | None = Field(default=None, gt=0, le=1, description="default: the method's")
     eps: float | None = Field(default=None, gt=0, le=1, description="default: the method's")
     rank: int = Field(default=defaults.RANK, ge=1, le=256)
@@ -207,6 +215,8 @@ class HyperParams(BaseModel):
             if getattr(self, name) is None:
                 setattr(self, name, getattr(chosen, name))
         examples_per_query(self.batch_size, self.q)
+        if self.eval_every is not None and self.steps // self.eval_every > MAX_EVALS:
+            raise FieldError("eval_every", f"{self.steps} steps every {self.eval_every} is over {MAX_EVALS} points")
         if len(set(self.targets)) != len(self.targets) or not all(t.isidentifier() for t in self.targets):
             raise FieldError("targets", "module names must be distinct identifiers like q_proj")
         return self
@@ -492,20 +502,22 @@ class EvalMetrics(_Metrics):
 
 class HeldOut(BaseModel):
     """What personalization did on the device's held-out slice of its own data: the base (``before``, step 0) and
-    the trained adapter (``after``), measured on the device by the program; no example leaves the device."""
+    the trained adapter (``after``), measured on the device by the program; no example leaves the device. With
+    the job's ``eval_every``, ``curve`` holds every measurement, step by step."""
 
     n: int | None = None
     before: EvalMetrics
     after: EvalMetrics
+    curve: list[EvalMetrics] | None = None
 
     @classmethod
     def from_metrics(cls, metrics: dict[str, Any]) -> HeldOut | None:
-        """From an upload's ``eval`` entries (first and last), or None when the device measured nothing."""
-        evals = metrics.get("eval") or []
+        """From an upload's ``eval`` entries (first and last; all of them as the curve when there are more than
+        two), or None when the device measured nothing."""
+        evals = [EvalMetrics.model_validate(e) for e in metrics.get("eval") or []]
         if len(evals) < 2:
             return None
-        before, after = EvalMetrics.model_validate(evals[0]), EvalMetrics.model_validate(evals[-1])
-        return cls(n=after.n, before=before, after=after)
+        return cls(n=evals[-1].n, before=evals[0], after=evals[-1], curve=evals if len(evals) > 2 else None)
 
 
 class UploadMetrics(_Metrics):

@@ -256,11 +256,12 @@ def test_jobs_are_leased_only_to_devices_with_the_memory_they_need(stack: Stack)
 
 
 def test_the_device_measures_its_adapter_on_held_out_data(stack: Stack, local_data: Path, capsys) -> None:
-    """Accuracy and loss before and after training on a slice of the device's own data that it did not train on,
-    uploaded with the result: in the job (``mobizo jobs show``) and in the adapter's registry entry."""
+    """Accuracy and loss before, every ``eval_every`` steps and after training on a slice of the device's own
+    data that it did not train on, uploaded with the result: in the job (``mobizo jobs show``) and in the
+    adapter's registry entry."""
     import json
 
-    job_id = stack.submit(steps=20, eval_examples=10)
+    job_id = stack.submit(steps=20, eval_examples=10, eval_every=8)
     agent = make_agent(stack, local_data, "held-out")
     assert agent.start().wait() == 0, agent.tail()
     data = [e for e in agent.events() if e["event"] == "data"]
@@ -273,4 +274,10 @@ def test_the_device_measures_its_adapter_on_held_out_data(stack: Stack, local_da
     assert (held_out["before"]["step"], held_out["after"]["step"]) == (0, 20)
     assert held_out["before"]["loss"] != held_out["after"]["loss"]  # B moved (lr 0.5 on the tiny model)
     assert all(0 <= held_out[k]["accuracy"] <= 1 for k in ("before", "after"))
-    assert stack.adapter(job_id)["metrics"]["eval"] == [held_out["before"], held_out["after"]]
+    curve = held_out["curve"]
+    assert [e["step"] for e in curve] == [0, 8, 16, 20] and (curve[0], curve[-1]) == (
+        held_out["before"],
+        held_out["after"],
+    )
+    assert len({e["loss"] for e in curve}) == 4  # B_8 and B_16, rebuilt from the log, are not B_0 or B_20
+    assert stack.adapter(job_id)["metrics"]["eval"] == curve
