@@ -152,6 +152,18 @@ def submit_job(client: TestClient, user: dict[str, str], **overrides: Any) -> di
     return r.json()
 
 
+def leased_job(client: TestClient, model_dir: Path) -> dict[str, Any]:
+    """A user, their phone and a job it has leased on a fake model (fake compile), with a fake training's B and log:
+    what the result and inference tests start from."""
+    register_model(client, make_fake_model(model_dir))
+    user = create_user(client)
+    phone = enroll_device(client, user)
+    job = submit_job(client, user)
+    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
+    return {"user": user, "phone": phone, "job": job, "lease": lease, "b": b, "log": log}
+
+
 def b_flat_bytes(values: np.ndarray, name: str = "b_flat") -> bytes:
     return save({name: values})
 

@@ -13,10 +13,8 @@ from tests.server.factories import (
     b_flat_bytes,
     create_user,
     enroll_device,
-    fake_training,
-    make_fake_model,
+    leased_job,
     register_model,
-    submit_job,
     upload,
 )
 
@@ -24,15 +22,11 @@ from tests.server.factories import (
 @pytest.fixture
 def adapter(client, tmp_path):
     """A user with a trained adapter (fake model, fake compile), a device of theirs, and another user's device."""
-    register_model(client, make_fake_model(tmp_path / "model"))
-    user = create_user(client)
-    phone = enroll_device(client, user)
-    job = submit_job(client, user)
-    lease = client.post("/v1/leases", headers=phone["headers"]).json()
-    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
-    adapter_id = upload(client, phone, job["id"], b_flat_bytes(b), log).json()["adapter_id"]
+    leased = leased_job(client, tmp_path / "model")
+    b, phone = leased["b"], leased["phone"]
+    adapter_id = upload(client, phone, leased["job"]["id"], b_flat_bytes(b), leased["log"]).json()["adapter_id"]
     bobs_phone = enroll_device(client, create_user(client, "bob"))
-    return {"id": adapter_id, "user": user, "phone": phone, "bob": bobs_phone, "b": b}
+    return {"id": adapter_id, "user": leased["user"], "phone": phone, "bob": bobs_phone, "b": b}
 
 
 def test_device_reads_its_users_adapter_and_b(client, adapter, tmp_path):

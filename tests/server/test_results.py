@@ -15,8 +15,7 @@ from tests.server.factories import (
     create_user,
     enroll_device,
     fake_training,
-    make_fake_model,
-    register_model,
+    leased_job,
     submit_job,
     upload,
 )
@@ -24,13 +23,7 @@ from tests.server.factories import (
 
 @pytest.fixture
 def leased(client, tmp_path):
-    register_model(client, make_fake_model(tmp_path / "model"))
-    user = create_user(client)
-    phone = enroll_device(client, user)
-    job = submit_job(client, user)
-    lease = client.post("/v1/leases", headers=phone["headers"]).json()
-    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
-    return {"user": user, "phone": phone, "job": job, "lease": lease, "b": b, "log": log}
+    return leased_job(client, tmp_path / "model")
 
 
 def _nothing_stored(client, leased) -> None:
