@@ -27,7 +27,7 @@ from shared.manifest import (
     InferenceManifest,
     manifest_path,
 )
-from shared.program import _is_frozen_weight, _Method, _program_file, _tokenizer_file
+from shared.program import MethodModule, is_frozen_weight, program_file, store_tokenizer
 from shared.ptd import WEIGHTS_TAG, store_weights
 
 CACHE = "kv_cache"  # prefix of the KV cache buffers: mutable, zero-initialised, never in the .ptd
@@ -84,7 +84,7 @@ def build_inference_module(model: nn.Module, cfg: InferenceConfig) -> InferenceM
 def _weights_tag(node: torch.fx.Node) -> str | None:
     """The training programs' rule (everything constant but B goes to the .ptd), the KV cache excepted."""
     name = str(node.target if node.op == "get_attr" else node.name)
-    return WEIGHTS_TAG if _is_frozen_weight(node) and CACHE not in name else None
+    return WEIGHTS_TAG if is_frozen_weight(node) and CACHE not in name else None
 
 
 def _method_inputs(module: InferenceModule) -> dict[str, tuple[tuple, tuple | None]]:
@@ -109,9 +109,9 @@ def lower(module: InferenceModule, backend: str):
     programs = {}
     with torch.no_grad():
         for method, (inputs, dynamic) in _method_inputs(module).items():
-            # _Method takes *args, so its dynamic shapes nest once more than the unlifted module's.
+            # MethodModule takes *args, so its dynamic shapes nest once more than the unlifted module's.
             exported = torch.export.export(
-                _Method(module, method), inputs, dynamic_shapes=(dynamic,) if dynamic else None, strict=False
+                MethodModule(module, method), inputs, dynamic_shapes=(dynamic,) if dynamic else None, strict=False
             )
             if backend == "xnnpack":
                 unlifted = exported.module()
@@ -155,7 +155,7 @@ def export_inference_program(
     manager = lower(module, cfg.backend)
     atomic_write(out_pte, manager.write_to_file)
     ptd_path, ptd_sha = store_weights(manager, store)
-    tok_path, tok_sha = _tokenizer_file(tokenizer, store)
+    tok_path, tok_sha = store_tokenizer(tokenizer, store)
     manifest = InferenceManifest(
         format=INFERENCE_FORMAT_VERSION,
         model=str(Path(model_dir).resolve()),
@@ -165,9 +165,9 @@ def export_inference_program(
         lora_size=module.lora.size,
         vocab_size=model.config.vocab_size,
         stop_token_ids=sorted(stop_token_ids(tokenizer, model.generation_config.eos_token_id)),
-        pte=_program_file(out_pte),
-        ptd=_program_file(ptd_path, ptd_sha),
-        tokenizer=_program_file(tok_path, tok_sha),
+        pte=program_file(out_pte),
+        ptd=program_file(ptd_path, ptd_sha),
+        tokenizer=program_file(tok_path, tok_sha),
         export_seconds=round(time.perf_counter() - started, 2),
     )
     atomic_write_bytes(manifest_path(out_pte), manifest.to_json())

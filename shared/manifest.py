@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
@@ -120,9 +120,29 @@ class ProgramInputs(BaseModel):
     padding: str
 
 
-class ProgramManifest(BaseModel):
-    """``FILE.json`` beside ``FILE.pte``. ``model`` is the exporting machine's path of the base model; the server
-    leaves it out of leases, and the JSON then has no ``model`` key at all."""
+class _Manifest(BaseModel):
+    """What every program's ``FILE.json`` does, training or inference: ``model``, the exporting machine's path of
+    the base model, is left out of what devices get (the JSON then has no ``model`` key at all). Each subclass
+    declares its own fields, ``model`` included: their order is the order of the file's keys
+    (``docs/contracts.md``), and a field declared here would come first."""
+
+    @model_serializer(mode="wrap")
+    def _no_absent_model(self, handler):
+        data = handler(self)
+        if self.model is None:
+            data.pop("model", None)
+        return data
+
+    def for_device(self) -> Self:
+        """The manifest without the server's model path (none of a device's business)."""
+        return self.model_copy(update={"model": None})
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), indent=2).encode()
+
+
+class ProgramManifest(_Manifest):
+    """``FILE.json`` beside a training ``FILE.pte``."""
 
     format: int
     model: str | None = None
@@ -145,20 +165,6 @@ class ProgramManifest(BaseModel):
     def _format_1_init_b(cls, value: Any) -> Any:
         """Format 1 wrote ``false`` for a program starting from zeros (every server-compiled one): still readable."""
         return None if value is False else value
-
-    @model_serializer(mode="wrap")
-    def _no_absent_model(self, handler):
-        data = handler(self)
-        if self.model is None:
-            data.pop("model", None)
-        return data
-
-    def for_device(self) -> ProgramManifest:
-        """The manifest without the server's model path (none of a device's business)."""
-        return self.model_copy(update={"model": None})
-
-    def to_json(self) -> bytes:
-        return json.dumps(self.model_dump(mode="json"), indent=2).encode()
 
 
 def manifest_path(pte: Path) -> Path:
@@ -194,7 +200,7 @@ class InferenceConfig(BaseModel):
     backend: ProgramBackend = defaults.PROGRAM_BACKEND
 
 
-class InferenceManifest(BaseModel):
+class InferenceManifest(_Manifest):
     """``FILE.json`` beside an inference ``FILE.pte``: ``forward(tokens [1, T], input_pos [T]) -> logits [1, T, V]``
     with a KV cache of ``config.max_context`` positions inside the program, and ``set_lora_b(b [lora_size])``."""
 
@@ -210,19 +216,6 @@ class InferenceManifest(BaseModel):
     ptd: ProgramFile
     tokenizer: ProgramFile
     export_seconds: float
-
-    @model_serializer(mode="wrap")
-    def _no_absent_model(self, handler):
-        data = handler(self)
-        if self.model is None:
-            data.pop("model", None)
-        return data
-
-    def for_device(self) -> InferenceManifest:
-        return self.model_copy(update={"model": None})
-
-    def to_json(self) -> bytes:
-        return json.dumps(self.model_dump(mode="json"), indent=2).encode()
 
 
 def read_inference_manifest(pte: Path) -> InferenceManifest:

@@ -89,7 +89,7 @@ class MobileMPLoRA(nn.Module):
         }
 
 
-class _Method(nn.Module):
+class MethodModule(nn.Module):
     """Exposes one method of the step module as ``forward`` so that torch.export can trace it.
 
     Every method is traced through the same attribute name (``program``), so the B buffer has the same name in
@@ -117,7 +117,7 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel)
 
 
-def _is_frozen_weight(node: torch.fx.Node) -> bool:
+def is_frozen_weight(node: torch.fx.Node) -> bool:
     """Everything constant goes to the shared .ptd — base weights and the frozen A (the same for every program
     of a model with the default rank, targets and A seed); the mutable B is neither: it has no value in any file
     (the device sets it before step 1).
@@ -129,7 +129,7 @@ def _is_frozen_weight(node: torch.fx.Node) -> bool:
 
 
 def _weights_tag(node: torch.fx.Node) -> str | None:
-    return WEIGHTS_TAG if _is_frozen_weight(node) else None
+    return WEIGHTS_TAG if is_frozen_weight(node) else None
 
 
 def _tag_delegate_constants(module: nn.Module) -> None:
@@ -146,7 +146,7 @@ def _tag_delegate_constants(module: nn.Module) -> None:
         frozen: set[torch.fx.Node] = set()
         for node in graph_module.graph.nodes:
             computed = node.op == "call_function" and node.all_input_nodes
-            if (node.op == "get_attr" and _is_frozen_weight(node)) or (
+            if (node.op == "get_attr" and is_frozen_weight(node)) or (
                 computed and all(n in frozen for n in node.all_input_nodes)
             ):
                 node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
@@ -165,7 +165,7 @@ def lower(step: nn.Module, cfg: ProgramConfig):
     programs = {}
     with torch.no_grad():
         for method, args in inputs.items():
-            exported = torch.export.export(_Method(step, method), args, strict=False)
+            exported = torch.export.export(MethodModule(step, method), args, strict=False)
             if cfg.backend == "xnnpack":
                 # Weights that XNNPACK takes are tagged before lowering, so they too land in the .ptd.
                 unlifted = exported.module()
@@ -190,7 +190,9 @@ def lower(step: nn.Module, cfg: ProgramConfig):
     )
 
 
-def _tokenizer_file(tokenizer, store: Path) -> tuple[Path, str]:
+def store_tokenizer(tokenizer, store: Path) -> tuple[Path, str]:
+    """The tokenizer as one JSON file in ``store``, named by its content (training and inference programs of a
+    model share it) → (path, sha256)."""
     from shared.files import atomic_write_bytes, store_by_content
     from shared.tokenizer_file import tokenizer_bytes
 
@@ -243,7 +245,7 @@ def export_program(
     manager = lower(step, cfg)
     atomic_write(out_pte, manager.write_to_file)
     ptd_path, ptd_sha = store_weights(manager, store)
-    tok_path, tok_sha = _tokenizer_file(tokenizer, store)
+    tok_path, tok_sha = store_tokenizer(tokenizer, store)
     init_file = None if init_b is None else _init_b_file(out_pte, init_b)
     manifest = ProgramManifest(
         format=FORMAT_VERSION,
@@ -253,9 +255,9 @@ def export_program(
         lora=step.lora.modules,
         lora_size=step.lora.size,
         inputs=_input_spec(cfg),
-        pte=_program_file(out_pte),
-        ptd=_program_file(ptd_path, ptd_sha),
-        tokenizer=_program_file(tok_path, tok_sha),
+        pte=program_file(out_pte),
+        ptd=program_file(ptd_path, ptd_sha),
+        tokenizer=program_file(tok_path, tok_sha),
         init_b=init_file,
         memory_mb=memory_estimate_mb(model.config, cfg, ptd_path.stat().st_size + out_pte.stat().st_size),
         export_seconds=round(time.perf_counter() - started, 2),
@@ -274,10 +276,11 @@ def _init_b_file(out_pte: Path, init_b: torch.Tensor) -> ProgramFile:
     from shared.files import atomic_write_bytes
 
     path = atomic_write_bytes(init_b_path(out_pte), b_file_bytes(init_b.numpy()))
-    return _program_file(path)
+    return program_file(path)
 
 
-def _program_file(path: Path, sha256: str | None = None) -> ProgramFile:
+def program_file(path: Path, sha256: str | None = None) -> ProgramFile:
+    """A manifest's reference to one of its files (``sha256`` when the caller already knows it)."""
     from shared.files import sha256_file
 
     return ProgramFile(file=path.name, sha256=sha256 or sha256_file(path), size=path.stat().st_size)
