@@ -1,3 +1,2 @@
 """Benchmarks: one question per script (see each module docstring). Run them from the repository root as
-``python -m benchmarks.NAME``, so that ``benchmarks.*`` and the project's packages import (a script run by its path
-would also see ``benchmarks/server.py`` as the ``server`` package)."""
+``python -m benchmarks.NAME``, so that ``benchmarks.*`` and the project's packages import."""

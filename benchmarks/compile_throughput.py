@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.server import ADMIN, SPEC, running_server
+from benchmarks.server_load import ADMIN, SPEC, running_server
 
 
 def _configs(n: int) -> list[dict]:

@@ -46,7 +46,7 @@ from benchmarks.federation import (
     _shards,
     federation_arguments,
 )
-from benchmarks.server import ADMIN, REPO, running_server
+from benchmarks.server_load import ADMIN, REPO, running_server
 from shared.train_log import log_line
 
 

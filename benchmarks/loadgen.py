@@ -4,7 +4,7 @@ bytes out.
 Why not httpx: its async client spends about 1.2 ms of CPU per request here, about half of what the server spends
 answering it. On a 2-core machine whose cores the load generator shares with the server and the database, the
 benchmark would mostly measure its own client. This one does only what the lease and heartbeat mix needs (POST, a
-``Content-Length`` body, keep-alive) and costs a fraction of that; ``benchmarks/server.py`` reports the client's
+``Content-Length`` body, keep-alive) and costs a fraction of that; ``benchmarks/server_load.py`` reports the client's
 CPU per request next to the server's figures so that the share is visible.
 """
 

@@ -1,6 +1,6 @@
 """What does one lease or heartbeat cost the API itself? The app in this process (``TestClient``: no socket, no
 load generator beside it, a fake compile queue), one device looping lease → 5 heartbeats over queued jobs;
-milliseconds per request, on SQLite and (``--database-url``) PostgreSQL. Read against ``benchmarks/server.py``:
+milliseconds per request, on SQLite and (``--database-url``) PostgreSQL. Read against ``benchmarks/server_load.py``:
 1000 / (ms per request) is what one core can serve before any network or client cost.
 
     python -m benchmarks.request_cost --rounds 100 --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from benchmarks.server import pg_schema
+from benchmarks.server_load import pg_schema
 from server.app import create_app
 from server.settings import Settings
 from tests.server.factories import (

@@ -18,8 +18,8 @@ alone, then while ``--noisy-devices`` devices of another user upload well-formed
 does not give (each costs a full replay before it is refused), over and over. The quiet user's p95 upload time
 with the noise should stay within 2x of the quiet case.
 
-    python -m benchmarks.server --devices 32 --duration 15 --out runs/bench_server.json
-    python -m benchmarks.server --devices 32 --open-devices 256 --noisy-uploads 0 \
+    python -m benchmarks.server_load --devices 32 --duration 15 --out runs/bench_server.json
+    python -m benchmarks.server_load --devices 32 --open-devices 256 --noisy-uploads 0 \
         --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test --broker-url redis://127.0.0.1:6379/0 \
         --api-workers 1,2,4
 """
