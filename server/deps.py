@@ -12,14 +12,16 @@ getters are ``async`` so that they need no thread at all.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import Connection, Engine, bindparam, select, update
+from sqlalchemy import Connection, Engine, bindparam, or_, select, update
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from server.compile_queue import CompileQueue
 from server.db import read_only
@@ -140,18 +142,53 @@ def get_current_device(credentials: Credentials, session: SessionDep, settings: 
     return device
 
 
-_DEVICE = select(Device.user_id, Device.token_hash, Device.backend, Device.memory_mb, Device.last_seen_at).where(
-    Device.id == bindparam("id")
-)  # built once (see jobstate._HEARTBEAT)
+class DeviceTokens:
+    """Device id → (token hash, user id), as this API process last read them: both are fixed at enrollment
+    (devices are never re-keyed or deleted), so an entry cannot go stale, and a device's token check then costs
+    no database read and no thread-pool hop. Should devices ever be revoked, this cache must learn of it.
+    Bounded: the least recently used entry goes. Used only on the event loop (``get_device_identity``), so it
+    needs no lock."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self._entries: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self._size = size
+
+    def get(self, device_id: int) -> tuple[str, int] | None:
+        entry = self._entries.get(device_id)
+        if entry is not None:
+            self._entries.move_to_end(device_id)
+        return entry
+
+    def put(self, device_id: int, entry: tuple[str, int]) -> None:
+        self._entries[device_id] = entry
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
 
 
-def get_device_identity(credentials: Credentials, engine: EngineDep, settings: SettingsDep) -> DeviceIdentity:
-    device_id, secret = _device_token(credentials, settings)
+_DEVICE = select(Device.token_hash, Device.user_id).where(Device.id == bindparam("id"))  # built once
+
+
+def _read_device(engine: Engine, device_id: int) -> tuple[str, int] | None:
     with read_only(engine) as conn:
         row = conn.execute(_DEVICE, {"id": device_id}).first()
-    if row is None or not secret_matches(secret, row.token_hash):
+    return None if row is None else (row.token_hash, row.user_id)
+
+
+async def get_device_identity(request: Request, credentials: Credentials, settings: SettingsDep) -> DeviceIdentity:
+    """The device a token names (401/403 as ``get_current_device``), from this process's ``DeviceTokens``; the
+    first request of a device reads its row in a worker thread."""
+    device_id, secret = _device_token(credentials, settings)
+    tokens: DeviceTokens = request.app.state.device_tokens
+    known = tokens.get(device_id)
+    if known is None:
+        known = await run_in_threadpool(_read_device, request.app.state.engine, device_id)
+        if known is None:
+            raise _unauthorized("invalid token")
+        tokens.put(device_id, known)
+    token_hash, user_id = known
+    if not secret_matches(secret, token_hash):
         raise _unauthorized("invalid token")
-    return DeviceIdentity(device_id, row.user_id, row.backend, row.memory_mb, row.last_seen_at)
+    return DeviceIdentity(device_id, user_id)
 
 
 def seen_is_due(last_seen_at: datetime | None) -> bool:
@@ -160,10 +197,21 @@ def seen_is_due(last_seen_at: datetime | None) -> bool:
     return last_seen_at is None or utcnow() - last_seen_at > LAST_SEEN_EVERY
 
 
+_SEEN = (
+    update(Device)
+    .where(
+        Device.id == bindparam("device"),
+        or_(Device.last_seen_at.is_(None), Device.last_seen_at < bindparam("due")),
+    )
+    .values(last_seen_at=bindparam("now"))
+)  # built once
+
+
 def record_seen(conn: Connection, device: DeviceIdentity) -> None:
-    """``last_seen_at`` of a ``DeviceIdentity``, when due (in the caller's write transaction)."""
-    if seen_is_due(device.last_seen_at):
-        conn.execute(update(Device).where(Device.id == device.id).values(last_seen_at=utcnow()))
+    """``last_seen_at`` of the device, if it is over 30 s old, in the caller's write transaction: one UPDATE that
+    mostly changes nothing, instead of reading the row first."""
+    now = utcnow()
+    conn.execute(_SEEN, {"device": device.id, "due": now - LAST_SEEN_EVERY, "now": now})
 
 
 def require_any(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> None:

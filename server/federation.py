@@ -34,7 +34,7 @@ from server import jobstate, registry
 from server.pool import WorkerDied, WorkerPool, WorkTimedOut
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.tables import Adapter, CohortMember, DeviceIdentity, Job, Model, Program, Round, RoundClient, utcnow
+from server.tables import Adapter, CohortMember, Job, LeasingDevice, Model, Program, Round, RoundClient, utcnow
 from server.verify import b_size, package_adapter
 from shared.aggregate import next_global_b
 from shared.b_file import b_file_bytes, read_b_file
@@ -81,7 +81,7 @@ def _d(session: Session, job: Job) -> int:
     return b_size(session.get_one(Program, job.program_id).manifest)
 
 
-def _candidates(session: Session, device: DeviceIdentity) -> list[Job]:
+def _candidates(session: Session, device: LeasingDevice) -> list[Job]:
     """Federated jobs of the cohorts the device's user is in now, that the device fits, oldest first."""
     member_of = select(CohortMember.cohort_id).where(
         CohortMember.user_id == device.user_id, CohortMember.left_at.is_(None)
@@ -108,7 +108,7 @@ def _slots_taken(session: Session, round_id: int) -> int:
     )
 
 
-def lease_round(session: Session, store: ArtifactStore, device: DeviceIdentity, lease_s: int) -> RoundClient | None:
+def lease_round(session: Session, store: ArtifactStore, device: LeasingDevice, lease_s: int) -> RoundClient | None:
     """Round work for the device, or None: the open round of the oldest federated job it can join (its user is a
     member, has no part in that round yet, and fewer than K clients hold or finished a part). Committed."""
     for job in _candidates(session, device):

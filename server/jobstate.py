@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Update, and_, bindparam, case, or_, select, t
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.tables import DeviceIdentity, Job, Model, Program, Round, RoundClient, utcnow
+from server.tables import Device, Job, LeasingDevice, Model, Program, Round, RoundClient, utcnow
 from shared.manifest import ProgramManifest
 from shared.schemas import TERMINAL_STATUSES, HeartbeatCreate, JobCreate, JobSpec
 
@@ -131,7 +131,7 @@ def fail(session: Session, job_id: int, error: str, from_statuses: tuple[str, ..
     return bool(moved)
 
 
-def device_failed(session: Session, job: Job, device: DeviceIdentity, error: str) -> bool:
+def device_failed(session: Session, job: Job, device: Device, error: str) -> bool:
     """running → failed with the device's reason, if the device holds the job's lease."""
     moved = session.execute(
         update(Job)
@@ -143,7 +143,7 @@ def device_failed(session: Session, job: Job, device: DeviceIdentity, error: str
     return bool(moved)
 
 
-def succeed(session: Session, job: Job, device: DeviceIdentity, steps: int) -> bool:
+def succeed(session: Session, job: Job, device: Device, steps: int) -> bool:
     """running → succeeded if the device still holds the lease; the caller commits, together with the adapter."""
     moved = session.execute(
         update(Job)
@@ -200,7 +200,7 @@ def fits_memory(free_mb: int | None):
     return or_(needs.is_(None), needs <= free_mb)
 
 
-def lease_next(session: Session, device: DeviceIdentity, lease_s: int) -> Job | None:
+def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | None:
     """Hand the oldest ready job of the device's user that fits it to the device (ready → running).
 
     Fits: the job names this device or none, wants this device's backend or any, and its program's memory
@@ -287,7 +287,7 @@ def open_round(session: Session, job_id: int) -> Round | None:
 
 
 def lease_round_client(
-    session: Session, round_: Round, device: DeviceIdentity, seed: int, lease_s: int, timeout_s: float
+    session: Session, round_: Round, device: LeasingDevice, seed: int, lease_s: int, timeout_s: float
 ) -> RoundClient:
     """A new client of an open round on ``device``; the first one starts the round's clock (flushed)."""
     now = utcnow()

@@ -79,15 +79,20 @@ class Device(Base):
 
 
 class DeviceIdentity(NamedTuple):
-    """Who a device token names, read with one Core statement (``server.deps.get_device_identity``): the hot
-    paths (heartbeat, lease) need no more than this and no ORM object (identity-map loads were most of a request's
-    cost)."""
+    """Who a device token names: fixed at enrollment (devices are never re-keyed or deleted), so each API process
+    keeps it in memory (``server.deps.DeviceTokens``) and a heartbeat's token check reads no row."""
+
+    id: int
+    user_id: int
+
+
+class LeasingDevice(NamedTuple):
+    """A device asking for work, as it reports itself now: which jobs fit it (``jobstate.lease_next``)."""
 
     id: int
     user_id: int
     backend: str
     memory_mb: int | None
-    last_seen_at: datetime | None
 
 
 class Program(Base):

@@ -32,7 +32,7 @@ from server.deps import (
 from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.store import ArtifactStore
-from server.tables import Adapter, Device, DeviceIdentity, Job, Program, Round, RoundClient, utcnow
+from server.tables import Adapter, Device, DeviceIdentity, Job, LeasingDevice, Program, Round, RoundClient, utcnow
 from shared.manifest import ProgramFile, ProgramManifest
 from shared.schemas import (
     FileRef,
@@ -108,27 +108,30 @@ def _round_lease(session: Session, store: ArtifactStore, client: RoundClient, he
 def lease(
     device: DeviceId, session: SessionDep, settings: SettingsDep, store: StoreDep, body: LeaseCreate | None = None
 ) -> LeasePublic | Response:
-    if body is not None:  # what the device reports now replaces what it reported before
-        device = _report(session, device, body)
+    asking = _as_reported(session, device, body)  # what the device reports now replaces what it reported before
     record_seen(session.connection(), device)
     jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
-    job = jobstate.lease_next(session, device, settings.lease_s)
+    job = jobstate.lease_next(session, asking, settings.lease_s)
     if job is not None:
         return _lease(session, store, job, settings.heartbeat_s)
     if body is None or body.eligible is not False:  # round work only for devices whose policy holds
-        client = federation.lease_round(session, store, device, settings.lease_s)
+        client = federation.lease_round(session, store, asking, settings.lease_s)
         if client is not None:
             return _round_lease(session, store, client, settings.heartbeat_s)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-def _report(session: Session, device: DeviceIdentity, body: LeaseCreate) -> DeviceIdentity:
-    """The device as it reports itself now (backend, free memory), stored when it changed."""
-    backend = body.backend or device.backend
-    memory_mb = body.memory_mb if body.memory_mb is not None else device.memory_mb
-    if (backend, memory_mb) != (device.backend, device.memory_mb):
-        session.execute(update(Device).where(Device.id == device.id).values(backend=backend, memory_mb=memory_mb))
-    return device._replace(backend=backend, memory_mb=memory_mb)
+def _as_reported(session: Session, device: DeviceIdentity, body: LeaseCreate | None) -> LeasingDevice:
+    """The device with the backend and free memory it reports now (stored when they changed), else as stored."""
+    conn = session.connection()
+    stored = conn.execute(select(Device.backend, Device.memory_mb).where(Device.id == device.id)).one()
+    backend, memory_mb = stored.backend, stored.memory_mb
+    if body is not None:
+        backend = body.backend or backend
+        memory_mb = body.memory_mb if body.memory_mb is not None else memory_mb
+        if (backend, memory_mb) != (stored.backend, stored.memory_mb):
+            conn.execute(update(Device).where(Device.id == device.id).values(backend=backend, memory_mb=memory_mb))
+    return LeasingDevice(device.id, device.user_id, backend, memory_mb)
 
 
 @router.post(

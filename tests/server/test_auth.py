@@ -86,11 +86,37 @@ def test_devices_are_scoped_to_their_user(client):
     assert [d["name"] for d in client.get("/v1/devices", headers=alice).json()["data"]] == ["alice-phone"]
 
 
-def test_device_token_records_last_seen(client):
+def test_device_token_records_last_seen_at_most_every_30_s(client):
+    from datetime import timedelta
+
     device = enroll_device(client, create_user(client))
+
+    def seen():
+        with client.app.state.sessionmaker() as session:
+            return session.get(Device, device["id"]).last_seen_at
+
     assert client.post("/v1/leases", headers=device["headers"]).status_code == 204
+    first = seen()
+    assert first is not None
+    assert client.post("/v1/leases", headers=device["headers"]).status_code == 204
+    assert seen() == first  # within 30 s: not written again
     with client.app.state.sessionmaker() as session:
-        assert session.get(Device, device["id"]).last_seen_at is not None
+        session.get(Device, device["id"]).last_seen_at = first - timedelta(minutes=1)
+        session.commit()
+    assert client.post("/v1/leases", headers=device["headers"]).status_code == 204
+    assert seen() > first
+
+
+def test_a_known_device_with_a_wrong_secret_is_refused(client):
+    """The token check of a device this process has seen (``DeviceTokens``) still compares the secret."""
+    device = enroll_device(client, create_user(client))
+    assert client.post("/v1/leases", headers=device["headers"]).status_code == 204  # now cached
+    token = device["headers"]["Authorization"].split()[1]
+    wrong = token[:-1] + ("A" if token[-1] != "A" else "B")
+    r = client.post("/v1/leases", headers={"Authorization": f"Bearer {wrong}"})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    unknown = f"mbzd_{device['id'] + 1000}_{token.split('_', 2)[2]}"
+    assert client.post("/v1/leases", headers={"Authorization": f"Bearer {unknown}"}).status_code == 401
 
 
 def test_secret_comparison_helpers():
