@@ -11,7 +11,9 @@ Scale-out (``--api-workers 1,2,4`` with ``--broker-url``): PostgreSQL is measure
 processes (``mobizo server --workers N``, ``MOBIZO_QUEUE=celery``, one ``mobizo worker`` compiling), sharing one
 data dir so only the first run exports. Each run measures the closed loop above (``--devices`` clients, no think
 time: req/s, p50/p95/p99) and an open loop (``--open-devices`` simulated devices, each sending one request per
-second at fixed times whatever the answers: p50/p95/p99 measured from the scheduled time, and errors).
+second at fixed times whatever the answers: p50/p95/p99 measured from the scheduled time, and errors). The open
+loop's first ``--open-warmup`` seconds (every device connecting and taking its first lease at once) are reported
+apart (``open_warmup_*``); ``open_*`` is the steady state after them, ``open_all_*`` everything.
 
 Noisy neighbour (``--noisy-uploads N``, 0 to skip): a quiet user's device makes N small valid uploads, timed, first
 alone, then while ``--noisy-devices`` devices of another user upload well-formed 60,000-step logs whose B the log
@@ -187,10 +189,17 @@ def percentiles(kind: str, values: list[float]) -> dict[str, float]:
 
 
 async def open_device(
-    url: str, token: str, heartbeats: int, start: float, stop_at: float, lat: list[float], errors: list[str]
+    url: str,
+    token: str,
+    heartbeats: int,
+    start: float,
+    stop_at: float,
+    lat: list[tuple[float, float]],
+    errors: list[str],
 ) -> None:
     """One request per second at fixed times (lease, then ``heartbeats`` heartbeats, then the next lease);
-    latency counts from the scheduled time, so a slow server shows as latency, not as fewer requests."""
+    latency counts from the scheduled time, so a slow server shows as latency, not as fewer requests. ``lat``
+    gets (scheduled time, latency) pairs."""
     async with loadgen.Client(url, token) as http:
         job_id, beats, due = None, 0, start
         while due < stop_at:
@@ -209,12 +218,12 @@ async def open_device(
                     errors.append(str(r.status_code))
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 errors.append(type(exc).__name__)
-            lat.append(time.perf_counter() - due)
+            lat.append((due, time.perf_counter() - due))
             due += 1.0
 
 
-async def open_load(url: str, tokens: list[str], heartbeats: int, duration: float) -> dict:
-    lat: list[float] = []
+async def open_load(url: str, tokens: list[str], heartbeats: int, duration: float, warmup: float) -> dict:
+    lat: list[tuple[float, float]] = []
     errors: list[str] = []
     start = time.perf_counter() + 1.0
     phases = [start + i / len(tokens) for i in range(len(tokens))]  # spread over the first second
@@ -222,7 +231,11 @@ async def open_load(url: str, tokens: list[str], heartbeats: int, duration: floa
         *(open_device(url, t, heartbeats, p, start + duration, lat, errors) for t, p in zip(tokens, phases))
     )
     summary = {"open_devices": len(tokens), "open_requests": len(lat), "open_errors": len(errors)}
-    return summary | percentiles("open", lat)
+    summary["open_error_kinds"] = {kind: errors.count(kind) for kind in sorted(set(errors))}
+    steady = [latency for due, latency in lat if due >= start + warmup]
+    warming = [latency for due, latency in lat if due < start + warmup]
+    summary |= percentiles("open_warmup", warming) | percentiles("open_all", [latency for _, latency in lat])
+    return summary | percentiles("open", steady)
 
 
 NOISY_STEPS = 60_000
@@ -337,7 +350,8 @@ def bench_one(
         tokens = prepared.pop("tokens")
         result = {}
         if args.open_devices:  # first: the closed loop may use up its jobs
-            result |= asyncio.run(open_load(url, tokens[: args.open_devices], args.heartbeats, args.duration))
+            open_tokens = tokens[: args.open_devices]
+            result |= asyncio.run(open_load(url, open_tokens, args.heartbeats, args.duration, args.open_warmup))
         result |= asyncio.run(load(url, tokens[: args.devices], args.heartbeats, args.duration))
         if args.noisy_uploads:
             result |= noisy_neighbour(url, args.noisy_uploads, args.noisy_devices)
@@ -356,6 +370,9 @@ def main() -> None:
         help="PostgreSQL to compare with (a private schema is used and dropped)",
     )
     parser.add_argument("--open-devices", type=int, default=0, help="devices of the open loop (0: skip it)")
+    parser.add_argument(
+        "--open-warmup", type=float, default=2.0, help="first seconds of the open loop, reported apart (connecting)"
+    )
     parser.add_argument("--broker-url", help="Celery broker: PostgreSQL is then measured with --api-workers")
     parser.add_argument("--api-workers", default="1,2,4", help="API processes to measure on PostgreSQL (comma list)")
     parser.add_argument("--noisy-uploads", type=int, default=20, help="timed uploads of the quiet user (0: skip)")
@@ -398,7 +415,9 @@ def print_table(rows: list[dict]) -> None:
         "open_p50_ms",
         "open_p95_ms",
         "open_p99_ms",
+        "open_warmup_p99_ms",
         "open_errors",
+        "client_cpu_ms",
     ]
     print(" | ".join(cols))
     for row in rows:

@@ -28,9 +28,9 @@ from server import federation, jobstate
 from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
 from server.db import make_engine, make_sessionmaker, migrate, startup_lock
-from server.deps import DeviceTokens
 from server.inference_builds import InferenceBuilds
 from server.limits import BodyLimits, UploadSlots
+from server.lru import LRUCache
 from server.object_store import shared_objects
 from server.pool import WorkerPool
 from server.responses import http_error, validation_error
@@ -122,7 +122,8 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         sessions = make_sessionmaker(engine)
         queue = (queue_factory or _default_queue)(sessions, store, settings)
         app.state.settings, app.state.engine, app.state.sessionmaker = settings, engine, sessions
-        app.state.store, app.state.device_tokens = store, DeviceTokens()
+        app.state.store = store
+        app.state.device_tokens, app.state.program_manifests = LRUCache(100_000), LRUCache(1_000)
         app.state.compile_queue, app.state.verify_pool = queue, _verify_pool(settings)
         app.state.upload_slots = UploadSlots(settings.max_uploads, settings.max_uploads_per_device)
         app.state.inference_builds = InferenceBuilds(store, settings.compile_workers, settings.compile_paused)

@@ -12,7 +12,6 @@ getters are ``async`` so that they need no thread at all.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Annotated
@@ -26,12 +25,14 @@ from starlette.concurrency import run_in_threadpool
 from server.compile_queue import CompileQueue
 from server.db import read_only
 from server.limits import UploadSlots
+from server.lru import LRUCache
 from server.pool import WorkerPool
 from server.responses import not_found
 from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_token, secret_matches
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Device, DeviceIdentity, Job, User, utcnow
+from shared.manifest import ProgramManifest
 from shared.schemas import MAX_DB_INT
 
 LAST_SEEN_EVERY = timedelta(seconds=30)
@@ -67,6 +68,10 @@ async def get_verify_pool(request: Request) -> WorkerPool:
     return request.app.state.verify_pool
 
 
+async def get_program_manifests(request: Request) -> LRUCache[int, ProgramManifest]:
+    return request.app.state.program_manifests
+
+
 async def get_upload_slots(request: Request) -> UploadSlots:
     return request.app.state.upload_slots
 
@@ -78,6 +83,7 @@ StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 QueueDep = Annotated[CompileQueue, Depends(get_queue)]
 VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]
+ProgramManifestsDep = Annotated[LRUCache[int, ProgramManifest], Depends(get_program_manifests)]
 ObjectId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="an id (ids are positive 32-bit integers)")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
@@ -142,29 +148,6 @@ def get_current_device(credentials: Credentials, session: SessionDep, settings: 
     return device
 
 
-class DeviceTokens:
-    """Device id → (token hash, user id), as this API process last read them: both are fixed at enrollment
-    (devices are never re-keyed or deleted), so an entry cannot go stale, and a device's token check then costs
-    no database read and no thread-pool hop. Should devices ever be revoked, this cache must learn of it.
-    Bounded: the least recently used entry goes. Used only on the event loop (``get_device_identity``), so it
-    needs no lock."""
-
-    def __init__(self, size: int = 100_000) -> None:
-        self._entries: OrderedDict[int, tuple[str, int]] = OrderedDict()
-        self._size = size
-
-    def get(self, device_id: int) -> tuple[str, int] | None:
-        entry = self._entries.get(device_id)
-        if entry is not None:
-            self._entries.move_to_end(device_id)
-        return entry
-
-    def put(self, device_id: int, entry: tuple[str, int]) -> None:
-        self._entries[device_id] = entry
-        if len(self._entries) > self._size:
-            self._entries.popitem(last=False)
-
-
 _DEVICE = select(Device.token_hash, Device.user_id).where(Device.id == bindparam("id"))  # built once
 
 
@@ -175,10 +158,11 @@ def _read_device(engine: Engine, device_id: int) -> tuple[str, int] | None:
 
 
 async def get_device_identity(request: Request, credentials: Credentials, settings: SettingsDep) -> DeviceIdentity:
-    """The device a token names (401/403 as ``get_current_device``), from this process's ``DeviceTokens``; the
-    first request of a device reads its row in a worker thread."""
+    """The device a token names (401/403 as ``get_current_device``), from this process's cache of device tokens
+    (``server.lru``: a device's token hash and user never change), so that a heartbeat's token check costs no
+    database read and no thread-pool hop; the first request of a device reads its row in a worker thread."""
     device_id, secret = _device_token(credentials, settings)
-    tokens: DeviceTokens = request.app.state.device_tokens
+    tokens: LRUCache[int, tuple[str, int]] = request.app.state.device_tokens
     known = tokens.get(device_id)
     if known is None:
         known = await run_in_threadpool(_read_device, request.app.state.engine, device_id)

@@ -80,7 +80,7 @@ class Device(Base):
 
 class DeviceIdentity(NamedTuple):
     """Who a device token names: fixed at enrollment (devices are never re-keyed or deleted), so each API process
-    keeps it in memory (``server.deps.DeviceTokens``) and a heartbeat's token check reads no row."""
+    keeps it in memory (``server.lru``) and a heartbeat's token check reads no row."""
 
     id: int
     user_id: int

@@ -24,11 +24,13 @@ from server.deps import (
     DeviceJob,
     EngineDep,
     ObjectId,
+    ProgramManifestsDep,
     SessionDep,
     SettingsDep,
     StoreDep,
     record_seen,
 )
+from server.lru import LRUCache
 from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.store import ArtifactStore
@@ -59,13 +61,25 @@ def _file_ref(job: Job, file: ProgramFile, path: str) -> FileRef:
     return FileRef(url=f"/v1/jobs/{job.id}/{path}", size=file.size, sha256=file.sha256)
 
 
-def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -> LeasePublic:
-    manifest = ProgramManifest.model_validate(session.get_one(Program, job.program_id).manifest)
+def _device_manifest(session: Session, manifests: LRUCache[int, ProgramManifest], program_id: int) -> ProgramManifest:
+    """The program's manifest as devices get it (no server model path). A program row is written once and never
+    changes, so each API process parses it once (``server.lru``): a lease no longer loads and validates it."""
+    manifest = manifests.get(program_id)
+    if manifest is None:
+        raw = session.scalar(select(Program.manifest).where(Program.id == program_id))
+        manifest = ProgramManifest.model_validate(raw).for_device()
+        manifests.put(program_id, manifest)
+    return manifest
+
+
+def _lease(
+    session: Session, store: ArtifactStore, manifest: ProgramManifest, job: Job, heartbeat_s: int
+) -> LeasePublic:
     return LeasePublic(
         job_id=job.id,
         attempt=job.attempts,
         spec=jobstate.device_spec(job),
-        manifest=manifest.for_device(),  # the server's model path is none of its business
+        manifest=manifest,
         program=_file_ref(job, manifest.pte, "program"),
         weights=_file_ref(job, manifest.ptd, "weights"),
         tokenizer=_file_ref(job, manifest.tokenizer, "tokenizer"),
@@ -75,10 +89,16 @@ def _lease(session: Session, store: ArtifactStore, job: Job, heartbeat_s: int) -
     )
 
 
-def _round_lease(session: Session, store: ArtifactStore, client: RoundClient, heartbeat_s: int) -> LeasePublic:
+def _round_lease(
+    session: Session,
+    store: ArtifactStore,
+    manifests: LRUCache[int, ProgramManifest],
+    client: RoundClient,
+    heartbeat_s: int,
+) -> LeasePublic:
     round_ = session.get_one(Round, client.round_id)
     job = session.get_one(Job, round_.job_id)
-    manifest = ProgramManifest.model_validate(session.get_one(Program, job.program_id).manifest)
+    manifest = _device_manifest(session, manifests, job.program_id)
     base = f"/v1/round-clients/{client.id}"
 
     def ref(file: ProgramFile, path: str) -> FileRef:
@@ -89,7 +109,7 @@ def _round_lease(session: Session, store: ArtifactStore, client: RoundClient, he
         job_id=job.id,
         attempt=1,
         spec=federation.client_spec(job, client),
-        manifest=manifest.for_device(),
+        manifest=manifest,
         program=ref(manifest.pte, "program"),
         weights=ref(manifest.ptd, "weights"),
         tokenizer=ref(manifest.tokenizer, "tokenizer"),
@@ -106,18 +126,24 @@ def _round_lease(session: Session, store: ArtifactStore, client: RoundClient, he
     responses={204: {"description": "no job is ready for this device"}, **errors(400, 401, 403, 413, 422)},
 )
 def lease(
-    device: DeviceId, session: SessionDep, settings: SettingsDep, store: StoreDep, body: LeaseCreate | None = None
+    device: DeviceId,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    manifests: ProgramManifestsDep,
+    body: LeaseCreate | None = None,
 ) -> LeasePublic | Response:
     asking = _as_reported(session, device, body)  # what the device reports now replaces what it reported before
     record_seen(session.connection(), device)
     jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
     job = jobstate.lease_next(session, asking, settings.lease_s)
     if job is not None:
-        return _lease(session, store, job, settings.heartbeat_s)
+        manifest = _device_manifest(session, manifests, job.program_id)
+        return _lease(session, store, manifest, job, settings.heartbeat_s)
     if body is None or body.eligible is not False:  # round work only for devices whose policy holds
         client = federation.lease_round(session, store, asking, settings.lease_s)
         if client is not None:
-            return _round_lease(session, store, client, settings.heartbeat_s)
+            return _round_lease(session, store, manifests, client, settings.heartbeat_s)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
