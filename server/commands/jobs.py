@@ -16,16 +16,10 @@ from shared.errors import ExitCode, cli_flag
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
 
-# option → JobCreate field, for options whose value is used as given
-_FIELDS = (
-    "model",
-    "task",
-    "template",
-    "chat_template",
+# options → fields of both personal and federated jobs (HyperParams), used as given
+_HYPER = (
     "q",
     "batch_size",
-    "steps",
-    "eval_every",
     "lr",
     "eps",
     "rank",
@@ -38,6 +32,16 @@ _FIELDS = (
     "quantize",
     "group_size",
     "parallel",
+)
+# option → JobCreate field, for options whose value is used as given
+_FIELDS = (
+    "model",
+    "task",
+    "template",
+    "chat_template",
+    "steps",
+    "eval_every",
+    *_HYPER,
     "device_id",
     "device_backend",
     "init_adapter_id",
@@ -55,22 +59,6 @@ _FEDERATION = (
     "max_abs_g",
 )
 _PERSONAL_ONLY = ("model", "task", "template", "verbalizer", "steps", "device_id", "device_backend", "init_adapter_id")
-_HYPER = (
-    "q",
-    "batch_size",
-    "lr",
-    "eps",
-    "rank",
-    "alpha",
-    "seq_len",
-    "answer_len",
-    "seed",
-    "a_seed",
-    "program_backend",
-    "quantize",
-    "group_size",
-    "parallel",
-)
 
 
 def _add_submit(sub: argparse._SubParsersAction) -> None:
