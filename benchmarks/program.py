@@ -15,6 +15,7 @@ an ``inference`` program: the plain forward of the base model over the same 2q·
 Exports are kept in ``--workdir`` (default: a temporary folder) and reused by a later run with the same folder.
 
     python -m benchmarks.program --model DIR [--cells 1x1 16x1 16x4] [--seq-len 64] [--threads 1 2] [--steps 10]
+        [--quantize none|8da4w] [--schedules both none]
 """
 
 from __future__ import annotations
@@ -63,8 +64,11 @@ def _export_child(model_dir: str, cfg, out: str, kind: str, queue) -> None:
     if kind == INFERENCE:
         from shared.hf_models import load_model
 
+        from shared.quantize import quantize_base
+
         model, _ = load_model(Path(model_dir), "float32")
         model.config.use_cache = False
+        quantize_base(model, cfg.quantize, cfg.group_size)  # inference at the training program's weights
         manager = lower(PlainForward(model), cfg)
         atomic_write(Path(out), manager.write_to_file)
         data_dir = Path(out).with_suffix("")  # its own weights: no LoRA A, so not the training programs' .ptd
@@ -179,7 +183,7 @@ def bench_cell(model_dir: Path, batch: int, q: int, seq_len: int, args, workdir:
     model, _ = load_model(model_dir)
     vocab = model.config.vocab_size
     info, cfgs, files = {}, {}, {}
-    for kind in (*SCHEDULES, INFERENCE):
+    for kind in (*args.schedules, INFERENCE):
         cfg = ProgramConfig(
             q=q,
             batch_size=batch,
@@ -187,19 +191,20 @@ def bench_cell(model_dir: Path, batch: int, q: int, seq_len: int, args, workdir:
             answer_len=1,
             backend=args.backend,
             parallel=kind if kind != INFERENCE else "both",
+            quantize=args.quantize,
         )
-        pte = workdir / f"b{batch}-q{q}-s{seq_len}-{args.backend}-{kind}.pte"
+        pte = workdir / f"b{batch}-q{q}-s{seq_len}-{args.backend}-{args.quantize}-{kind}.pte"
         info[kind] = export_measured(model_dir, cfg, pte, kind)
         d = None if kind == INFERENCE else json.loads(pte.with_suffix(".json").read_text())["lora_size"]
         info[kind] |= memory_measured(pte, Path(info[kind]["ptd"]), d, cfg, vocab, kind)
         files[kind], cfgs[kind] = (pte, Path(info[kind]["ptd"]), d), cfg
-    eager = build_step_module(model, cfgs["both"])
+    eager = build_step_module(model, cfgs[args.schedules[0]])
 
     def run_eager(inputs, step_module=eager):
         with torch.no_grad():
             step_module(*inputs)
 
-    cfgs["eager"] = cfgs["both"]
+    cfgs["eager"] = cfgs[args.schedules[0]]
     kinds = {name: (INFERENCE if name == INFERENCE else "step") for name in cfgs}
     rows = []
     for threads in args.threads:
@@ -222,7 +227,7 @@ def bench_cell(model_dir: Path, batch: int, q: int, seq_len: int, args, workdir:
                     "threads": threads,
                     "runner": name,
                     "step_s": median,
-                    "none_over_this": medians["none"] / median,
+                    "none_over_this": medians["none"] / median if "none" in medians else None,
                     **_memory_ratios(info, name),
                     **{k: v for k, v in info.get(name, {}).items() if k != "ptd"},
                 }
@@ -255,7 +260,7 @@ def print_table(rows: list[dict]) -> None:
         ptd_mb = r["ptd_bytes"] / 1e6 if "ptd_bytes" in r else None
         cells = [
             f"{r['step_s']:.4f}",
-            f"{r['none_over_this']:.2f}",
+            _f(r["none_over_this"], ".2f"),
             _f(r.get("run_step_mb"), ".1f"),
             _f(r.get("step_mb_vs_inference"), ".2f"),
             _f(r.get("run_peak_mb"), ".0f"),
@@ -286,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per runner and thread count")
     parser.add_argument("--backend", default="xnnpack", choices=["xnnpack", "portable"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts to time with")
+    parser.add_argument("--quantize", default="none", choices=["none", "8da4w"], help="the base weights of every program")
+    parser.add_argument(
+        "--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES, help="training programs to export"
+    )
     parser.add_argument("--workdir", type=Path, help="keep exports here and reuse them (default: a temp folder)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
