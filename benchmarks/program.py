@@ -63,7 +63,6 @@ def _export_child(model_dir: str, cfg, out: str, kind: str, queue) -> None:
     started = time.perf_counter()
     if kind == INFERENCE:
         from shared.hf_models import load_model
-
         from shared.quantize import quantize_base
 
         model, _ = load_model(Path(model_dir), "float32")
@@ -291,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per runner and thread count")
     parser.add_argument("--backend", default="xnnpack", choices=["xnnpack", "portable"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts to time with")
-    parser.add_argument("--quantize", default="none", choices=["none", "8da4w"], help="the base weights of every program")
+    parser.add_argument("--quantize", default="none", choices=["none", "8da4w"], help="base weights of every program")
     parser.add_argument(
         "--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES, help="training programs to export"
     )

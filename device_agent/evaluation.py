@@ -42,6 +42,16 @@ def _row_losses(session: Evaluator, rows: list[Encoded], shape: Shape, pad_id: i
 
 def evaluate_program(session: Evaluator, rendered: list, tokenizer: Any, shape: Shape, kind: str) -> dict[str, Any]:
     """``{"accuracy", "loss", "n"}`` of the program's current B on rendered examples (accuracy None for ``lm``)."""
+    predictions, labels, loss = predict(session, rendered, tokenizer, shape)
+    accuracy = None
+    if kind != "lm":
+        accuracy = sum(p == y for p, y in zip(predictions, labels, strict=True)) / len(labels)
+    return {"accuracy": accuracy, "loss": loss, "n": len(labels)}
+
+
+def predict(session: Evaluator, rendered: list, tokenizer: Any, shape: Shape) -> tuple[list[int], list[int], float]:
+    """(each example's predicted candidate, its label, the loss) of the program's current B: what
+    ``evaluate_program`` summarises, kept per example where two programs are compared (``benchmarks``)."""
     from shared.data import encode, pad_token_id
 
     encoded = encode(rendered, tokenizer, shape.seq_len)
@@ -54,8 +64,5 @@ def evaluate_program(session: Evaluator, rendered: list, tokenizer: Any, shape: 
     labels = [e.label for e in encoded]
     correct = [by_example[i][y] for i, y in enumerate(labels)]
     loss = sum(mean * count for mean, count in correct) / sum(count for _, count in correct)
-    accuracy = None
-    if kind != "lm":
-        predictions = [min(range(len(scores)), key=lambda c: scores[c][0]) for scores in by_example.values()]
-        accuracy = sum(p == y for p, y in zip(predictions, labels, strict=True)) / len(labels)
-    return {"accuracy": accuracy, "loss": loss, "n": len(encoded)}
+    predictions = [min(range(len(scores)), key=lambda c: scores[c][0]) for scores in by_example.values()]
+    return predictions, labels, loss
