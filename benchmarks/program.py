@@ -117,14 +117,17 @@ def _inputs(cfg, vocab: int, seed: int, kind: str) -> list[torch.Tensor]:
 
 
 def _load(pte: Path, ptd: Path, d: int | None):
-    """The program's forward, with B set to zeros first for a training program (it carries no B)."""
+    """The program's forward, with B set to zeros first for a training program (it carries no B). A training
+    program is loaded as the agent's training session loads it (``ProgramSession(evaluate=False)``): without
+    ``evaluate``, whose planned memory and packed weights a step does not need."""
     from executorch.runtime import Runtime
 
     from device_agent.native_log import runtime_log_filtered
 
     with runtime_log_filtered():
         program = Runtime.get().load_program(pte, data_path=ptd)
-        methods = {name: program.load_method(name) for name in sorted(program.method_names)}
+        names = sorted(name for name in program.method_names if name != "evaluate")
+        methods = {name: program.load_method(name) for name in names}
     if d is not None:
         methods["set_lora_b"].execute([torch.zeros(d)])
 

@@ -16,9 +16,16 @@ from shared.manifest import PROGRAM_METHODS
 
 
 class ProgramSession:
-    """The program's methods, loaded once, around one B buffer shared by all of them."""
+    """The program's methods, loaded once, around one B buffer shared by all of them.
 
-    def __init__(self, pte: Path, ptd: Path | None) -> None:
+    ``evaluate=False`` leaves the ``evaluate`` method unloaded, for a session that only trains (the executorch
+    backend; the agent evaluates afterwards in a session of its own): each loaded method holds its own planned
+    memory and, under XNNPACK, its own packed copy of every base weight. An idle ``evaluate`` made a SmolLM2 step's
+    peak memory 1.55x that of an inference forward of the same rows; without it, 1.03x (float32; 8da4w: 1.32x ->
+    1.16x; README, benchmarks/program.py).
+    """
+
+    def __init__(self, pte: Path, ptd: Path | None, *, evaluate: bool = True) -> None:
         from executorch.runtime import Runtime
 
         with runtime_log_filtered():
@@ -26,9 +33,10 @@ class ProgramSession:
             missing = set(PROGRAM_METHODS) - program.method_names
             if missing:
                 raise ValueError(f"{pte}: not a mobizo training program (missing {sorted(missing)})")
-            # Every method (``evaluate`` too) is loaded before any runs: loading a method re-initialises the shared
+            # Every method the session uses is loaded before any runs: loading a method re-initialises the shared
             # B buffer, so a method loaded after training began would silently reset B.
-            self._methods = {name: program.load_method(name) for name in sorted(program.method_names)}
+            names = sorted(name for name in program.method_names if evaluate or name != "evaluate")
+            self._methods = {name: program.load_method(name) for name in names}
         self._program = program
 
     def get_b(self) -> np.ndarray:
@@ -65,6 +73,8 @@ class ProgramSession:
         """
         import torch
 
+        if "evaluate" not in self._methods:
+            raise RuntimeError("this session was opened for training only (evaluate=False)")
         arrays = (input_ids, attention_mask, targets)
         inputs = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays]
         return self._methods["evaluate"].execute(inputs)[0].numpy().copy()

@@ -93,4 +93,4 @@ class LocalBackend:
 def executorch_backend() -> LocalBackend:
     from device_agent.et_program import ProgramSession
 
-    return LocalBackend("executorch", lambda run: ProgramSession(run.program, run.weights))
+    return LocalBackend("executorch", lambda run: ProgramSession(run.program, run.weights, evaluate=False))

@@ -39,3 +39,23 @@ def test_a_program_without_the_training_methods_is_refused(tmp_path: Path) -> No
     (tmp_path / "plain.pte").write_bytes(program.buffer)
     with pytest.raises(ValueError, match="get_lora_b"):
         ProgramSession(tmp_path / "plain.pte", None)
+
+
+@pytest.mark.slow  # uses the session's program export
+def test_a_training_session_steps_as_a_full_one_and_refuses_evaluate(
+    tiny_program: Program, make_batches: Callable[..., Path]
+) -> None:
+    """Without ``evaluate`` loaded (the executorch backend's session), B and the step are bit for bit those of a
+    session with every method; asking it to evaluate is an error, not a silent reset of B."""
+    batch = BatchesFile(make_batches(1))[0]
+    b = np.linspace(-1, 1, tiny_program.d, dtype=np.float32)
+    results = []
+    for evaluate in (True, False):
+        session = ProgramSession(*tiny_program.files, evaluate=evaluate)
+        session.set_b(b)
+        losses, g = session.step(batch, 0.05, 0.01)
+        results.append((losses.tobytes(), g.tobytes(), session.get_b().tobytes()))
+    assert results[0] == results[1]
+    rows = np.zeros((8, 16), np.int64)
+    with pytest.raises(RuntimeError, match="training only"):
+        session.evaluate(rows, rows, rows[:, :2])
