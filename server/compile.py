@@ -35,14 +35,15 @@ class ExportTooLarge(Exception):
     """The export would need more memory than the compile worker has: the job fails with the figures."""
 
 
-def check_export_memory(model_dir: Path, limit_mb: int | None) -> None:
+def check_export_memory(model_dir: Path, limit_mb: int | None, quantize: str = "none") -> None:
     """Refuse, before loading anything, an export that would not fit: a worker killed by the kernel's OOM killer
     says nothing useful (and may take the machine's other work down with it). ``limit_mb``: the configured budget
-    (``MOBIZO_COMPILE_MEMORY_MB``); None: the memory available now."""
+    (``MOBIZO_COMPILE_MEMORY_MB``); None: the memory available now. A quantized program's export needs less: its
+    model is quantized right after loading."""
     from shared.memory import export_need_mb, free_memory_mb
     from shared.model_files import float32_bytes
 
-    need = export_need_mb(float32_bytes(model_dir))
+    need = export_need_mb(float32_bytes(model_dir), quantize)
     have, where = (limit_mb, "MOBIZO_COMPILE_MEMORY_MB") if limit_mb is not None else (free_memory_mb(), "available")
     if have is not None and need > have:
         raise ExportTooLarge(
@@ -79,7 +80,7 @@ def build_program(
     if fetch is not None:
         fetch(key)
     if not manifest_path(final / "program.pte").is_file():
-        check_export_memory(Path(model_dir), memory_mb)
+        check_export_memory(Path(model_dir), memory_mb, config["quantize"])
         tmp = make_dirs(Path(programs_dir) / f".tmp-{uuid.uuid4().hex}")
         export_program(
             Path(model_dir),

@@ -10,10 +10,14 @@ import resource
 import sys
 
 # A program export holds the float32 model, the traced graphs of every method and the lowered constants at once.
-# Measured (benchmarks/program.py, export peak RSS): 0.5 GB for the tiny model (the libraries alone), 3.9 GB for
-# SmolLM2-135M's 0.54 GB of float32 weights, i.e. about 6.3x the weights on top of the libraries; 7x leaves room.
-EXPORT_BASE_MB = 600
-EXPORT_WEIGHT_FACTOR = 7.0
+# Peak RSS measured on this 2-core machine (benchmarks/program.py's export column, `/usr/bin/time mobizo export`):
+# - float32: 0.5 GB for the tiny model (the libraries alone); 5.1 GB for SmolLM2-135M's 513 MiB of float32
+#   weights (q 4, batch 16), i.e. 8.8x the weights on top of the libraries.
+# - 8da4w: 3.4 GB for SmolLM2-135M (q 4, batch 16); 11.3 GB for TinyLlama-1.1B's 4,196 MiB (q 1, batch 1). The
+#   linears are quantized right after loading, so the weights count about 2.2x and a deep graph with a large
+#   vocabulary about 2.2 GB.
+# (base MiB, factor on the float32 weights' MiB) for each quantization: 5-12 % above each of these figures.
+EXPORT_NEED: dict[str, tuple[int, float]] = {"none": (600, 10.0), "8da4w": (2300, 2.4)}
 
 
 def peak_rss_mb() -> float:
@@ -46,6 +50,8 @@ def free_memory_mb() -> int | None:
         return None
 
 
-def export_need_mb(float32_weight_bytes: int) -> int:
-    """Peak memory (MiB) of exporting a program of a model with this many bytes of float32 weights (an estimate)."""
-    return int(EXPORT_BASE_MB + EXPORT_WEIGHT_FACTOR * float32_weight_bytes / 2**20) + 1
+def export_need_mb(float32_weight_bytes: int, quantize: str = "none") -> int:
+    """Peak memory (MiB) of exporting a program of a model with this many bytes of float32 weights, its base
+    weights quantized as ``quantize`` says (an estimate)."""
+    base, factor = EXPORT_NEED[quantize]
+    return int(base + factor * float32_weight_bytes / 2**20) + 1
