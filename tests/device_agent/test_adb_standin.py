@@ -96,10 +96,7 @@ def wait_for_pid(pid_file: Path) -> int:
     return int(pid_file.read_text())
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Poll until ``condition`` holds. The timeout is generous, not tight: the 10 s it used to be ran out once on a
-    2-core machine loaded by benchmarks (starting the stand-in's Python processes is most of the wait), and a
-    condition that holds returns at once."""
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
