@@ -110,7 +110,10 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is dead
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is dead
+    except FileNotFoundError:  # reaped between the two looks
+        return False
 
 
 def test_missing_device_root_is_an_adb_error(monkeypatch: pytest.MonkeyPatch) -> None:
