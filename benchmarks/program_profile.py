@@ -1,12 +1,12 @@
 """Where a program's step spends its time on the device runtime: an ETDump profile of ``forward``, per operator.
 
 For each ``--programs`` training program (its manifest beside it, its ``.ptd`` in the same folder) it loads the
-program with ETDump on, sets B to zeros, runs ``forward`` ``--steps`` times on random tokens (after one warm-up
-step, whose XNNPACK weight packing is not a step's cost), and groups the profiled events: XNNPACK's own operators
-(``Fully Connected``, ``Batch Matrix Multiply``, ... — the delegate reports them, numbered, which are summed per
-kind) and the portable operators outside the delegate (``native_call_*``). It prints, per program, milliseconds per
-step for the whole ``Method::execute`` and for each group, so two schedules (``--parallel both`` against ``none``)
-can be compared line by line::
+program with ETDump on, sets B to zeros and runs ``forward`` ``--steps`` times on random tokens, after one warm-up
+step (whose XNNPACK weight packing is not a step's cost), the programs' steps interleaved. It groups the profiled
+events: XNNPACK's own operators (``Fully Connected``, ``Batch Matrix Multiply``, ...: the delegate reports them
+numbered, and they are summed per kind) and the portable operators outside the delegate (``native_call_*``). It
+prints, per program, milliseconds per step for the whole ``Method::execute`` and for each group, so two schedules
+(``--parallel both`` against ``none``) can be compared line by line::
 
     python -m benchmarks.program_profile --programs both.pte none.pte --steps 10 --threads 1 [--top 12]
 
@@ -30,23 +30,25 @@ import torch
 _WRAPPERS = {"OPERATOR_CALL", "DELEGATE_CALL", "Method::execute"}
 
 
-def profile_program(pte: Path, steps: int) -> dict[str, float]:
-    """Median milliseconds per ``forward`` of the whole method (``total``) and of each operator group."""
-    from executorch.devtools import Inspector
+def _load(pte: Path):
+    """(module with ETDump on and B set to zeros, its config)."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
-    from benchmarks.program import _inputs
     from device_agent.native_log import runtime_log_filtered
     from shared.manifest import read_manifest
 
     manifest = read_manifest(pte)
-    cfg = manifest.config
     with runtime_log_filtered():
         module = _load_for_executorch(str(pte), data_path=str(pte.parent / manifest.ptd.file), enable_etdump=True)
     module.run_method("set_lora_b", (torch.zeros(manifest.lora_size),))
-    vocab = 256  # ids below 256 exist in every byte-level vocabulary; a step's cost does not depend on them
-    for k in range(steps + 1):
-        module.run_method("forward", tuple(_inputs(cfg, vocab, k, "step")))
+    return module, manifest.config
+
+
+def _grouped(module, steps: int) -> dict[str, float]:
+    """Median milliseconds per ``forward`` of the whole method (``total``) and of each operator group, leaving out
+    the first (warm-up) forward."""
+    from executorch.devtools import Inspector
+
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "profile.etdp"
         module.write_etdump_result_to_file(str(path))
@@ -65,9 +67,22 @@ def profile_program(pte: Path, steps: int) -> dict[str, float]:
                 key = "xnnpack: " + re.sub(r" #\d+$", "", event.name)
             else:
                 key = "portable: " + event.name.removeprefix("native_call_")
-            for k, ms in enumerate(raw[1:]):  # the warm-up step left out
+            for k, ms in enumerate(raw[1:]):
                 per_step[key][k] += ms
     return {key: statistics.median(values) for key, values in per_step.items()}
+
+
+def profile_programs(ptes: list[Path], steps: int) -> list[dict[str, float]]:
+    """Each program's ``_grouped`` profile; their forwards interleaved, step after step, so that every program sees
+    the same machine state."""
+    from benchmarks.program import _inputs
+
+    loaded = [_load(pte) for pte in ptes]
+    vocab = 256  # ids below 256 exist in every byte-level vocabulary; a step's cost does not depend on them
+    for k in range(steps + 1):
+        for module, cfg in loaded:
+            module.run_method("forward", tuple(_inputs(cfg, vocab, k, "step")))
+    return [_grouped(module, steps) for module, _ in loaded]
 
 
 def print_profiles(names: list[str], profiles: list[dict[str, float]], top: int) -> None:
@@ -103,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.program import _set_threads
 
     _set_threads(args.threads)
-    profiles = [profile_program(pte, args.steps) for pte in args.programs]
+    profiles = profile_programs(args.programs, args.steps)
     print_profiles([pte.stem for pte in args.programs], profiles, args.top)
     return 0
 

@@ -8,7 +8,7 @@ def test_the_profile_splits_a_step_into_delegate_and_portable_operators(program_
     """Every group is time inside ``Method::execute`` (nested events, so their sum cannot exceed it), the base
     linears are XNNPACK's fully connected operator, and the noise generator's integer ops run outside it."""
     pte, _ = program_factory(TINY_Q4)
-    profile = program_profile.profile_program(pte, steps=2)
+    (profile,) = program_profile.profile_programs([pte], steps=2)
     groups = {key: ms for key, ms in profile.items() if key != "total"}
     assert profile["total"] > 0
     assert sum(groups.values()) <= profile["total"]
