@@ -210,7 +210,7 @@ class HyperParams(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> HyperParams:
-        chosen = defaults.for_method(self.method)  # shared.defaults: values the accuracy benchmark showed to learn
+        chosen = defaults.for_method(self.method, self.quantize)  # values the benchmarks showed to learn
         for name in ("steps", "lr", "eps"):
             if getattr(self, name) is None:
                 setattr(self, name, getattr(chosen, name))

@@ -317,6 +317,9 @@ def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp
     job, chosen = JobCreate(model="m", task="sst2"), defaults.for_method("mobizo")  # jobs run mobizo
     assert (job.lr, job.eps, job.steps) == (chosen.lr, chosen.eps, chosen.steps)
     assert defaults.for_method("mezo").lr != defaults.for_method("mobizo").lr  # per method, not one value
+    quantized = JobCreate(model="m", task="sst2", quantize="8da4w")  # its g needs a larger eps (shared.defaults)
+    assert (quantized.lr, quantized.eps) == (chosen.lr, defaults.QUANTIZED_EPS["8da4w"]) != (job.lr, job.eps)
+    assert JobCreate(model="m", task="sst2", quantize="8da4w", eps=0.02).eps == 0.02  # a given eps is kept
     for command in (["train"], ["jobs", "submit"]):
         with pytest.raises(SystemExit):
             main([*command, "--help"])
