@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-# Events that contain other events (a method, a delegate call, an operator call around its kernel): their time is
-# the sum of what they contain, so only the method's total is kept of them.
-_WRAPPERS = {"OPERATOR_CALL", "DELEGATE_CALL", "Method::execute"}
+# Events that contain other events (a delegate call, an operator call around its kernel): their time is the sum of
+# what they contain, so they are left out; the method's own event (``Method::execute``) is kept as the total.
+_WRAPPERS = {"OPERATOR_CALL", "DELEGATE_CALL"}
 
 
 def _load(pte: Path):
