@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
@@ -21,6 +22,7 @@ class Reporter:
         self._bar: Any = None
         self._total = 0
         self._last_line = float("-inf")
+        self._lock = threading.Lock()  # the heartbeat thread reports too: one whole line at a time
 
     def event(self, name: str, **fields: Any) -> None:
         if self.tty:
@@ -32,7 +34,10 @@ class Reporter:
                 print(line, file=self.stream, flush=True)
             return
         record = {"ts": round(time.time(), 3), "event": name, **fields}
-        print(json.dumps(record, default=str), file=self.stream, flush=True)
+        line = json.dumps(record, default=str) + "\n"
+        with self._lock:  # print() writes the text and its newline apart: two threads' lines could run together
+            self.stream.write(line)
+            self.stream.flush()
 
     def start_training(self, job_id: int, total: int, start: int) -> None:
         self._total = total

@@ -14,11 +14,14 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import httpx
 
 from device_agent.api import DeviceAPI
 from shared.schemas import HeartbeatCreate
+
+T = TypeVar("T")
 
 LOST_STATUS = frozenset({401, 403, 404, 409})  # the token, the job or the lease is gone
 
@@ -41,6 +44,7 @@ class Heartbeat:
         self.cancelled = threading.Event()
         self.lost = threading.Event()
         self._done = threading.Event()
+        self._sending = threading.Lock()  # a beat and the call that ends the lease are never in flight together
         self._latest: tuple[int, float | None, float | None] = (step, None, None)
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{job_id}", daemon=True)
         self._failing = False
@@ -61,7 +65,20 @@ class Heartbeat:
         return rate
 
     def beat(self) -> None:
-        """Send one heartbeat now and act on the answer."""
+        """Send one heartbeat now and act on the answer; none once the lease has ended (``last_call``)."""
+        with self._sending:
+            if not self._done.is_set():
+                self._beat()
+
+    def last_call(self, call: Callable[..., T], *args: object) -> T:
+        """Make the call that ends the lease (the upload) with no beat in flight beside it, and send no beat after it
+        succeeds: the server answers a beat on an ended lease 409, which is not a lost lease."""
+        with self._sending:
+            answer = call(*args)
+            self._done.set()
+            return answer
+
+    def _beat(self) -> None:
         step, loss, rate = self._latest
         try:
             answer = self.api.heartbeat(

@@ -273,10 +273,10 @@ def upload(ctx: AgentContext, lease: LeasePublic, jobs: JobDir, beat: Heartbeat)
     sent = {"upload_bytes": len(log) + len(metrics) + len(b_flat or b""), "b_bytes": len(b_flat or b"")}
     try:
         if lease.round is not None:
-            report = call_with_retry(ctx.policy(), ctx.api.upload_round, lease.work_path, log, metrics)
+            report = call_with_retry(ctx.policy(), beat.last_call, ctx.api.upload_round, lease.work_path, log, metrics)
             done = {"round": report.round, "client_id": report.client_id}
         else:
-            result = call_with_retry(ctx.policy(), ctx.api.upload, lease.job_id, b_flat, log, metrics)
+            result = call_with_retry(ctx.policy(), beat.last_call, ctx.api.upload, lease.job_id, b_flat, log, metrics)
             done = {"adapter_id": result.adapter_id, "version": result.version}
     except httpx.HTTPStatusError as error:
         if error.response.status_code != 409:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh machine: install, build the native runner, check PostgreSQL, run pytest.
+# Extra arguments go to pytest: bash scripts/test.sh -m "not slow" (the quick loop), or a path.
 # The suite always runs on SQLite; the server tests also run on PostgreSQL when it answers.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,4 +15,6 @@ if url=$(bash scripts/postgres.sh); then
 else
   echo "test: PostgreSQL unavailable; server tests run on SQLite only" >&2
 fi
-python -m pytest -q -p no:cacheprovider "$@"
+# Two pytest-xdist workers (MOBIZO_TEST_WORKERS=0: none), each test module on one worker: its module fixtures (a
+# live server, a trained adapter) are built once. Exported programs are shared through .cache/test-programs.
+python -m pytest -q -p no:cacheprovider -n "${MOBIZO_TEST_WORKERS:-2}" --dist loadfile "$@"

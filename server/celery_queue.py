@@ -7,8 +7,9 @@ and rejected (hence redelivered) when the process running them is lost (``task_r
 killed mid-export leaves its task to the next worker. When that happens depends on the broker:
 
 * Redis redelivers a task that stays unacknowledged for the visibility timeout
-  (``MOBIZO_BROKER_VISIBILITY_TIMEOUT_S``, 2 h by default). It must exceed the longest export, or a live export is
-  delivered, and started, a second time.
+  (``MOBIZO_BROKER_VISIBILITY_TIMEOUT_S``, 2 h by default), found by a worker's sweep of the unacknowledged tasks
+  (``redis_transport_options``). It must exceed the longest export, or a live export is delivered, and started, a
+  second time.
 * RabbitMQ redelivers as soon as the dead worker's connection drops; a delivery left unacknowledged longer than
   the broker's ``consumer_timeout`` (30 min by default) closes the channel, so that must exceed the longest export.
 
@@ -86,6 +87,17 @@ class _WorkerResources:
         return self._sessions, self._store
 
 
+def redis_transport_options(visibility_timeout_s: int) -> dict[str, int]:
+    """Kombu's Redis options: the visibility timeout, and a sweep for tasks past it every fifth of it, at most every
+    10 s. Kombu's own default sweeps every 10 s but scans only at every 10th sweep, so a lost task would wait up to
+    100 s past its timeout; a scan is one ZRANGE on the broker."""
+    return {
+        "visibility_timeout": visibility_timeout_s,
+        "unacked_restore_interval": max(1, min(10, visibility_timeout_s // 5)),
+        "unacked_restore_throttle": 1,
+    }
+
+
 def make_celery(settings: Settings) -> Celery:
     """The Celery application for ``settings.broker_url``, with the compile and verify tasks registered."""
     if not settings.broker_url:
@@ -103,7 +115,7 @@ def make_celery(settings: Settings) -> Celery:
         task_default_queue=COMPILE_QUEUE,
         task_serializer="json",
         accept_content=["json"],
-        broker_transport_options={"visibility_timeout": settings.broker_visibility_timeout_s},
+        broker_transport_options=redis_transport_options(settings.broker_visibility_timeout_s),
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -68,7 +65,7 @@ def build_program(
     weights and tokenizer go to ``blobs_dir`` by content, so every program of a model shares one ``.ptd``.
     ``fetch(key)`` first brings a program another machine published into the cache (``ArtifactStore``).
     """
-    from shared.files import make_dirs
+    from shared.files import publish_once
     from shared.manifest import FORMAT_VERSION, ProgramConfig, manifest_path, read_manifest
     from shared.program import export_program
 
@@ -81,18 +78,13 @@ def build_program(
         fetch(key)
     if not manifest_path(final / "program.pte").is_file():
         check_export_memory(Path(model_dir), memory_mb, config["quantize"])
-        tmp = make_dirs(Path(programs_dir) / f".tmp-{uuid.uuid4().hex}")
-        export_program(
-            Path(model_dir),
-            ProgramConfig.model_validate(config),
-            tmp / "program.pte",
-            Path(blobs_dir),
-            progress=lambda _: None,
+        cfg = ProgramConfig.model_validate(config)
+        publish_once(
+            final,
+            lambda tmp: export_program(
+                Path(model_dir), cfg, tmp / "program.pte", Path(blobs_dir), progress=lambda _: None
+            ),
         )
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another worker published the same key first
-            shutil.rmtree(tmp, ignore_errors=True)
     manifest = read_manifest(final / "program.pte").model_dump(mode="json")
     return {"key": key, "manifest": manifest, "answer_len": answer_len}
 
@@ -131,19 +123,19 @@ def build_inference(
     """Compile (or find in the cache) a model's inference program → its manifest (JSON), like ``build_program``:
     cached under ``inference_key``, published by renaming a temporary folder, weights and tokenizer by content in
     ``blobs_dir`` (the very ``.ptd`` of the model's training programs of the same LoRA layout)."""
-    from shared.files import make_dirs
+    from shared.files import publish_once
     from shared.inference_program import export_inference_program
     from shared.manifest import InferenceConfig, manifest_path, read_inference_manifest
 
     final = Path(programs_dir) / inference_key(model_sha256, config)
     if not manifest_path(final / INFERENCE_PTE).is_file():
-        tmp = make_dirs(Path(programs_dir) / f".tmp-{uuid.uuid4().hex}")
         cfg = InferenceConfig.model_validate(config)
-        export_inference_program(Path(model_dir), cfg, tmp / INFERENCE_PTE, Path(blobs_dir), progress=lambda _: None)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another worker published the same key first
-            shutil.rmtree(tmp, ignore_errors=True)
+        publish_once(
+            final,
+            lambda tmp: export_inference_program(
+                Path(model_dir), cfg, tmp / INFERENCE_PTE, Path(blobs_dir), progress=lambda _: None
+            ),
+        )
     return read_inference_manifest(final / INFERENCE_PTE).model_dump(mode="json")
 
 

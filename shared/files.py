@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,6 +107,21 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         _fsync_tree(tmp)
         _replace_dir(tmp, target)
         _fsync_path(target.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish_once(target: Path, write: Callable[[Path], object]) -> None:
+    """Call ``write(folder)`` on a new private folder beside ``target``, then rename it to ``target``. Of writers
+    racing for one ``target`` (compile workers, test sessions), the first rename wins; a later one finds it taken and
+    drops its copy, so a published folder is never replaced under a reader. Use ``atomic_dir`` to replace one."""
+    tmp = make_dirs(Path(target).parent / f".tmp-{uuid.uuid4().hex}")
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # published by another writer first
+            pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

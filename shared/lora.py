@@ -36,6 +36,16 @@ def flatten_b(b_by_name: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([b_by_name[n].reshape(-1).to(torch.float32) for n in layout_order(b_by_name)])
 
 
+def join_b(b_by_name: dict[str, torch.Tensor], shapes: dict[str, tuple[int, int]]) -> torch.Tensor:
+    """:func:`flatten_b` of B's whose names and shapes must be exactly ``shapes``; ``ValueError`` naming the first
+    differences otherwise."""
+    got = {n: tuple(t.shape) for n, t in b_by_name.items()}
+    if got != shapes:
+        wrong = sorted(set(got.items()) ^ set(shapes.items()))[:3]
+        raise ValueError(f"LoRA-B tensors do not match the model's LoRA modules (first differences: {wrong})")
+    return flatten_b(b_by_name)
+
+
 def unflatten_b(b_flat: torch.Tensor, shapes: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
     """Inverse of :func:`flatten_b` for modules of the given shapes."""
     names = layout_order(shapes)
@@ -111,12 +121,7 @@ class MPLoRA:
 
     def join(self, b_by_name: dict[str, torch.Tensor]) -> torch.Tensor:
         """{module name: B [out, r]} → flat B; names and shapes must match exactly."""
-        expected = self.shapes()
-        got = {n: tuple(t.shape) for n, t in b_by_name.items()}
-        if got != expected:
-            wrong = sorted(set(got.items()) ^ set(expected.items()))[:3]
-            raise ValueError(f"LoRA-B tensors do not match the model's LoRA modules (first differences: {wrong})")
-        return flatten_b(b_by_name)
+        return join_b(b_by_name, self.shapes())
 
     def lora_a(self) -> dict[str, torch.Tensor]:
         return {name: layer.lora_A for name, layer in self.layers.items()}

@@ -35,6 +35,7 @@ from shared.manifest import (
     ProgramManifest,
     init_b_path,
     manifest_path,
+    read_manifest,
 )
 from shared.ptd import WEIGHTS_TAG, store_weights
 from shared.zo import forward_losses, zo_step
@@ -200,18 +201,33 @@ def store_tokenizer(tokenizer, store: Path) -> tuple[Path, str]:
     return store_by_content(tmp, store, "tokenizer-", ".json")
 
 
-def _initial_b(step_lora: MPLoRA, cfg: ProgramConfig, init_adapter: Path | None) -> torch.Tensor | None:
-    """The B a program starts from: None (zeros), or a previous adapter of the same layout (continued
-    personalization), which the exporter writes beside the program for the device to set."""
-    if init_adapter is None:
-        return None
+def _adapter_b(init_adapter: Path, cfg: ProgramConfig, lora: list) -> torch.Tensor:
+    """The flat B of a previous adapter for a program of ``cfg`` whose LoRA modules are ``lora`` (a manifest's);
+    ``UsageError`` naming ``adapter`` when its layout is another."""
     from shared.adapter import read_adapter
     from shared.errors import UsageError
+    from shared.lora import join_b
 
     config, _, lora_b = read_adapter(init_adapter)
     if int(config["r"]) != cfg.rank or set(config["target_modules"]) != set(cfg.targets):
         raise UsageError("adapter", f"rank/targets {config['r']}/{config['target_modules']} do not match the program")
-    return step_lora.join(lora_b)
+    try:
+        return join_b(lora_b, {m.name: (m.out_features, cfg.rank) for m in lora})
+    except ValueError as error:
+        raise UsageError("adapter", str(error)) from None
+
+
+def start_from_adapter(pte: Path, init_adapter: Path) -> ProgramManifest:
+    """Make the program ``pte`` start from a previous adapter's B (continued personalization): the B goes beside it
+    as a B file (``FILE.init.safetensors``), named in its manifest as ``init_b``; the ``.pte`` is unchanged (B is
+    a buffer the device sets), so any program of the layout can start from any adapter of it → the manifest."""
+    from shared.files import atomic_write_bytes
+
+    manifest = read_manifest(pte)
+    init_b = _adapter_b(init_adapter, manifest.config, manifest.lora)
+    manifest = manifest.model_copy(update={"init_b": _init_b_file(Path(pte), init_b)})
+    atomic_write_bytes(manifest_path(pte), manifest.to_json())
+    return manifest
 
 
 def export_program(
@@ -237,7 +253,8 @@ def export_program(
     started = time.perf_counter()
     model, tokenizer = load_model(model_dir, "float32")
     step = build_step_module(model, cfg)
-    init_b = _initial_b(step.lora, cfg, init_adapter)
+    if init_adapter is not None:  # refused now, not after the export
+        _adapter_b(init_adapter, cfg, step.lora.modules)
     progress(
         f"exporting {cfg.q}x{cfg.examples_per_query} paths x2 ({cfg.parallel}), seq {cfg.seq_len}, "
         f"backend {cfg.backend}, base weights {cfg.quantize} ..."
@@ -246,7 +263,6 @@ def export_program(
     atomic_write(out_pte, manager.write_to_file)
     ptd_path, ptd_sha = store_weights(manager, store)
     tok_path, tok_sha = store_tokenizer(tokenizer, store)
-    init_file = None if init_b is None else _init_b_file(out_pte, init_b)
     manifest = ProgramManifest(
         format=FORMAT_VERSION,
         model=str(Path(model_dir).resolve()),
@@ -258,11 +274,12 @@ def export_program(
         pte=program_file(out_pte),
         ptd=program_file(ptd_path, ptd_sha),
         tokenizer=program_file(tok_path, tok_sha),
-        init_b=init_file,
         memory_mb=memory_estimate_mb(model.config, cfg, ptd_path.stat().st_size + out_pte.stat().st_size),
         export_seconds=round(time.perf_counter() - started, 2),
     )
     atomic_write_bytes(manifest_path(out_pte), manifest.to_json())
+    if init_adapter is not None:
+        manifest = start_from_adapter(out_pte, init_adapter)
     progress(
         f"wrote {out_pte} ({manifest.pte.size} B), {ptd_path.name} ({manifest.ptd.size} B) "
         f"in {manifest.export_seconds} s"

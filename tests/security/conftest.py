@@ -12,6 +12,16 @@ import pytest
 
 from server.settings import Settings
 from tests.security.servers import LiveServer, app_server, live_server
+from tests.server.conftest import (  # noqa: F401 - the server tests' database and app fixtures, for these tests too
+    client,
+    db_url,
+    fresh_pg_schema,
+    pg_migrated,
+    pg_url,
+    queue,
+    settings,
+    sqlite_template,
+)
 from tests.server.factories import (
     ADMIN_TOKEN,
     FakeCompileQueue,
@@ -32,31 +42,31 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def people(live: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A registered model, a user with a device and a queued job (the compile queue is paused)."""
-    with live.client() as client:
-        register_model(client, make_fake_model(tmp_path_factory.mktemp("model")))
-        user = create_user(client)
-        device = enroll_device(client, user)
-        job = submit_job(client, user)
-        yield {"client": client, "user": user, "device": device, "job": job}
+    with live.client() as http:
+        register_model(http, make_fake_model(tmp_path_factory.mktemp("model")))
+        user = create_user(http)
+        device = enroll_device(http, user)
+        job = submit_job(http, user)
+        yield {"client": http, "user": user, "device": device, "job": job}
 
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The app on loopback (fake compiles, inline replay): ``phone`` holds the lease of ``job``; ``tablet`` and
     ``laptop`` are devices of the same user without one."""
-    settings = Settings(
+    app_settings = Settings(
         data_dir=tmp_path / "data",
         database_url=f"sqlite:///{tmp_path / 'mobizo.db'}",
         admin_token=ADMIN_TOKEN,
         max_uploads=2,
         max_uploads_per_device=1,
     )
-    with app_server(settings, FakeCompileQueue()) as (url, app), httpx.Client(base_url=url, timeout=30) as client:
-        register_model(client, make_fake_model(tmp_path / "model"))
-        user = create_user(client)
-        devices = {name: enroll_device(client, user, name) for name in ("phone", "tablet", "laptop")}
+    with app_server(app_settings, FakeCompileQueue()) as (url, app), httpx.Client(base_url=url, timeout=30) as http:
+        register_model(http, make_fake_model(tmp_path / "model"))
+        user = create_user(http)
+        devices = {name: enroll_device(http, user, name) for name in ("phone", "tablet", "laptop")}
         # rank 256 and 10 steps: parts large enough (D = 6144) for the issue's deeply nested reproductions
-        job = submit_job(client, user, device_id=devices["phone"]["id"], rank=256, steps=10)
-        lease = client.post("/v1/leases", headers=devices["phone"]["headers"]).json()
+        job = submit_job(http, user, device_id=devices["phone"]["id"], rank=256, steps=10)
+        lease = http.post("/v1/leases", headers=devices["phone"]["headers"]).json()
         assert lease["job_id"] == job["id"]
-        yield {"url": url, "app": app, "client": client, "user": user, "job": job, "lease": lease, **devices}
+        yield {"url": url, "app": app, "client": http, "user": user, "job": job, "lease": lease, **devices}

@@ -19,7 +19,6 @@ from sqlalchemy import select
 from server.tables import Adapter
 from shared.replay import replay
 from shared.train_log import read_log
-from tests.server.conftest import client, db_url, fresh_pg_schema, pg_url, queue, settings  # noqa: F401 - fixtures
 from tests.server.factories import (
     b_flat_bytes,
     create_user,

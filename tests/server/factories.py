@@ -196,3 +196,27 @@ def upload(client: TestClient, device: dict, job_id: int, b: bytes, log: str, me
         "metrics": ("metrics.json", metrics),
     }
     return client.post(f"/v1/jobs/{job_id}/result", files=files, headers=device["headers"])
+
+
+def run_out_the_clock(db_url: str, job_id: int) -> None:
+    """Move the job's open round's deadline into the past, as if its timeout had passed (the server's sweeper,
+    every 0.5 s, acts on it): deadline tests then wait for no clock, however slow the machine. Works on the
+    database of a server in another process too."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from server.db import make_engine
+    from server.tables import Round, utcnow
+
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            moved = conn.execute(
+                update(Round)
+                .where(Round.job_id == job_id, Round.status == "open", Round.deadline_at.is_not(None))
+                .values(deadline_at=utcnow() - timedelta(seconds=1))
+            ).rowcount
+        assert moved == 1, "no open round with a running clock"
+    finally:
+        engine.dispose()

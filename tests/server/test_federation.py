@@ -27,6 +27,7 @@ from tests.server.factories import (
     fake_training,
     make_fake_model,
     register_model,
+    run_out_the_clock,
 )
 
 HYPER = {"q": 2, "batch_size": 4, "steps": 3, "rank": 2, "lr": 0.01, "eps": 0.01, "seed": 5}
@@ -82,29 +83,6 @@ def rounds(client: TestClient, job_id: int) -> list[dict]:
     r = client.get(f"/v1/jobs/{job_id}/rounds", headers=ADMIN)
     assert r.status_code == 200, r.text
     return r.json()["data"]
-
-
-def run_out_the_clock(settings, job_id: int) -> None:
-    """Move the open round's deadline into the past, as if its timeout had passed (the sweeper, every 0.5 s, acts
-    on it): deadline tests then wait for no clock, however slow the machine."""
-    from datetime import timedelta
-
-    from sqlalchemy import update
-
-    from server.db import make_engine
-    from server.tables import Round, utcnow
-
-    engine = make_engine(settings.db_url)
-    try:
-        with engine.begin() as conn:
-            moved = conn.execute(
-                update(Round)
-                .where(Round.job_id == job_id, Round.status == "open", Round.deadline_at.is_not(None))
-                .values(deadline_at=utcnow() - timedelta(seconds=1))
-            ).rowcount
-        assert moved == 1, "no open round with a running clock"
-    finally:
-        engine.dispose()
 
 
 def wait_for(condition, timeout: float, what: str):
@@ -184,7 +162,7 @@ def test_rounds_are_the_aggregate_of_replayed_logs_bit_for_bit(client: TestClien
     shown = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()
     assert shown["federation_progress"]["round"] == 1 and shown["federation_progress"]["clients_reported"] == 2
     assert shown["status"] == "running"  # K = 3 not reached: the round waits for its deadline
-    run_out_the_clock(settings, job["id"])
+    run_out_the_clock(settings.db_url, job["id"])
     done = wait_for(
         lambda: (j := client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json())["status"] != "running" and j,
         60,
@@ -227,10 +205,10 @@ def test_a_round_short_of_m_clients_is_reopened_once_then_the_job_fails(client: 
     join(client, world, "a", "b")
     job = submit(client, world, rounds=1, clients_per_round=2, min_clients=2, round_timeout_s=600)
     assert lease(client, world, "a") is not None  # one part taken, never reported
-    run_out_the_clock(settings, job["id"])
+    run_out_the_clock(settings.db_url, job["id"])
     wait_for(lambda: rounds(client, job["id"])[0]["reopened"] == 1, 60, "the round to be reopened")
     assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "running"
-    run_out_the_clock(settings, job["id"])
+    run_out_the_clock(settings.db_url, job["id"])
     failed = wait_for(
         lambda: (j := client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json())["status"] == "failed" and j,
         60,
@@ -302,7 +280,7 @@ def test_a_round_left_closing_by_a_stopped_server_is_closed_by_the_next(
         restarted.app.state.verify_pool.close()
         restarted.app.state.verify_pool = InlinePool()
         assert rounds(restarted, job["id"])[0]["status"] == "open"  # reopened at start, M = 2 reports kept
-        run_out_the_clock(settings, job["id"])
+        run_out_the_clock(settings.db_url, job["id"])
         done = wait_for(lambda: _finished(restarted, job["id"]), 60, "the round to be closed after the restart")
     assert done["status"] == "succeeded", done["error"]
     (closed,) = rounds(client, job["id"])

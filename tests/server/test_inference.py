@@ -81,7 +81,7 @@ def test_inference_program_compiles_once_then_is_served(client, tmp_path, tiny_m
     deadline = time.monotonic() + 900
     while (r := client.post("/v1/device/inference", json=body, headers=phone["headers"])).status_code == 503:
         assert time.monotonic() < deadline, "the inference program did not build in 15 minutes"
-        time.sleep(2)
+        time.sleep(0.2)
     assert r.status_code == 200, r.text
     served = r.json()
     assert "model" not in served["manifest"] and served["manifest"]["config"]["max_context"] == 32

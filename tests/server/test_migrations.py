@@ -10,8 +10,8 @@ from server.db import make_engine, migrate
 from server.tables import Base
 
 
-def test_migrations_match_the_models_and_rerun_cleanly(db_url):
-    engine = make_engine(db_url)
+def test_migrations_match_the_models_and_rerun_cleanly(empty_db_url):
+    engine = make_engine(empty_db_url)
     try:
         migrate(engine)
         migrate(engine)  # the server migrates on every start: the second run must be a no-op

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.files import atomic_dir
+from shared.files import atomic_dir, publish_once
 
 
 def test_atomic_dir_creates_and_replaces_a_folder(tmp_path: Path) -> None:
@@ -30,3 +30,13 @@ def test_atomic_dir_leaves_the_target_alone_on_error(tmp_path: Path) -> None:
         raise RuntimeError("writer failed")
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_publish_once_keeps_the_first_folder_and_cleans_up(tmp_path: Path) -> None:
+    target = tmp_path / "entry"
+    publish_once(target, lambda folder: (folder / "a").write_text("first"))
+    publish_once(target, lambda folder: (folder / "a").write_text("second"))  # lost the race: dropped
+    assert (target / "a").read_text() == "first"
+    with pytest.raises(RuntimeError):
+        publish_once(tmp_path / "failed", lambda folder: (_ for _ in ()).throw(RuntimeError("export failed")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]  # no temporary folder left behind

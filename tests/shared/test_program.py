@@ -1,5 +1,6 @@
 """The device program: the .pte trains exactly like the eager step module, replays bit-exactly, shares weights."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -7,9 +8,10 @@ import torch
 
 from shared.adapter import save_lora
 from shared.b_file import read_b_file
+from shared.errors import UsageError
 from shared.hf_models import load_model
-from shared.manifest import ProgramConfig, ProgramManifest
-from shared.program import build_step_module, export_program
+from shared.manifest import ProgramManifest, manifest_path, read_manifest
+from shared.program import build_step_module, start_from_adapter
 from shared.replay import replay
 from shared.train_log import log_record
 from tests.utils.programs import TINY_Q1, TINY_Q4, weights_files
@@ -117,22 +119,29 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
 
 @pytest.mark.parametrize("parallel", ["outer", "inner", "none"])
 def test_every_schedule_takes_the_same_step_in_a_pte(programs, program_factory, tiny_model_dir, parallel):
-    """A program of each schedule and the ``both`` program, from the same B on the same batch and seed: one
-    mathematics, so they differ only by float32 rounding (as the eager schedules, tests/shared/test_zo.py)."""
+    """A program of each schedule and the eager ``both`` step, from the same B on the same batch and seed: one
+    mathematics, so they differ only by float32 rounding (the eager schedules: tests/shared/test_zo.py).
+
+    The schedule is the graph's grouping of its 2q paths, which the lowering does not touch: these programs run on
+    the portable kernels, a third of an XNNPACK export (one delegate per base linear of every pass); XNNPACK's
+    lowering of the step is the ``both`` programs' subject above. q = 2: each schedule already groups its paths
+    its own way, and ``none`` unrolls 2q passes."""
     folder, by_q = programs
-    cfg, ref_manifest = by_q[4]
-    _, manifest = program_factory(ProgramConfig.model_validate({**cfg.model_dump(), "parallel": parallel}))
-    assert manifest.config.parallel == parallel and manifest.ptd == ref_manifest.ptd
-    config = _eager(tiny_model_dir, cfg).model.config
+    cfg = TINY_Q4.model_copy(update={"q": 2, "batch_size": 4, "parallel": parallel, "backend": "portable"})
+    pte, manifest = program_factory(cfg)
+    assert manifest.config.parallel == parallel
+    eager = _eager(tiny_model_dir, cfg.model_copy(update={"parallel": "both"}))
     b0 = torch.randn(manifest.lora_size, generator=torch.Generator().manual_seed(5)) * 0.05
-    batch = _batches(4, 2, config.vocab_size)[0]
-    results = []
-    for m in (ref_manifest, manifest):
-        device = Device(m, folder)
-        device.set_b(b0)
-        results.append((*device.step(batch, seed=3), device.b()))
-    (ref_losses, ref_g, ref_b), (losses, g, b) = results
-    loss_atol, g_atol, b_atol = step_atols(config, torch.float32, float(ref_losses.abs().max()), EPS, LR)
+    batch = _batches(2, 2, eager.model.config.vocab_size)[0]
+    device = Device(manifest, pte.parent, store=folder)
+    device.set_b(b0)
+    losses, g = device.step(batch, seed=3)
+    with torch.no_grad():
+        eager.lora_b.copy_(b0)
+        args = (torch.tensor([3]), torch.tensor([LR]), torch.tensor([EPS]))
+        ref_losses, ref_g = (t.clone() for t in eager(batch.input_ids, batch.attention_mask, batch.targets, *args))
+    ref_b, b = eager.lora_b.clone(), device.b()
+    loss_atol, g_atol, b_atol = step_atols(eager.model.config, torch.float32, float(ref_losses.abs().max()), EPS, LR)
     torch.testing.assert_close(losses, ref_losses, rtol=0, atol=loss_atol)
     torch.testing.assert_close(g, ref_g, rtol=0, atol=g_atol)
     # B also rounds once more in float32 where its entries are largest
@@ -159,23 +168,24 @@ def test_set_then_get_round_trips(programs):
 
 
 def test_program_started_from_an_adapter_continues_from_it(programs, tiny_model_dir, tmp_path):
+    """``start_from_adapter`` (what ``export --adapter`` ends with) puts a previous adapter's B beside a program; the
+    device starts from it and takes the eager step from that B. The ``.pte`` is the very same: B is a buffer."""
     folder, by_q = programs
-    cfg, _ = by_q[1]
+    cfg, fresh = by_q[1]
     eager = _eager(tiny_model_dir, cfg)
     previous = torch.randn(eager.lora.size, generator=torch.Generator().manual_seed(3)) * 0.05
     save_lora(tmp_path / "previous", eager.lora, previous, str(tiny_model_dir))
-    manifest = export_program(
-        tiny_model_dir,
-        cfg,
-        tmp_path / "cont.pte",
-        store=folder,
-        init_adapter=tmp_path / "previous",
-        progress=lambda _: None,
-    )
-    assert manifest.ptd == by_q[1][1].ptd  # same base weights file, reused
-    assert manifest.pte.sha256 == by_q[1][1].pte.sha256  # the very same program bytes: B is not in the .pte ...
+    pte = tmp_path / fresh.pte.file
+    shutil.copyfile(folder / fresh.pte.file, pte)
+    manifest_path(pte).write_bytes(fresh.to_json())
+    manifest = start_from_adapter(pte, tmp_path / "previous")
+    assert manifest == read_manifest(pte) and manifest.pte == fresh.pte and fresh.init_b is None
     init_b = torch.from_numpy(read_b_file(tmp_path / manifest.init_b.file, manifest.lora_size))
-    assert torch.equal(init_b, previous) and by_q[1][1].init_b is None  # ... but in the B file named beside it
+    assert torch.equal(init_b, previous)
+    other = build_step_module(load_model(tiny_model_dir, "float32")[0], cfg.model_copy(update={"rank": 2})).lora
+    save_lora(tmp_path / "rank2", other, other.zeros(), str(tiny_model_dir))
+    with pytest.raises(UsageError, match="rank/targets 2/"):
+        start_from_adapter(pte, tmp_path / "rank2")
     device = Device(manifest, tmp_path, store=folder)
     device.set_b(init_b)
     assert torch.equal(device.b(), previous)

@@ -51,9 +51,11 @@ def test_tiny_model_loads_with_auto_classes(tiny_model_dir: Path) -> None:
     assert logits.shape == (1, ids.shape[1], 512) and torch.isfinite(logits).all()
 
 
-def test_same_seed_gives_identical_files(tiny_model_dir: Path, tmp_path: Path) -> None:
-    again = make_tiny_model(tmp_path / "again", seed=0)
-    assert file_bytes(again) == file_bytes(tiny_model_dir)
+def test_same_seed_gives_identical_files(tmp_path: Path) -> None:
+    """Two builds in one process (one set of ATen kernels; the session's ``tiny_model_dir`` may come from the test
+    cache, built under other kernels, whose ``normal_`` rounds differently)."""
+    first, again = (make_tiny_model(tmp_path / name, seed=0) for name in ("first", "again"))
+    assert file_bytes(again) == file_bytes(first)
 
 
 def test_other_seed_changes_weights_not_tokenizer(tiny_model_dir: Path, tmp_path: Path) -> None:

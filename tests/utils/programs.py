@@ -12,13 +12,15 @@ TINY_Q4_8DA4W = TINY_Q4.model_copy(update={"quantize": "8da4w"})
 
 
 def weights_files(folder: Path) -> tuple[set[str], set[str]]:
-    """(every .ptd in ``folder``, the .ptd files its float32 programs' manifests name). The session's program folder
-    also holds 8da4w programs, whose quantized weights are a file of their own."""
+    """(every .ptd in ``folder``, the .ptd files its float32 XNNPACK programs' manifests name). The session's program
+    folder also holds 8da4w programs, whose quantized weights are a file of their own, and portable ones (the
+    schedule tests'), whose weights are stored under other keys than XNNPACK's, so in a file of their own too."""
     import json
 
     named: set[str] = set()
     for manifest in folder.glob("*.json"):
         data = json.loads(manifest.read_text())
-        if isinstance(data, dict) and "ptd" in data and data.get("config", {}).get("quantize", "none") == "none":
+        config = data.get("config", {}) if isinstance(data, dict) and "ptd" in data else None
+        if config is not None and (config.get("quantize", "none"), config.get("backend")) == ("none", "xnnpack"):
             named.add(data["ptd"]["file"])
     return {p.name for p in folder.glob("*.ptd")}, named
