@@ -13,6 +13,7 @@ import pytest
 
 from tests.device_agent.conftest import ADB_STANDIN_DIR
 from tests.device_agent.helpers import Program, as_f32, python_reference, run_runner, runner_args
+from tests.utils.processes import exited
 
 PHONE_DIR = "/data/local/tmp/mobizo"
 
@@ -72,7 +73,7 @@ def test_killing_adb_hangs_up_the_phone_command(phone: Path, tmp_path: Path) -> 
     pid = wait_for_pid(pid_file)
     proc.terminate()
     proc.wait(timeout=10)
-    assert wait_until(lambda: not process_alive(pid))
+    assert wait_until(lambda: exited(pid))
 
 
 def test_a_killed_agent_takes_the_phone_command_with_it(phone: Path, tmp_path: Path) -> None:
@@ -88,7 +89,7 @@ def test_a_killed_agent_takes_the_phone_command_with_it(phone: Path, tmp_path: P
     pid = wait_for_pid(pid_file)
     agent.kill()  # SIGKILL: no chance to clean up, as in a crash
     agent.wait(timeout=10)
-    assert wait_until(lambda: not process_alive(pid))
+    assert wait_until(lambda: exited(pid))
 
 
 def wait_for_pid(pid_file: Path) -> int:
@@ -103,17 +104,6 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is dead
-    except FileNotFoundError:  # reaped between the two looks
-        return False
 
 
 def test_missing_device_root_is_an_adb_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,21 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.server.factories import ADMIN_TOKEN
 from tests.server.live import REPO, server_process
-
-
-def _gone(pid: int) -> bool:
-    """Exited (a zombie counts: it runs nothing)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except FileNotFoundError:
-        return True
+from tests.utils.processes import exited
 
 
 def test_a_second_server_on_the_same_data_dir_refuses_to_start(tmp_path):
@@ -63,12 +55,12 @@ def test_workers_die_with_a_sigkilled_server():
     )
     try:
         worker = int(proc.stdout.readline())
-        assert not _gone(worker)
+        assert not exited(worker)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     deadline = time.monotonic() + 10
-    while not _gone(worker):
+    while not exited(worker):
         assert time.monotonic() < deadline, f"worker {worker} outlived its server"
         time.sleep(0.1)
 
@@ -97,7 +89,7 @@ def test_stopping_the_server_kills_its_compile_and_leaves_the_job_for_recovery(t
             time.sleep(0.05)
     worker = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while not _gone(worker):
+    while not exited(worker):
         assert time.monotonic() < deadline, "the compile worker outlived the server"
         time.sleep(0.05)
     time.sleep(0.5)  # the driver thread has seen its worker die

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from server.app import create_app
 from server.compile_queue import LocalCompileQueue
 from server.settings import Settings
-from tests.server.conftest import client, db_url, fresh_pg_schema, pg_url, queue  # noqa: F401 - fixtures
 from tests.server.factories import ADMIN_TOKEN, create_user, make_fake_model, register_model
+from tests.utils.processes import exited
 
 JOB = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 3, "rank": 2}
 
@@ -82,14 +82,6 @@ def slow_build(model_dir: str, model_sha256: str, spec: dict, programs_dir: str,
     raise AssertionError("the compile should have been stopped")
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except FileNotFoundError:
-        return True
-    return state == "Z"
-
-
 def test_cancel_stops_a_running_compile(tmp_path):
     settings = Settings(data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN)
     app = create_app(settings, queue_factory=lambda s, store, _: LocalCompileQueue(s, store, 1, build=slow_build))
@@ -106,7 +98,7 @@ def test_cancel_stops_a_running_compile(tmp_path):
         r = test_client.post(f"/v1/jobs/{job['id']}/cancel", headers=user)
         assert r.status_code == 200 and r.json()["status"] == "cancelled"
         deadline = time.monotonic() + 10
-        while not _gone(pid):
+        while not exited(pid):
             assert time.monotonic() < deadline, "the compile worker is still running"
             time.sleep(0.05)
         assert test_client.get(f"/v1/jobs/{job['id']}", headers=user).json()["status"] == "cancelled"
