@@ -148,7 +148,11 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
         raise MobizoError(f"job {lease.job_id}: its spec and its program's shape disagree")
     _, examples, held_out = local_examples(ctx, lease)
     tokenizer = load_tokenizer_file(tokenizer_file)
-    write_batches(jobs.batches, shape, step_batches(examples, tokenizer, shape, spec.seed, spec.steps))
+    write_batches(
+        jobs.batches,
+        shape,
+        step_batches(examples, tokenizer, shape, spec.seed, spec.steps, lease.manifest.config.candidates),
+    )
     ctx.reporter.event("data", job_id=lease.job_id, examples=len(examples), held_out=len(held_out), steps=spec.steps)
 
 
@@ -187,11 +191,12 @@ def evaluate_held_out(
         return []
     session, tokenizer = ProgramSession(run.program, run.weights), load_tokenizer_file(tokenizer_file)
     shape, steps = program_shape(run.manifest.config), lease.spec.steps
+    candidates = run.manifest.config.candidates
     evals = []
     points = [*b_at_steps(run.init_b, records, eval_steps(steps, lease.spec.eval_every)[:-1]), (steps, final_b)]
     for step, b in points:
         session.set_b(b)
-        evals.append({"step": step, **evaluate_program(session, held_out, tokenizer, shape, task.kind)})
+        evals.append({"step": step, **evaluate_program(session, held_out, tokenizer, shape, task.kind, candidates)})
         ctx.reporter.event("held_out_step", job_id=lease.job_id, **evals[-1])
     ctx.reporter.event("held_out", job_id=lease.job_id, before=evals[0], after=evals[-1])
     return evals

@@ -52,14 +52,19 @@ def program_shape(config: ProgramConfig) -> Shape:
     return Shape(rows=config.batch_size, seq_len=config.seq_len, answer_len=config.answer_len)
 
 
-def step_batches(examples: list, tokenizer: Any, shape: Shape, seed: int, steps: int) -> Iterator[StepBatch]:
-    """Steps ``0 .. steps-1`` of a run over the rendered ``examples`` (``shared.tasks.Rendered``)."""
-    from shared.data import batch_indices, encode, pad_token_id, training_batch
+def step_batches(
+    examples: list, tokenizer: Any, shape: Shape, seed: int, steps: int, candidates: tuple[int, ...] = ()
+) -> Iterator[StepBatch]:
+    """Steps ``0 .. steps-1`` of a run over the rendered ``examples`` (``shared.tasks.Rendered``); a classification
+    program's ``candidates`` must be every used example's answers (``DataError`` otherwise)."""
+    from shared.data import batch_indices, check_candidates, encode, pad_token_id, training_batch
     from shared.noise import step_seed
 
     chosen = [batch_indices(len(examples), shape.rows, seed, k) for k in range(steps)]
     needed = sorted({i for indices in chosen for i in indices})
     encoded = dict(zip(needed, encode([examples[i] for i in needed], tokenizer, shape.seq_len), strict=True))
+    if candidates:
+        check_candidates(list(encoded.values()), candidates)
     pad = pad_token_id(tokenizer)
     for k, indices in enumerate(chosen):
         try:

@@ -16,11 +16,31 @@ from pathlib import Path
 from typing import Any
 
 
-def program_config(spec: dict[str, Any], answer_len: int, chat: tuple[str, str] | None = None) -> dict[str, Any]:
+def program_config(
+    spec: dict[str, Any],
+    answer_len: int,
+    chat: tuple[str, str] | None = None,
+    objective: str = "lm",
+    candidates: tuple[int, ...] = (),
+) -> dict[str, Any]:
     """The program config (as JSON) of a job spec (``JobCreate`` as JSON); ``ValueError`` if it does not fit."""
     from shared.manifest import ProgramConfig
 
-    return ProgramConfig.from_spec(spec, answer_len, chat).model_dump(mode="json")
+    return ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates).model_dump(mode="json")
+
+
+def resolve_config(model_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """The program config of a job spec with what only the model's tokenizer tells resolved: the chat frame, the
+    objective with its candidates' ids, and the answer length (``shared.data.resolve_objective``). ``UsageError``
+    naming the field a job cannot have with this model."""
+    from shared.data import resolve_objective
+    from shared.tasks import get_task, with_chat
+
+    chat = resolve_chat(Path(model_dir), spec)
+    task = with_chat(get_task(spec["task"] or "custom", spec["template"], spec["verbalizer"]), chat)
+    resolved = resolve_objective(task, _tokenizer(str(model_dir)), spec.get("objective"), spec.get("answer_len"))
+    objective, candidates, answer_len = resolved
+    return program_config(spec, answer_len, chat, objective, candidates)
 
 
 def program_key(model_sha256: str, config: dict[str, Any], format_version: int) -> str:
@@ -69,9 +89,8 @@ def build_program(
     from shared.manifest import FORMAT_VERSION, ProgramConfig, manifest_path, read_manifest
     from shared.program import export_program
 
-    chat = resolve_chat(Path(model_dir), spec)
-    answer_len = spec["answer_len"] or resolve_answer_len(Path(model_dir), spec, chat)
-    config = program_config(spec, answer_len, chat)
+    config = resolve_config(Path(model_dir), spec)
+    answer_len = config["answer_len"]
     key = program_key(model_sha256, config, FORMAT_VERSION)
     final = Path(programs_dir) / key
     if fetch is not None:
@@ -102,16 +121,6 @@ def resolve_chat(model_dir: Path, spec: dict[str, Any]) -> tuple[str, str] | Non
     from shared.tasks import chat_frame
 
     return chat_frame(_tokenizer(str(model_dir))) if spec.get("chat_template") else None
-
-
-def resolve_answer_len(model_dir: Path, spec: dict[str, Any], chat: tuple[str, str] | None = None) -> int:
-    """Tokens of the task's longest verbalizer answer (``shared.data.answer_len_for``), for classification jobs
-    submitted without ``answer_len`` (the route requires it for the others, whose answers come from the data)."""
-    from shared.data import answer_len_for
-    from shared.tasks import get_task, with_chat
-
-    task = with_chat(get_task(spec["task"] or "custom", spec["template"], spec["verbalizer"]), chat)
-    return answer_len_for(task, _tokenizer(str(model_dir)))
 
 
 INFERENCE_PTE = "inference.pte"

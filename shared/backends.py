@@ -17,3 +17,12 @@ DEVICE_BACKENDS: tuple[str, ...] = get_args(DeviceBackend)
 # How a MobiZO step groups its 2q paths into forward passes (shared.zo): the same losses and B, different speed.
 Parallel = Literal["both", "outer", "inner", "none"]
 PARALLEL_MODES: tuple[str, ...] = get_args(Parallel)
+
+# What a step's loss measures: a classification task's decision (cross-entropy over its single-token candidates,
+# MeZO's --train_as_classification), or language modelling (cross-entropy over the whole vocabulary).
+Objective = Literal["classification", "lm"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+OBJECTIVE_HELP = (
+    "what the loss measures: classification (cross-entropy over the task's single-token answers, the default for "
+    "classification tasks whose answers are single tokens) or lm (cross-entropy over the whole vocabulary)"
+)

@@ -21,6 +21,9 @@ class Batch:
     attention_mask: torch.Tensor  # [N, T] long, 1 on real tokens
     position_ids: torch.Tensor  # [N, T] long, cumsum(mask) - 1 clamped at 0
     targets: torch.Tensor  # [N, L] long, IGNORE_INDEX where the column is not part of the answer
+    # The classification objective: the token ids of the task's candidates [C], each one token, in label order
+    # (``targets[:, -1]`` is one of them). None: the loss is the language-modelling one over the whole vocabulary.
+    candidates: torch.Tensor | None = None
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

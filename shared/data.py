@@ -212,6 +212,58 @@ def answer_len_for(task: Task, tokenizer: Any) -> int:
     return max(map(len, encoded.candidate_ids))
 
 
+def single_token_candidates(task: Task, tokenizer: Any) -> tuple[int, ...] | None:
+    """The token ids of a classification task's candidates as they follow its prompt, in label order, when each is
+    one token; None when one is longer or the answers come from the data (not a classification task)."""
+    if task.kind != "classification":
+        return None
+    (encoded,) = encode([task.render(placeholder_record(task))], tokenizer)
+    if any(len(ids) != 1 for ids in encoded.candidate_ids):
+        return None
+    return tuple(ids[0] for ids in encoded.candidate_ids)
+
+
+def resolve_objective(
+    task: Task, tokenizer: Any, requested: str | None = None, answer_len: int | None = None
+) -> tuple[str, tuple[int, ...], int | None]:
+    """(objective, candidate ids, answer length) of a run or program: ``requested``, or by default
+    ``classification`` for a classification task whose candidates are single tokens (unless ``answer_len`` fixes
+    longer answers, which only ``lm`` trains) and ``lm`` otherwise. The answer length is ``answer_len``, else 1 for
+    the classification objective, else the task's longest answer (``answer_len_for``; None when the answers come from
+the data: a program needs it given). ``UsageError`` naming the
+    field when the classification objective cannot apply (multi-token candidates would need a row per candidate)."""
+    from shared.backends import OBJECTIVES
+
+    if requested is not None and requested not in OBJECTIVES:
+        raise UsageError("objective", f"unknown objective {requested!r} (choose from {', '.join(OBJECTIVES)})")
+    ids = single_token_candidates(task, tokenizer)
+    if requested is None:
+        requested = "lm" if ids is None or (answer_len or 1) > 1 else "classification"
+    if requested == "lm":  # answers from the data (not a classification task) have no length of their own
+        return "lm", (), answer_len or (answer_len_for(task, tokenizer) if task.kind == "classification" else None)
+    if task.kind != "classification":
+        raise UsageError("objective", f"classification needs a task with a verbalizer; {task.name} is {task.kind}")
+    if ids is None:
+        rendered = task.render(placeholder_record(task))
+        (encoded,) = encode([rendered], tokenizer)
+        lengths = ", ".join(f"{c!r} {len(t)}" for c, t in zip(rendered.candidates, encoded.candidate_ids, strict=True))
+        raise UsageError(
+            "objective", f"classification needs single-token answers; this tokenizer's are {lengths} tokens (use lm)"
+        )
+    if answer_len not in (None, 1):
+        raise UsageError("answer_len", f"the classification objective scores one answer token, not {answer_len}")
+    return "classification", ids, 1
+
+
+def check_candidates(encoded: list[Encoded], candidates: tuple[int, ...]) -> None:
+    """Every example's candidates must be the task's single tokens (``DataError`` naming the first that is not),
+    so that the classification loss finds each row's answer among them."""
+    expected = [[c] for c in candidates]
+    for i, example in enumerate(encoded):
+        if example.candidate_ids != expected:
+            raise DataError(f"example {i}: its answers encode to {example.candidate_ids}, not the task's {expected}")
+
+
 def prompt_token_ids(tokenizer: Any, text: str) -> list[int]:
     """A free-text prompt as the model sees it in training: [BOS] (when the tokenizer uses one) + the text's tokens."""
     return _bos(tokenizer) + _token_ids(tokenizer, [text])[0]

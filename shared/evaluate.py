@@ -1,13 +1,16 @@
 """Accuracy and loss of a causal LM on a task, by scoring candidate answers with the model's likelihood.
 
-Each (example, candidate) pair is one row of a left-padded batch (``shared.data.training_batch``), so one forward
-pass scores a whole chunk of pairs. A candidate's score is the mean log-likelihood of its tokens given the prompt,
-which does not favour short answers the way a sum would; the prediction is the best-scoring candidate. The loss
-is the training loss: cross-entropy over the whole vocabulary, averaged over the tokens of the correct answers.
+A candidate's score is the mean log-likelihood of its tokens given the prompt, which does not favour short answers
+the way a sum would; the prediction is the best-scoring candidate. When every candidate is one token, one row per
+example scores them all (the logits at the answer position hold every candidate's); otherwise each (example,
+candidate) pair is one row of a left-padded batch (``shared.data.training_batch``), C rows per example. The loss
+is the training objective's: ``lm``, cross-entropy over the whole vocabulary averaged over the tokens of the
+correct answers; ``classification``, the mean over examples of the cross-entropy of the candidates' scores.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -15,7 +18,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from shared.batch import IGNORE_INDEX
-from shared.data import Encoded, encode, pad_token_id, training_batch
+from shared.data import Encoded, encode, pad_token_id, resolve_objective, training_batch
 from shared.tasks import Rendered, Task
 
 
@@ -39,6 +42,29 @@ def _pairs(encoded: list[Encoded]) -> list[tuple[int, int]]:
     """(example, candidate) pairs, shortest rows first so that each chunk pads little."""
     pairs = [(i, c) for i, e in enumerate(encoded) for c in range(len(e.candidate_ids))]
     return sorted(pairs, key=lambda p: len(encoded[p[0]].prompt_ids) + len(encoded[p[0]].candidate_ids[p[1]]))
+
+
+def _score_single_tokens(
+    model: Any, encoded: list[Encoded], pad_id: int, batch_size: int, progress: bool
+) -> tuple[list[list[float]], list[list[int]]]:
+    """``_score_all`` for examples whose candidates are all single tokens: one row per example."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].prompt_ids))  # chunks pad little
+    nll: list[list[float]] = [[] for _ in encoded]
+    for start in tqdm(range(0, len(order), batch_size), desc="eval", unit="batch", disable=not progress):
+        chunk = order[start : start + batch_size]
+        batch = training_batch([encoded[i] for i in chunk], pad_id)
+        logits = model(
+            input_ids=batch.input_ids.to(device),
+            attention_mask=batch.attention_mask.to(device),
+            position_ids=batch.position_ids.to(device),
+            logits_to_keep=2,
+        ).logits[:, 0]
+        log_probs = torch.log_softmax(logits.float(), dim=-1).cpu()
+        for row, i in enumerate(chunk):
+            ids = [c[0] for c in encoded[i].candidate_ids]
+            nll[i] = (-log_probs[row, ids]).tolist()
+    return nll, [[1] * len(row) for row in nll]
 
 
 def _score_all(
@@ -67,31 +93,52 @@ def evaluate(
     batch_size: int = 16,
     max_len: int | None = None,
     progress: bool = False,
+    objective: str | None = None,
 ) -> dict[str, Any]:
-    """``{"accuracy", "loss", "n"}`` of ``model`` on the rendered examples (accuracy is None for ``lm`` tasks).
+    """``{"accuracy", "loss", "n"}`` of ``model`` on the rendered examples (accuracy is None for ``lm`` tasks); the
+    loss is ``objective``'s (module docstring; None: the task's default, ``shared.data.resolve_objective``).
 
-    ``batch_size`` counts (example, candidate) rows per forward pass; ``max_len`` truncates prompts as
-    ``shared.data.encode`` does. The model runs in eval mode under ``no_grad`` and gets its mode back after.
+    ``batch_size`` counts rows per forward pass; ``max_len`` truncates prompts as ``shared.data.encode`` does. The
+    model runs in eval mode under ``no_grad`` and gets its mode back after.
     """
     if not rendered:
         raise ValueError("evaluate needs at least one example")
+    objective, _, _ = resolve_objective(task, tokenizer, objective)
     encoded = encode(rendered, tokenizer, max_len)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            nll, count = _score_all(model, encoded, pad_token_id(tokenizer), batch_size, progress)
+            single = all(len(c) == 1 for e in encoded for c in e.candidate_ids)
+            score = _score_single_tokens if single else _score_all
+            nll, count = score(model, encoded, pad_token_id(tokenizer), batch_size, progress)
     finally:
         model.train(was_training)
     labels = [e.label for e in encoded]
-    loss = sum(row[y] for row, y in zip(nll, labels)) / sum(row[y] for row, y in zip(count, labels))
+    if objective == "classification":
+        loss = sum(candidate_loss(scores(n, c), y) for n, c, y in zip(nll, count, labels, strict=True)) / len(labels)
+    else:
+        loss = sum(row[y] for row, y in zip(nll, labels)) / sum(row[y] for row, y in zip(count, labels))
     accuracy = None
     if task.kind != "lm":
         hits = [_best(row_nll, row_count) == y for row_nll, row_count, y in zip(nll, count, labels, strict=True)]
         accuracy = sum(hits) / len(hits)
-    return {"accuracy": accuracy, "loss": loss, "n": len(encoded)}
+    return {"accuracy": accuracy, "loss": loss, "n": len(encoded), "objective": objective}
+
+
+def scores(nll: list[float], count: list[int]) -> list[float]:
+    """The candidates' scores: their mean log-likelihoods."""
+    return [-n / c for n, c in zip(nll, count, strict=True)]
+
+
+def candidate_loss(row: list[float], label: int) -> float:
+    """The classification objective's loss of one example from its candidates' scores: their cross-entropy,
+    log-sum-exp of the scores minus the label's (``shared.zo.example_losses`` in float32)."""
+    top = max(row)
+    return top + math.log(sum(math.exp(s - top) for s in row)) - row[label]
 
 
 def _best(nll: list[float], count: list[int]) -> int:
     """The candidate with the highest mean log-likelihood (the first one on a tie)."""
-    return max(range(len(nll)), key=lambda c: -nll[c] / count[c])
+    row = scores(nll, count)
+    return max(range(len(row)), key=row.__getitem__)

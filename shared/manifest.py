@@ -16,7 +16,7 @@ from typing import Any, Literal, Self, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from shared import defaults
-from shared.backends import Parallel, ProgramBackend, Quantization
+from shared.backends import Objective, Parallel, ProgramBackend, Quantization
 from shared.errors import FieldError
 
 FORMAT_VERSION = 2  # 2: the .pte carries no B; the device sets it before step 1 (issue 11)
@@ -58,11 +58,20 @@ class ProgramConfig(BaseModel):
     # (``shared.tasks.chat_frame``), or None for plain prompts. In the config so that a program built for chat
     # prompts is never served to a job without them (its answer length may differ).
     chat: tuple[str, str] | None = None
+    # What the step's loss measures (``shared.zo.example_losses``): ``lm``, or ``classification`` over the task's
+    # single-token candidates, whose ids the program holds (so a program serves one verbalizer of one tokenizer).
+    objective: Objective = "lm"
+    candidates: tuple[int, ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self) -> ProgramConfig:
         examples_per_query(self.batch_size, self.q)
         check_prompt_room(self.seq_len, self.answer_len)
+        if self.objective == "classification":
+            if len(self.candidates) < 2 or self.answer_len != 1 or min(self.candidates) < 0:
+                raise FieldError("objective", "classification needs two or more single-token candidates (answer_len 1)")
+        elif self.candidates:
+            raise FieldError("candidates", "only the classification objective scores candidates")
         return self
 
     @property
@@ -70,9 +79,17 @@ class ProgramConfig(BaseModel):
         return self.batch_size // self.q
 
     @classmethod
-    def from_spec(cls, spec: Any, answer_len: int, chat: tuple[str, str] | None = None) -> ProgramConfig:
-        """The program of a job spec (``shared.schemas.HyperParams`` or its JSON) with ``answer_len`` and the chat
-        frame (for a spec with ``chat_template``) resolved from the model."""
+    def from_spec(
+        cls,
+        spec: Any,
+        answer_len: int,
+        chat: tuple[str, str] | None = None,
+        objective: str = "lm",
+        candidates: tuple[int, ...] = (),
+    ) -> ProgramConfig:
+        """The program of a job spec (``shared.schemas.HyperParams`` or its JSON) with ``answer_len``, the chat
+        frame (for a spec with ``chat_template``) and the objective with its candidates resolved from the model
+        (``shared.data.resolve_objective``)."""
         get = spec.get if isinstance(spec, dict) else lambda name: getattr(spec, name)
         return cls(
             q=get("q"),
@@ -88,6 +105,8 @@ class ProgramConfig(BaseModel):
             group_size=get("group_size") or defaults.GROUP_SIZE,
             parallel=get("parallel") or defaults.PARALLEL,
             chat=chat,
+            objective=objective,
+            candidates=tuple(candidates),
         )
 
 

@@ -38,14 +38,20 @@ from shared.manifest import (
     read_manifest,
 )
 from shared.ptd import WEIGHTS_TAG, store_weights
-from shared.zo import forward_losses, zo_step
+from shared.zo import candidate_scores, forward_losses, zo_step
 
 
 class MobileMPLoRA(nn.Module):
     """The exportable step module: ``forward`` is one whole ZO-SGD step; B is a mutable buffer."""
 
     def __init__(
-        self, model: nn.Module, lora: MPLoRA, q: int, init_b: torch.Tensor | None = None, parallel: str = "both"
+        self,
+        model: nn.Module,
+        lora: MPLoRA,
+        q: int,
+        init_b: torch.Tensor | None = None,
+        parallel: str = "both",
+        candidates: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         self.model = model
@@ -53,9 +59,15 @@ class MobileMPLoRA(nn.Module):
         self.q = q
         self.parallel = parallel
         self.register_buffer("lora_b", lora.zeros() if init_b is None else init_b.clone().to(torch.float32))
+        # The classification objective's candidate ids (a constant of the .pte, not of the shared .ptd).
+        ids = torch.tensor(candidates, dtype=torch.long, device=self.lora_b.device) if candidates else None
+        self.register_buffer("candidate_ids", ids)
+
+    def _batch(self, input_ids, attention_mask, targets) -> Batch:
+        return Batch(input_ids, attention_mask, position_ids(attention_mask), targets, self.candidate_ids)
 
     def forward(self, input_ids, attention_mask, targets, seed, lr, eps):
-        batch = Batch(input_ids, attention_mask, position_ids(attention_mask), targets)
+        batch = self._batch(input_ids, attention_mask, targets)
         step = (self.lora_b, seed, lr, eps, self.q, self.parallel)
         losses, g, b_new = zo_step(self.model, self.lora, batch, *step, trim=False)
         self.lora_b.copy_(b_new)
@@ -69,10 +81,14 @@ class MobileMPLoRA(nn.Module):
         return self.lora_b.clone()
 
     def evaluate(self, input_ids, attention_mask, targets) -> torch.Tensor:
-        """Per-example losses with the master B, no perturbation."""
+        """With the master B, no perturbation: per-example losses [N] (objective ``lm``), or each row's candidates'
+        log-likelihoods [N, C] (``classification``: every candidate scored in the one pass)."""
         self.lora.apply(self.lora_b[None])
         try:
-            return forward_losses(self.model, Batch(input_ids, attention_mask, position_ids(attention_mask), targets))
+            batch = self._batch(input_ids, attention_mask, targets)
+            if self.candidate_ids is not None:
+                return candidate_scores(self.model, batch)
+            return forward_losses(self.model, batch)
         finally:
             self.lora.apply(None)
 
@@ -115,7 +131,7 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     model.config.use_cache = False
     lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
     quantize_base(model, cfg.quantize, cfg.group_size)
-    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel)
+    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates)
 
 
 def is_frozen_weight(node: torch.fx.Node) -> bool:
@@ -123,10 +139,11 @@ def is_frozen_weight(node: torch.fx.Node) -> bool:
     of a model with the default rank, targets and A seed); the mutable B is neither: it has no value in any file
     (the device sets it before step 1).
 
-    Without this, each method that uses A carries its own copy in the .pte (SmolLM2: 2 x 2.2 MB).
+    Without this, each method that uses A carries its own copy in the .pte (SmolLM2: 2 x 2.2 MB). The
+    classification objective's candidate ids stay in the .pte too: they are the task's, and the .ptd the model's.
     """
     name = str(node.target if node.op == "get_attr" else node.name)
-    return "lora_b" not in name
+    return "lora_b" not in name and "candidate_ids" not in name
 
 
 def _weights_tag(node: torch.fx.Node) -> str | None:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared import defaults
-from shared.backends import DeviceBackend, Parallel, ProgramBackend, Quantization
+from shared.backends import DeviceBackend, Objective, Parallel, ProgramBackend, Quantization
 from shared.errors import FieldError, UsageError
 from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
 
@@ -207,6 +207,12 @@ class HyperParams(BaseModel):
         "inner (± side by side, queries in turn) or none (one path at a time, the MeZO way); the same losses and B",
     )
     group_size: int = Field(default=defaults.GROUP_SIZE, ge=32, le=4096, multiple_of=32, description="per 4-bit scale")
+    objective: Objective | None = Field(
+        default=None,
+        description="what a step's loss measures: classification (cross-entropy over the task's single-token "
+        "answers) or lm (cross-entropy over the whole vocabulary); default: classification for a classification "
+        "task whose answers are single tokens with the model's tokenizer, lm otherwise or when answer_len > 1",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> HyperParams:

@@ -32,11 +32,20 @@ from tqdm import tqdm
 
 from shared import defaults
 from shared.adapter import save_lora
-from shared.backends import PARALLEL_MODES
+from shared.backends import OBJECTIVES, PARALLEL_MODES
 from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
 from shared.batch import Batch
 from shared.checkpoint import Checkpoint, fingerprint, load_checkpoint, save_checkpoint
-from shared.data import Encoded, batch_indices, encode, load_examples, pad_token_id, training_batch
+from shared.data import (
+    Encoded,
+    batch_indices,
+    check_candidates,
+    encode,
+    load_examples,
+    pad_token_id,
+    resolve_objective,
+    training_batch,
+)
 from shared.errors import FieldError, UsageError
 from shared.evaluate import evaluate
 from shared.files import atomic_write_bytes
@@ -87,6 +96,7 @@ class TrainConfig:
     template: str | None = None
     verbalizer: dict[str, str] | None = None
     chat_template: bool = False  # prompts inside the model's chat template (instruct models)
+    objective: str | None = None  # None: the task's default (shared.data.resolve_objective)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -115,6 +125,8 @@ def validate(config: TrainConfig) -> Task:
 def _check_method(config: TrainConfig) -> None:
     if config.method not in METHODS:
         raise UsageError("method", f"unknown method {config.method!r} (choose from {', '.join(METHODS)})")
+    if config.objective is not None and config.objective not in OBJECTIVES:
+        raise UsageError("objective", f"unknown objective {config.objective!r} (choose from {', '.join(OBJECTIVES)})")
     if config.parallel not in PARALLEL_MODES:
         raise UsageError("parallel", f"unknown mode {config.parallel!r} (choose from {', '.join(PARALLEL_MODES)})")
     if config.q < 1:
@@ -228,7 +240,7 @@ class MethodStep:
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    return Batch(*(getattr(batch, f.name).to(device) for f in fields(Batch)))
+    return Batch(*(None if (t := getattr(batch, f.name)) is None else t.to(device) for f in fields(Batch)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,6 +259,8 @@ class _Run:
     step: MethodStep
     train: list[Encoded]
     eval: list[Rendered] | None
+    objective: str
+    candidates: torch.Tensor | None  # the classification objective's candidate ids, on the model's device
 
 
 def _prepare(config: TrainConfig, task: Task) -> _Run:
@@ -259,8 +273,13 @@ def _prepare(config: TrainConfig, task: Task) -> _Run:
     if config.method != "mezo":
         lora = inject_lora(model, config.targets, config.rank, config.alpha, config.a_seed)
     step = MethodStep(config.method, model, lora, config.q, config.parallel, config.lr, config.eps)
+    objective, ids, _ = resolve_objective(task, tokenizer, config.objective)
     train_set = encode(rendered, tokenizer, config.seq_len)
-    return _Run(config, task, model, tokenizer, lora, step, train_set, held_out)
+    candidates = None
+    if objective == "classification":
+        check_candidates(train_set, ids)
+        candidates = torch.tensor(ids, dtype=torch.long, device=device)
+    return _Run(config, task, model, tokenizer, lora, step, train_set, held_out, objective, candidates)
 
 
 def _evaluate(run: _Run, steps_done: int) -> dict[str, Any]:
@@ -268,7 +287,9 @@ def _evaluate(run: _Run, steps_done: int) -> dict[str, Any]:
     if run.lora is not None:
         run.lora.apply(run.step.b[None])
     try:
-        result = evaluate(run.model, run.tokenizer, run.task, run.eval, max_len=run.config.seq_len)
+        result = evaluate(
+            run.model, run.tokenizer, run.task, run.eval, max_len=run.config.seq_len, objective=run.objective
+        )
     finally:
         if run.lora is not None:
             run.lora.apply(None)
@@ -285,7 +306,9 @@ def _due_for_eval(run: _Run, steps_done: int) -> bool:
 def _step_batch(run: _Run, k: int) -> Batch:
     cfg = run.config
     examples = [run.train[i] for i in batch_indices(len(run.train), cfg.batch_size, cfg.seed, k)]
-    return to_device(training_batch(examples, pad_token_id(run.tokenizer)), run.step.device)
+    batch = to_device(training_batch(examples, pad_token_id(run.tokenizer)), run.step.device)
+    batch.candidates = run.candidates
+    return batch
 
 
 def _start(run: _Run) -> Checkpoint:
@@ -364,6 +387,7 @@ def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
         "eps": cfg.eps,
         "seed": cfg.seed,
         "parallel": cfg.parallel if cfg.method == "mobizo" else None,
+        "objective": run.objective,
         "losses": history["losses"],  # per step: the mean of that step's path losses
         "step_time_s": statistics.median(history["times"]),
         "train_time_s": sum(history["times"]),  # steps only (no evaluation, no batch building)

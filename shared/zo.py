@@ -24,10 +24,21 @@ from shared.lora import MPLoRA
 from shared.noise import noise_range
 
 
-def example_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-example loss: cross-entropy over the full vocabulary, mean over the example's answer tokens."""
-    vocab = logits.shape[-1]
+def example_losses(logits: torch.Tensor, targets: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-example loss of the answer logits [N, L, V] (``targets`` [N, L]).
+
+    ``candidates`` None (objective ``lm``): cross-entropy over the whole vocabulary, mean over the example's answer
+    tokens. ``candidates`` [C] (objective ``classification``, single-token candidates): cross-entropy over the
+    candidates' logits at the answer position, the label being the candidate ``targets[:, -1]`` holds. It equals
+    the cross-entropy of the candidates' scores (their log-likelihoods, ``shared.evaluate``): the vocabulary's
+    log-normaliser is the same for every candidate and cancels.
+    """
     dtype = torch.promote_types(logits.dtype, torch.float32)  # half-precision models: loss in float32
+    if candidates is not None:
+        scores = logits[:, -1, :].index_select(-1, candidates).to(dtype)
+        label = (targets[:, -1:] == candidates[None, :]).to(torch.int64).argmax(dim=1)
+        return nn.functional.cross_entropy(scores, label, reduction="none")
+    vocab = logits.shape[-1]
     nll = nn.functional.cross_entropy(
         logits.reshape(-1, vocab).to(dtype), targets.reshape(-1), ignore_index=-100, reduction="none"
     ).reshape(targets.shape)
@@ -35,17 +46,29 @@ def example_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nll.sum(dim=-1) / counts
 
 
-def forward_losses(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Per-example losses of ``batch`` under whatever paths the LoRA layers hold (answers at the right edge)."""
+def answer_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """The logits that predict each row's answer columns [N, L, V] (answers at the right edge)."""
     answer_len = batch.targets.shape[1]
-    logits = model(
+    return model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         logits_to_keep=answer_len + 1,
         use_cache=False,
     ).logits[:, :-1]
-    return example_losses(logits, batch.targets)
+
+
+def forward_losses(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Per-example losses of ``batch`` under whatever paths the LoRA layers hold (its objective: ``candidates``)."""
+    return example_losses(answer_logits(model, batch), batch.targets, batch.candidates)
+
+
+def candidate_scores(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """[N, C]: each single-token candidate's log-likelihood at each row's answer position (``shared.evaluate``'s
+    score, in one pass for all candidates)."""
+    logits = answer_logits(model, batch)[:, -1, :]
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return torch.log_softmax(logits.to(dtype), dim=-1).index_select(-1, batch.candidates)
 
 
 def _repeat_rows(batch: Batch, groups: int, copies: int) -> Batch:
@@ -56,7 +79,9 @@ def _repeat_rows(batch: Batch, groups: int, copies: int) -> Batch:
         x = x.reshape(groups, 1, shape[0] // groups, *shape[1:])
         return x.expand(groups, copies, *x.shape[2:]).reshape(groups * copies * (shape[0] // groups), *shape[1:])
 
-    return Batch(rep(batch.input_ids), rep(batch.attention_mask), rep(batch.position_ids), rep(batch.targets))
+    return Batch(
+        rep(batch.input_ids), rep(batch.attention_mask), rep(batch.position_ids), rep(batch.targets), batch.candidates
+    )
 
 
 def path_losses(model: nn.Module, lora: MPLoRA, batch: Batch, paths: torch.Tensor, copies: int) -> torch.Tensor:
@@ -109,6 +134,7 @@ def _query(batch: Batch, start: int, stop: int, trim: bool) -> Batch:
         mask[:, first:],
         batch.position_ids[start:stop, first:],
         batch.targets[start:stop],
+        batch.candidates,
     )
 
 

@@ -110,7 +110,8 @@ class _Run:
         from device_agent.evaluation import evaluate_program
 
         if self.held_out is not None:
-            result = evaluate_program(self.session, self.held_out, self.tokenizer, self.shape, self.kind)
+            candidates = self.manifest.config.candidates
+            result = evaluate_program(self.session, self.held_out, self.tokenizer, self.shape, self.kind, candidates)
             self.evals.append({"step": step, **result})
 
 
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     shape, tokenizer = program_shape(manifest.config), load_tokenizer_file(tokenizer_file)
     examples = load_examples(task, args.train)
     held_out = load_examples(task, args.eval) if args.eval is not None else None
-    batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps))
+    batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps, manifest.config.candidates))
     state = _Run(manifest, ProgramSession(args.program, ptd), tokenizer, shape, task.kind, held_out)
     init_b = _initial_b(args.program, manifest)
     state.session.set_b(init_b)

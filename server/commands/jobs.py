@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
-from shared.backends import DEVICE_BACKENDS, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
+from shared.backends import DEVICE_BACKENDS, OBJECTIVE_HELP, OBJECTIVES, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
 from shared.errors import ExitCode, cli_flag
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
@@ -32,6 +32,7 @@ _HYPER = (
     "quantize",
     "group_size",
     "parallel",
+    "objective",
 )
 # option → JobCreate field, for options whose value is used as given
 _FIELDS = (
@@ -107,6 +108,11 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         cli_flag("parallel"),
         choices=PARALLEL_MODES,
         help="how a step runs its 2q paths: both (one pass, default), outer, inner or none (one at a time)",
+    )
+    p.add_argument(
+        cli_flag("objective"),
+        choices=OBJECTIVES,
+        help=OBJECTIVE_HELP,
     )
     p.add_argument(cli_flag("device_id"), dest="device_id", type=int, help="run on this device only")
     p.add_argument(cli_flag("device_backend"), choices=DEVICE_BACKENDS)

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from shared.backends import OBJECTIVE_HELP, OBJECTIVES
 from shared.errors import ExitCode, UsageError
 from shared.tasks import parse_verbalizer  # light: stdlib only
 
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
     parser.add_argument("--data", required=True, metavar="FILE", help="JSON Lines examples")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
     parser.add_argument("--limit", type=int, metavar="N", help="only the first N examples")
-    parser.add_argument("--batch-size", type=int, default=16, metavar="N", help="(example, candidate) rows per pass")
+    parser.add_argument("--batch-size", type=int, default=16, metavar="N", help="rows per forward pass")
     parser.add_argument("--template", help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
     parser.add_argument("--verbalizer", metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
     parser.add_argument(
@@ -37,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
     )
     parser.add_argument("--max-len", dest="seq_len", type=int, help=argparse.SUPPRESS)  # the old name, kept working
     if model:
+        parser.add_argument("--objective", choices=OBJECTIVES, help="the loss reported: " + OBJECTIVE_HELP)
         parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or float64")
         parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
 
@@ -87,6 +89,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         from shared.adapter import load_adapter
 
         load_adapter(model, Path(args.adapter))
-    metrics = evaluate(model, tokenizer, task, rendered, args.batch_size, args.seq_len, progress=sys.stderr.isatty())
+    metrics = evaluate(
+        model, tokenizer, task, rendered, args.batch_size, args.seq_len, sys.stderr.isatty(), args.objective
+    )
     print(json.dumps(metrics) if args.json else summary(task.name, metrics))
     return ExitCode.OK

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared import defaults
-from shared.backends import PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
+from shared.backends import OBJECTIVE_HELP, OBJECTIVES, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
 from shared.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the program's fixed width in tokens: every row is left-padded, or its prompt cut from the left, to N",
     )
     parser.add_argument("--answer-len", type=int, help="answer tokens per row (default: the task's longest answer)")
+    parser.add_argument("--objective", choices=OBJECTIVES, help=OBJECTIVE_HELP)
     parser.add_argument("--rank", type=int, default=defaults.RANK)
     parser.add_argument("--alpha", type=float, default=defaults.ALPHA)
     parser.add_argument("--targets", default=",".join(defaults.TARGETS), help="comma-separated target module names")
@@ -71,14 +72,14 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
     """Build the program config, which checks itself; a bad value is a UsageError naming its field."""
     from pydantic import ValidationError
 
-    from shared.data import answer_len_for
+    from shared.data import resolve_objective
     from shared.errors import usage_error
     from shared.manifest import ProgramConfig
     from shared.tasks import chat_frame, get_task, parse_verbalizer, with_chat
 
     chat = chat_frame(tokenizer) if args.chat_template else None
     task = with_chat(get_task(args.task, args.template, parse_verbalizer(args.verbalizer)), chat)
-    answer_len = args.answer_len or answer_len_for(task, tokenizer)
+    objective, candidates, answer_len = resolve_objective(task, tokenizer, args.objective, args.answer_len)
     try:
         return ProgramConfig(
             q=args.q,
@@ -94,6 +95,8 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
             quantize=args.quantize,
             group_size=args.group_size,
             chat=chat,
+            objective=objective,
+            candidates=candidates,
         )
     except ValidationError as exc:
         raise usage_error(exc) from None

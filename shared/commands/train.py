@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from shared import defaults
+from shared.backends import OBJECTIVE_HELP, OBJECTIVES
 from shared.errors import ExitCode
 from shared.tasks import parse_verbalizer
 
@@ -64,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--seed", default=_KEEP, type=int, help=f"run seed: batch order and step seeds (default {defaults.SEED})")
     add("--parallel", default=_KEEP, help="mobizo schedule: both (default), outer, inner, or none")
+    add("--objective", default=_KEEP, choices=OBJECTIVES, help=OBJECTIVE_HELP)
     add("--dtype", default=_KEEP, help="float32 (default), bfloat16, float16, or float64 (exactness checks)")
     add("--eval-every", default=_KEEP, type=int, metavar="K", help="also evaluate every K steps")
     add(

@@ -56,7 +56,7 @@ def make_batches(tmp_path: Path, tiny_program: Program) -> Callable[..., Path]:
     def make(count: int, shape: Shape | None = None, seed: int = 0, name: str = "batches.mzb") -> Path:
         shape = shape or tiny_program.shape
         path = tmp_path / name
-        write_batches(path, shape, random_steps(shape, tiny_program.vocab, count, seed))
+        write_batches(path, shape, random_steps(shape, tiny_program.vocab, count, seed, TINY_Q4.candidates))
         return path
 
     return make

@@ -32,12 +32,15 @@ class Program:
         return self.pte, self.ptd
 
 
-def random_steps(shape: Shape, vocab: int, count: int, seed: int = 0) -> list[StepBatch]:
-    """Left-padded random rows whose last ``answer_len`` tokens are the answer (as shared.data builds them)."""
+def random_steps(shape: Shape, vocab: int, count: int, seed: int = 0, candidates: tuple = ()) -> list[StepBatch]:
+    """Left-padded random rows whose last ``answer_len`` tokens are the answer (as shared.data builds them); with a
+    classification program's ``candidates``, each answer is one of them."""
     rng = np.random.default_rng(seed)
     steps = []
     for _ in range(count):
         ids = rng.integers(1, vocab, (shape.rows, shape.seq_len))
+        if candidates:
+            ids[:, -1] = rng.choice(candidates, shape.rows)
         mask = np.ones_like(ids)
         for row, width in enumerate(rng.integers(0, shape.seq_len - shape.answer_len - 1, shape.rows)):
             ids[row, :width], mask[row, :width] = 0, 0

@@ -21,14 +21,14 @@ import httpx
 from tests.server.factories import ADMIN_TOKEN, bearer
 from tests.server.live import REPO
 
-# Every job has the program config TINY_Q4 (q=4, E=2, 16 columns, 2 answer columns), the suite's shared program.
+# Every job has the program config TINY_Q4 (q=4, E=2, 16 columns, SST-2 trained as classification), the suite's
+# shared program.
 SPEC = {
     "model": "tiny",
     "task": "sst2",
     "q": 4,
     "batch_size": 8,
     "seq_len": 16,
-    "answer_len": 2,
     "rank": 4,
     "alpha": 8.0,
     "lr": 0.5,

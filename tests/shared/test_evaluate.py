@@ -50,13 +50,16 @@ def hand_nll(model: LlamaForCausalLM, prompt_ids: list[int], answer_ids: list[in
 
 
 def hand_metrics(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, rendered: list[Rendered]) -> dict:
-    hits, nll, tokens = 0, 0.0, 0
+    """Accuracy and both objectives' losses, one unpadded row per (example, candidate)."""
+    hits, nll, tokens, cross_entropy = 0, 0.0, 0, 0.0
     for example in encode(rendered, tokenizer):
         scores = [hand_nll(model, example.prompt_ids, answer) for answer in example.candidate_ids]
         means = [-s / n for s, n in scores]
         hits += max(range(len(means)), key=means.__getitem__) == example.label
         nll, tokens = nll + scores[example.label][0], tokens + scores[example.label][1]
-    return {"accuracy": hits / len(rendered), "loss": nll / tokens, "n": len(rendered)}
+        cross_entropy -= torch.log_softmax(torch.tensor(means, dtype=torch.float64), 0)[example.label].item()
+    n = len(rendered)
+    return {"accuracy": hits / n, "lm": nll / tokens, "classification": cross_entropy / n, "n": n}
 
 
 @pytest.mark.parametrize(
@@ -70,9 +73,28 @@ def test_evaluate_matches_unpadded_hand_scores(model, tokenizer, task: str, path
     rendered = load_examples(get_task(task), DATA / path, limit=24)
     expected = hand_metrics(model, tokenizer, rendered)
     assert 0.0 < expected["accuracy"] < 1.0  # the random model is not trivially right or wrong
-    got = evaluate(model, tokenizer, get_task(task), rendered, batch_size=batch_size)
-    assert got["n"] == expected["n"] and got["accuracy"] == expected["accuracy"]
-    assert got["loss"] == pytest.approx(expected["loss"], rel=loss_rtol(model.config))  # other padding widths
+    objectives = ["lm", "classification"] if task == "sst2" else ["lm"]  # COPA's answers come from the data
+    for objective in objectives:
+        got = evaluate(model, tokenizer, get_task(task), rendered, batch_size=batch_size, objective=objective)
+        assert got["n"] == expected["n"] and got["accuracy"] == expected["accuracy"]
+        rtol = loss_rtol(model.config)  # other padding widths
+        assert got["loss"] == pytest.approx(expected[objective], rel=rtol) and got["objective"] == objective
+    default = evaluate(model, tokenizer, get_task(task), rendered, batch_size=batch_size)["objective"]
+    assert default == objectives[-1]  # SST-2's answers are single tokens: classification, COPA's lm
+
+
+def test_one_pass_scores_every_single_token_candidate_as_its_own_row_does(model, tokenizer) -> None:
+    """SST-2's candidates are single tokens: one row per example scores both, as two rows per example do."""
+    from shared.evaluate import _score_all, _score_single_tokens
+
+    encoded = encode(load_examples(get_task("sst2"), DATA / "sst2/validation.jsonl", limit=24), tokenizer)
+    assert all(len(c) == 1 for e in encoded for c in e.candidate_ids)
+    with torch.no_grad():
+        one, one_count = _score_single_tokens(model, encoded, 0, 7, False)
+        rows, rows_count = _score_all(model, encoded, 0, 7, False)
+    assert one_count == rows_count
+    torch.testing.assert_close(torch.tensor(one), torch.tensor(rows), rtol=loss_rtol(model.config), atol=0)
+    assert [max(range(2), key=lambda c: -r[c]) for r in one] == [max(range(2), key=lambda c: -r[c]) for r in rows]
 
 
 def test_lm_loss_of_an_example_alone_equals_its_share_in_a_padded_batch(model, tokenizer) -> None:
@@ -89,7 +111,7 @@ def test_lm_loss_of_an_example_alone_equals_its_share_in_a_padded_batch(model, t
     expected = sum(m["loss"] * n for m, n in zip(alone, tokens, strict=True)) / sum(tokens)
     rtol = loss_rtol(model.config)  # other padding widths
     assert together["loss"] == pytest.approx(expected, rel=rtol)
-    assert together["loss"] == pytest.approx(hand_metrics(model, tokenizer, rendered)["loss"], rel=rtol)
+    assert together["loss"] == pytest.approx(hand_metrics(model, tokenizer, rendered)["lm"], rel=rtol)
 
 
 def test_evaluate_truncates_like_encode_and_restores_training_mode(model, tokenizer) -> None:

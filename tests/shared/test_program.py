@@ -18,7 +18,7 @@ from tests.utils.programs import TINY_Q1, TINY_Q4, weights_files
 from tests.utils.tiny import random_batch
 from tests.utils.tolerance import b_drift, loss_rtol, step_atols
 
-SEQ, ANSWER, STEPS, LR, EPS = TINY_Q1.seq_len, TINY_Q1.answer_len, 20, 0.2, 1e-2
+STEPS, LR, EPS = 20, 0.2, 1e-2
 
 
 def assert_same_step_losses(got: torch.Tensor, want: torch.Tensor, config) -> None:
@@ -27,8 +27,10 @@ def assert_same_step_losses(got: torch.Tensor, want: torch.Tensor, config) -> No
     torch.testing.assert_close(got, want, rtol=0, atol=atol)
 
 
-def _batches(q: int, e: int, vocab: int):
-    return [random_batch(q * e, seed=1000 + k, max_len=SEQ, answer_len=ANSWER, vocab=vocab) for k in range(STEPS)]
+def _batches(cfg, vocab: int):
+    """Random batches of a program's shape; a classification program's answers are its candidates."""
+    shape = {"max_len": cfg.seq_len, "answer_len": cfg.answer_len, "vocab": vocab, "candidates": cfg.candidates}
+    return [random_batch(cfg.batch_size, seed=1000 + k, **shape) for k in range(STEPS)]
 
 
 class Device:
@@ -80,7 +82,7 @@ def test_pte_losses_equal_eager_step_by_step_and_replay_is_bit_exact(programs, t
     device.set_b(torch.zeros(manifest.lora_size))  # the program carries no B: the device always sets it first
     vocab = eager.model.config.vocab_size
     log = []
-    for k, batch in enumerate(_batches(q, 2, vocab)):
+    for k, batch in enumerate(_batches(cfg, vocab)):
         with torch.no_grad():
             eager.lora_b.copy_(device.b())  # same starting B each step: compare the step itself
             eager_losses, _ = eager(
@@ -108,7 +110,7 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
     device.set_b(torch.zeros(manifest.lora_size))
     g_device, g_eager = [], []
     with torch.no_grad():
-        for k, batch in enumerate(_batches(4, 2, eager.model.config.vocab_size)):
+        for k, batch in enumerate(_batches(cfg, eager.model.config.vocab_size)):
             g_device.append(device.step(batch, seed=k)[1])
             args = (torch.tensor([k]), torch.tensor([LR]), torch.tensor([EPS]))
             g_eager.append(eager(batch.input_ids, batch.attention_mask, batch.targets, *args)[1].clone())
@@ -132,7 +134,7 @@ def test_every_schedule_takes_the_same_step_in_a_pte(programs, program_factory, 
     assert manifest.config.parallel == parallel
     eager = _eager(tiny_model_dir, cfg.model_copy(update={"parallel": "both"}))
     b0 = torch.randn(manifest.lora_size, generator=torch.Generator().manual_seed(5)) * 0.05
-    batch = _batches(2, 2, eager.model.config.vocab_size)[0]
+    batch = _batches(cfg, eager.model.config.vocab_size)[0]
     device = Device(manifest, pte.parent, store=folder)
     device.set_b(b0)
     losses, g = device.step(batch, seed=3)
@@ -189,7 +191,7 @@ def test_program_started_from_an_adapter_continues_from_it(programs, tiny_model_
     device = Device(manifest, tmp_path, store=folder)
     device.set_b(init_b)
     assert torch.equal(device.b(), previous)
-    batch = _batches(1, 2, eager.model.config.vocab_size)[0]
+    batch = _batches(cfg, eager.model.config.vocab_size)[0]
     with torch.no_grad():
         eager.lora_b.copy_(previous)
         expected, _ = eager(
@@ -202,3 +204,30 @@ def test_program_started_from_an_adapter_continues_from_it(programs, tiny_model_
         )
     losses, _ = device.step(batch, seed=0)
     assert_same_step_losses(losses, expected, eager.model.config)
+
+
+def test_a_classification_programs_evaluate_scores_every_candidate_in_one_pass(programs, tiny_model_dir):
+    """The q = 4 program trains SST-2 as classification: its ``evaluate`` returns each row's candidates'
+    log-likelihoods (eager ``candidate_scores``, within float32 rounding), and their cross-entropy at the row's answer
+    is the loss the step trains on (eager ``forward_losses`` with the master B)."""
+    from shared.batch import Batch
+    from shared.zo import candidate_scores, forward_losses
+
+    folder, by_q = programs
+    cfg, manifest = by_q[4]
+    assert cfg.objective == "classification" and manifest.config.candidates == cfg.candidates
+    device, eager = Device(manifest, folder), _eager(tiny_model_dir, cfg)
+    b = torch.randn(manifest.lora_size, generator=torch.Generator().manual_seed(8)) * 0.05
+    device.set_b(b)
+    batch = _batches(cfg, eager.model.config.vocab_size)[0]
+    scores = device.methods["evaluate"].execute([batch.input_ids, batch.attention_mask, batch.targets])[0]
+    assert scores.shape == (cfg.batch_size, len(cfg.candidates))
+    with torch.no_grad():
+        eager.lora.apply(b[None])
+        want = candidate_scores(eager.model, batch)
+        losses = forward_losses(eager.model, Batch(**{**batch.__dict__, "candidates": torch.tensor(cfg.candidates)}))
+        eager.lora.apply(None)
+    assert_same_step_losses(scores, want, eager.model.config)
+    labels = torch.tensor([cfg.candidates.index(int(t)) for t in batch.targets[:, -1]])
+    from_scores = torch.logsumexp(scores, 1) - scores.gather(1, labels[:, None])[:, 0]
+    assert_same_step_losses(from_scores, losses, eager.model.config)

@@ -7,7 +7,7 @@ from shared.backends import PARALLEL_MODES
 from shared.baselines import fo_lora_loss_and_grad, mezo_lora_step, mezo_step
 from shared.hf_models import float64_throughout
 from shared.lora import inject_lora
-from shared.zo import path_losses, zo_step
+from shared.zo import path_losses, perturbations, rge_losses, step_noise, zo_step
 from tests.utils.tiny import random_batch, tiny_llama
 from tests.utils.tolerance import Z_MAX, loss_rtol, step_atols
 
@@ -134,3 +134,34 @@ def test_mezo_full_perturbs_and_restores_all_parameters():
         torch.testing.assert_close(v, before[k], rtol=0, atol=bound)
     mezo_step(model, random_batch(2, seed=5), seed=3, lr=1e-2, eps=1e-3)
     assert any(not torch.allclose(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("parallel", PARALLEL_MODES)
+def test_classification_losses_are_the_cross_entropy_of_the_candidates_log_likelihoods(parallel):
+    """The classification objective's path losses, every schedule: per path, the mean over its query's rows of the
+    cross-entropy of the candidates' log-likelihoods at the answer position (``shared.evaluate``'s scores), computed
+    here row by row in float64 from the full-vocabulary log-softmax, which the loss never forms."""
+    q, candidates = 2, (5, 17, 40)
+    model, lora = _setup(dtype=torch.float64)
+    batch = random_batch(q * 3, seed=11, max_len=10, answer_len=1, candidates=candidates)
+    b = torch.randn(lora.size, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 0.05
+    z = step_noise(torch.tensor([3]), q, lora.size).to(torch.float64)
+    paths = perturbations(b, z, torch.tensor([EPS], dtype=torch.float64))
+    losses = rge_losses(model, lora, batch, paths, q, parallel)
+    expected = []
+    for j in range(2 * q):
+        rows = range((j // 2) * 3, (j // 2 + 1) * 3)  # query j // 2's rows
+        lora.apply(paths[j : j + 1])
+        per_row = []
+        for r in rows:
+            keep = batch.attention_mask[r] == 1
+            with torch.no_grad():
+                logits = model(input_ids=batch.input_ids[r, keep][None]).logits[0, -2]
+            scores = torch.log_softmax(logits, dim=-1)[list(candidates)]
+            label = candidates.index(int(batch.targets[r, -1]))
+            per_row.append(torch.logsumexp(scores, 0) - scores[label])
+        lora.apply(None)
+        expected.append(torch.stack(per_row).mean())
+    loss_atol = step_atols(model.config, torch.float64, 1.0, EPS, LR)[0]
+    torch.testing.assert_close(losses, torch.stack(expected), rtol=0, atol=loss_atol)
+    assert losses.max() < 3 * torch.log(torch.tensor(3.0))  # the scale of 3 candidates, not of a 96-token vocabulary
