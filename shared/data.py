@@ -229,9 +229,9 @@ def resolve_objective(
     """(objective, candidate ids, answer length) of a run or program: ``requested``, or by default
     ``classification`` for a classification task whose candidates are single tokens (unless ``answer_len`` fixes
     longer answers, which only ``lm`` trains) and ``lm`` otherwise. The answer length is ``answer_len``, else 1 for
-    the classification objective, else the task's longest answer (``answer_len_for``; None when the answers come from
-the data: a program needs it given). ``UsageError`` naming the
-    field when the classification objective cannot apply (multi-token candidates would need a row per candidate)."""
+    the classification objective, else the task's longest answer (``answer_len_for``; None when the answers come
+    from the data: a program then needs it given). ``UsageError`` naming the field when the classification
+    objective cannot apply (multi-token candidates would need a row per candidate)."""
     from shared.backends import OBJECTIVES
 
     if requested is not None and requested not in OBJECTIVES:

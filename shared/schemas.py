@@ -20,7 +20,7 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from shared import defaults
 from shared.backends import DeviceBackend, Objective, Parallel, ProgramBackend, Quantization
@@ -162,6 +162,15 @@ class TaskSpec(BaseModel):
             raise FieldError(exc.field, exc.reason) from None
         return self
 
+    def task_kind(self) -> str | None:
+        """The task's kind (``shared.tasks.Kind``), None while the task is not a valid one (its own check says why)."""
+        from shared.tasks import get_task
+
+        try:
+            return get_task(self.task_name, self.template, self.verbalizer).kind
+        except UsageError:
+            return None
+
     @property
     def task_name(self) -> str:
         """The ``shared.tasks`` name: ``custom`` when only a template and a verbalizer are given."""
@@ -214,12 +223,27 @@ class HyperParams(BaseModel):
         "task whose answers are single tokens with the model's tokenizer, lm otherwise or when answer_len > 1",
     )
 
+    # Which of steps, lr and eps took the defaults (not given): a federated job's spec is rebuilt with its cohort's
+    # task, whose objective the defaults depend on (``server.routes.cohorts``).
+    _defaulted: set[str] = PrivateAttr(default_factory=set)
+
+    def task_kind(self) -> str | None:
+        """The task's kind where the spec has a task (``TaskSpec``); None here."""
+        return None
+
+    @property
+    def defaulted(self) -> set[str]:
+        return set(self._defaulted)
+
     @model_validator(mode="after")
     def _consistent(self) -> HyperParams:
-        chosen = defaults.for_method(self.method, self.quantize)  # values the benchmarks showed to learn
-        for name in ("steps", "lr", "eps"):
-            if getattr(self, name) is None:
-                setattr(self, name, getattr(chosen, name))
+        kind = self.task_kind()
+        if self.objective is None and kind is not None:
+            self.objective = defaults.default_objective(kind, getattr(self, "answer_len", None))
+        chosen = defaults.for_method(self.method, self.quantize, self.objective)  # values shown to learn
+        self._defaulted = {name for name in ("steps", "lr", "eps") if getattr(self, name) is None}
+        for name in self._defaulted:
+            setattr(self, name, getattr(chosen, name))
         examples_per_query(self.batch_size, self.q)
         if self.eval_every is not None and self.steps // self.eval_every > MAX_EVALS:
             raise FieldError("eval_every", f"{self.steps} steps every {self.eval_every} is over {MAX_EVALS} points")

@@ -104,10 +104,18 @@ class TrainConfig:
 
 
 def with_defaults(config: TrainConfig) -> TrainConfig:
-    """``config`` with the method's defaults for the steps, lr and eps it does not give."""
-    chosen = defaults.for_method(config.method)
+    """``config`` with its objective (by default the task's, ``shared.defaults.default_objective``; the tokenizer
+    checks it later) and the method's defaults for that objective for the steps, lr and eps it does not give."""
+    objective = config.objective
+    if objective is None:
+        try:
+            kind = get_task(config.task, config.template, config.verbalizer).kind
+        except UsageError:
+            kind = "lm"  # validate() reports the task
+        objective = defaults.default_objective(kind)
+    chosen = defaults.for_method(config.method, objective=objective)
     missing = {name: getattr(chosen, name) for name in ("steps", "lr", "eps") if getattr(config, name) is None}
-    return replace(config, **missing)
+    return replace(config, objective=objective, **missing)
 
 
 def validate(config: TrainConfig) -> Task:

@@ -119,8 +119,9 @@ def leave(cohort_id: ObjectId, user: CurrentUser, session: SessionDep) -> Cohort
 
 def _stored_spec(cohort: Cohort, model: Model, body: FederatedJobCreate) -> dict:
     """The job's spec in the shape every job stores (``JobCreate``): the cohort's model and task, the body's
-    hyperparameters (``steps``: local steps per round), log-only uploads."""
-    hyper = body.model_dump(include=set(JobCreate.model_fields) - {"model", "task"})
+    hyperparameters (``steps``: local steps per round), log-only uploads. Defaults the body took are taken again
+    with the cohort's task, whose objective they depend on."""
+    hyper = body.model_dump(include=set(JobCreate.model_fields) - {"model", "task"}, exclude=body.defaulted)
     try:
         spec = JobCreate(**hyper, model=model.name, task=cohort.task, upload="log")
     except ValidationError as exc:  # the checks that need the task: room for a prompt beside the answer

@@ -126,15 +126,16 @@ def cached_model(recipe: str, make: Callable[[Path], object], data: tuple[Path, 
 
 
 def seed_server_program(data_dir: Path, model_dir: Path, spec: dict, program_factory):
-    """Put the training program of the job ``spec`` (``JobCreate`` fields; ``answer_len`` given) where a server on
-    ``data_dir`` finds it compiled (``server.compile.build_program``) → its ``ProgramConfig``. Idempotent."""
-    from server.compile import program_config, program_key
+    """Put the training program of the job ``spec`` (``JobCreate`` fields) where a server on ``data_dir`` finds it
+    compiled (``server.compile.build_program``, its config resolved as the server does) → its ``ProgramConfig``.
+    Idempotent."""
+    from server.compile import program_key, resolve_config
     from shared.manifest import FORMAT_VERSION, ProgramConfig
     from shared.model_files import model_sha256
     from shared.schemas import JobCreate
 
     job = JobCreate(**{"steps": 1, **spec}).model_dump(mode="json")
-    config = program_config(job, job["answer_len"])
+    config = resolve_config(model_dir, job)
     pte, manifest = program_factory(ProgramConfig.model_validate(config))
     key = program_key(model_sha256(model_dir), config, FORMAT_VERSION)
     _seed(data_dir, key, pte, "program.pte", manifest)
