@@ -89,7 +89,7 @@ def sst2_batches(manifest: ProgramManifest, tokenizer_file: Path, steps: int, fo
         rows.write_text("".join(itertools.islice(f, 2000)))
     tokenizer = load_tokenizer_file(tokenizer_file)
     return list(
-        step_batches(load_examples(get_task("sst2"), rows), tokenizer, program_shape(manifest.config), SEED, steps)
+        step_batches(load_examples(get_task("sst2"), rows), tokenizer, program_shape(manifest.config), SEED, steps, LR)
     )
 
 
@@ -190,7 +190,6 @@ def main() -> None:
             store / manifest.ptd.file,
             manifest,
             folder / "b.mzb",
-            float(np.float32(LR)),
             float(np.float32(EPS)),
             np.zeros_like(session.get_b()),
             jobs.checkpoint,

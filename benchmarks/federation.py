@@ -111,16 +111,16 @@ def _local_log(setup: Setup, b: np.ndarray, shard: Path, seed: int, steps: int) 
     setup.module.set_lora_b(torch.from_numpy(b.copy()))
     records = []
     with torch.no_grad():
-        for k, batch in enumerate(step_batches(examples, setup.tokenizer, setup.shape, seed, steps)):
+        for k, batch in enumerate(step_batches(examples, setup.tokenizer, setup.shape, seed, steps, setup.lr)):
             losses, g = setup.module(
                 torch.from_numpy(batch.input_ids).long(),
                 torch.from_numpy(batch.attention_mask).long(),
                 torch.from_numpy(batch.targets).long(),
                 torch.tensor([batch.seed]),
-                torch.tensor([setup.lr], dtype=torch.float32),
+                torch.tensor([batch.lr], dtype=torch.float32),
                 torch.tensor([setup.eps], dtype=torch.float32),
             )
-            records.append(log_record(k, batch.seed, setup.lr, setup.eps, g.numpy(), losses.numpy()))
+            records.append(log_record(k, batch.seed, batch.lr, setup.eps, g.numpy(), losses.numpy()))
     return records
 
 

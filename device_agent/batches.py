@@ -7,7 +7,7 @@ run is the same run on every backend, and resuming at step k is one seek.
 Format (this is its one specification; ``runner/runner_io.cpp`` mirrors it). All integers little-endian.
 
     header, 32 bytes:
-        magic       8 bytes   b"MZBATCH1"
+        magic       8 bytes   b"MZBATCH2"
         rows        uint32    q*E, the rows of every step (the program's batch dimension)
         seq_len     uint32    T, columns of input_ids / attention_mask
         answer_len  uint32    L, columns of targets (L < T)
@@ -15,16 +15,21 @@ Format (this is its one specification; ``runner/runner_io.cpp`` mirrors it). All
         reserved    8 bytes   zero
     then N records of identical size, record k for step k:
         seed            int64               the step's noise seed (shared.noise.step_seed)
+        lr              float32             the step's learning rate (shared.schedule.lr_at), as the program takes it
+        reserved        4 bytes             zero (keeps the arrays 8-byte aligned)
         input_ids       int32[rows*T]       row-major
         attention_mask  uint8[rows*T]       0 or 1
         targets         int32[rows*L]       token ids, -100 where a column is not an answer token
 
 Ids are stored narrower than the program's int64 inputs (readers widen them) to keep long runs small on a
-phone: a record is 8 + 5*rows*T + 4*rows*L bytes. lr and eps are per-run arguments, not stored here.
+phone: a record is 16 + 5*rows*T + 4*rows*L bytes. The lr of each step is here, so every backend runs the job's
+schedule from the same bytes; eps is a per-run argument. (``MZBATCH1``, with no lr, is not read any more: a job's
+batches are rebuilt from its data when the agent finds an old file.)
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,8 +41,9 @@ import numpy as np
 from shared.errors import DataError
 from shared.files import atomic_write
 
-MAGIC = b"MZBATCH1"
+MAGIC = b"MZBATCH2"
 HEADER = struct.Struct("<8s4I8x")
+STEP_HEAD = struct.Struct("<qf4x")  # seed, lr, reserved
 _INT32 = np.iinfo(np.int32)
 
 
@@ -46,6 +52,7 @@ class StepBatch:
     """One step's inputs as the program takes them (int64 arrays)."""
 
     seed: int
+    lr: float  # the step's float32 learning rate, as a Python float
     input_ids: np.ndarray  # [rows, T]
     attention_mask: np.ndarray  # [rows, T]
     targets: np.ndarray  # [rows, L]
@@ -59,7 +66,7 @@ class Shape:
 
     def record_size(self) -> int:
         cells = self.rows * self.seq_len
-        return 8 + 5 * cells + 4 * self.rows * self.answer_len
+        return STEP_HEAD.size + 5 * cells + 4 * self.rows * self.answer_len
 
 
 def _narrow(name: str, values: object, shape: tuple[int, int], dtype: str, low: int, high: int) -> bytes:
@@ -71,12 +78,19 @@ def _narrow(name: str, values: object, shape: tuple[int, int], dtype: str, low: 
     return array.astype(dtype).tobytes()
 
 
+def _lr(value: float) -> float:
+    lr = float(value)
+    if not (math.isfinite(lr) and lr > 0) or float(np.float32(lr)) != lr:
+        raise DataError(f"batches: lr {value!r} is not a positive float32 value (round it: shared.schedule.lr_at)")
+    return lr
+
+
 def encode_step(shape: Shape, step: StepBatch) -> bytes:
     """The bytes of one record; ``DataError`` when a tensor has the wrong shape or an out-of-range value."""
     grid, answers = (shape.rows, shape.seq_len), (shape.rows, shape.answer_len)
     return b"".join(
         [
-            struct.pack("<q", int(step.seed)),
+            STEP_HEAD.pack(int(step.seed), _lr(step.lr)),
             _narrow("input_ids", step.input_ids, grid, "<i4", 0, _INT32.max),
             _narrow("attention_mask", step.attention_mask, grid, "u1", 0, 1),
             _narrow("targets", step.targets, answers, "<i4", -100, _INT32.max),
@@ -101,6 +115,12 @@ def write_batches(path: Path, shape: Shape, steps: Iterable[StepBatch]) -> int:
 
     atomic_write(Path(path), write)
     return count
+
+
+def is_current(path: Path) -> bool:
+    """Whether ``path`` starts with this format's magic (an older file is rebuilt, not read)."""
+    with open(path, "rb") as handle:
+        return handle.read(len(MAGIC)) == MAGIC
 
 
 class BatchesFile:
@@ -130,7 +150,9 @@ class BatchesFile:
         record = self._raw[HEADER.size + step * size : HEADER.size + (step + 1) * size]
         cells = rows * t
         seed = int(record[:8].view("<i8")[0])
-        ids = record[8 : 8 + 4 * cells].view("<i4").reshape(rows, t)
-        mask = record[8 + 4 * cells : 8 + 5 * cells].reshape(rows, t)
-        targets = record[8 + 5 * cells :].view("<i4").reshape(rows, ans)
-        return StepBatch(seed, ids.astype(np.int64), mask.astype(np.int64), targets.astype(np.int64))
+        lr = float(record[8:12].view("<f4")[0])
+        head = STEP_HEAD.size
+        ids = record[head : head + 4 * cells].view("<i4").reshape(rows, t)
+        mask = record[head + 4 * cells : head + 5 * cells].reshape(rows, t)
+        targets = record[head + 5 * cells :].view("<i4").reshape(rows, ans)
+        return StepBatch(seed, lr, ids.astype(np.int64), mask.astype(np.int64), targets.astype(np.int64))

@@ -126,7 +126,6 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
         weights=weights,
         manifest=lease.manifest,
         batches=jobs.batches,
-        lr=float(np.float32(spec.lr)),
         eps=float(np.float32(spec.eps)),
         init_b=init_b,
         checkpoint=jobs.checkpoint,
@@ -136,10 +135,12 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
 
 
 def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path, jobs: JobDir) -> None:
-    """Write every step's batch of the job from the device's data (once: a resumed job reuses them)."""
-    if jobs.batches.is_file():
+    """Write every step's batch and lr of the job from the device's data (once: a resumed job reuses them, unless
+    an older agent wrote them in an older format)."""
+    from device_agent.batches import is_current, write_batches
+
+    if jobs.batches.is_file() and is_current(jobs.batches):
         return
-    from device_agent.batches import write_batches
     from device_agent.local_data import program_shape, step_batches
     from shared.tokenizer_file import load_tokenizer_file
 
@@ -148,11 +149,10 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
         raise MobizoError(f"job {lease.job_id}: its spec and its program's shape disagree")
     _, examples, held_out = local_examples(ctx, lease)
     tokenizer = load_tokenizer_file(tokenizer_file)
-    write_batches(
-        jobs.batches,
-        shape,
-        step_batches(examples, tokenizer, shape, spec.seed, spec.steps, lease.manifest.config.candidates),
-    )
+    schedule = (spec.lr, spec.lr_schedule, spec.warmup_steps, spec.lr_floor)
+    candidates = lease.manifest.config.candidates
+    steps = step_batches(examples, tokenizer, shape, spec.seed, spec.steps, *schedule, candidates)
+    write_batches(jobs.batches, shape, steps)
     ctx.reporter.event("data", job_id=lease.job_id, examples=len(examples), held_out=len(held_out), steps=spec.steps)
 
 
@@ -234,7 +234,7 @@ def train(
     seconds: list[float] = []
 
     def on_step(record: StepRecord) -> None:
-        entry = log_record(record.step, record.seed, run.lr, run.eps, record.g, record.losses)
+        entry = log_record(record.step, record.seed, record.lr, run.eps, record.g, record.losses)
         log.write(entry)
         seconds.append(record.seconds)
         loss = sum(entry["losses"]) / len(entry["losses"])
@@ -256,6 +256,9 @@ def train(
     extra = {
         "seed": lease.spec.seed,
         "lr": lease.spec.lr,
+        "lr_schedule": lease.spec.lr_schedule,
+        "warmup_steps": lease.spec.warmup_steps,
+        "lr_floor": lease.spec.lr_floor,
         "eps": lease.spec.eps,
         "task": lease.spec.task_key,
         "backend": ctx.backend.name,

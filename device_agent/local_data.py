@@ -4,7 +4,8 @@ Step k trains on exactly what ``mobizo train`` uses (``shared.train``): the exam
 ``batch_indices(n, batch_size, seed, k)`` of the file, as one left-padded, query-major batch
 (``shared.data.training_batch``), with noise seed ``step_seed(seed, k)``. The one difference is the width: a
 program has a fixed shape, so rows are padded to its ``seq_len`` and targets to its ``answer_len``; prompts are
-cut from the left to fit ``seq_len`` (``shared.data.encode``), as ``mobizo train --seq-len`` does.
+cut from the left to fit ``seq_len`` (``shared.data.encode``), as ``mobizo train --seq-len`` does. Each step
+carries its learning rate from the job's schedule (``shared.schedule.lr_at``), as ``mobizo train`` computes it.
 
 Only the examples some step uses are tokenized: rendering checks the whole file (a run never starts on a file it
 cannot fully read), but SST-2's 67k lines need not all pass through the tokenizer for a 100-step job.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from device_agent.batches import Shape, StepBatch
+from shared import defaults
 from shared.errors import DataError
 from shared.manifest import ProgramConfig
 
@@ -53,12 +55,26 @@ def program_shape(config: ProgramConfig) -> Shape:
 
 
 def step_batches(
-    examples: list, tokenizer: Any, shape: Shape, seed: int, steps: int, candidates: tuple[int, ...] = ()
+    examples: list,
+    tokenizer: Any,
+    shape: Shape,
+    seed: int,
+    steps: int,
+    lr: float,
+    lr_schedule: str = defaults.LR_SCHEDULE,
+    warmup_steps: int = defaults.WARMUP_STEPS,
+    lr_floor: float = defaults.LR_FLOOR,
+    candidates: tuple[int, ...] = (),
 ) -> Iterator[StepBatch]:
-    """Steps ``0 .. steps-1`` of a run over the rendered ``examples`` (``shared.tasks.Rendered``); a classification
+    """Steps ``0 .. steps-1`` of a run over the rendered ``examples`` (``shared.tasks.Rendered``); step k's lr is
+    ``shared.schedule.lr_at(lr, steps, k, lr_schedule, warmup_steps, lr_floor)`` (the base ``lr`` and the schedule
+    of the job; a bad one raises ``UsageError`` naming its field before anything is tokenized). A classification
     program's ``candidates`` must be every used example's answers (``DataError`` otherwise)."""
     from shared.data import batch_indices, check_candidates, encode, pad_token_id, training_batch
     from shared.noise import step_seed
+    from shared.schedule import lrs
+
+    rates = lrs(lr, steps, lr_schedule, warmup_steps, lr_floor)
 
     chosen = [batch_indices(len(examples), shape.rows, seed, k) for k in range(steps)]
     needed = sorted({i for indices in chosen for i in indices})
@@ -74,5 +90,9 @@ def step_batches(
                 f"step {k}: {exc} (the program fixes seq_len {shape.seq_len}, answer_len {shape.answer_len})"
             ) from None
         yield StepBatch(
-            step_seed(seed, k), batch.input_ids.numpy(), batch.attention_mask.numpy(), batch.targets.numpy()
+            step_seed(seed, k),
+            rates[k],
+            batch.input_ids.numpy(),
+            batch.attention_mask.numpy(),
+            batch.targets.numpy(),
         )

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from shared import defaults
 from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import DataError
 from shared.manifest import ProgramManifest
@@ -142,6 +143,20 @@ def _check_g(rec: dict, eps: float, where: str) -> None:
         raise ResultRejected("log", f"{where}: g does not follow from the losses, (l+ - l-) / (2 eps)")
 
 
+def expected_lr(spec: dict[str, Any], step: int) -> float:
+    """The float32 lr the job's schedule gives ``step`` (``shared.schedule.lr_at``, as the device computed it)."""
+    from shared.schedule import lr_at
+
+    return lr_at(
+        spec["lr"],
+        spec["steps"],
+        step,
+        spec.get("lr_schedule", defaults.LR_SCHEDULE),
+        spec.get("warmup_steps", defaults.WARMUP_STEPS),
+        spec.get("lr_floor", defaults.LR_FLOOR),
+    )
+
+
 def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float | None = None) -> None:
     from shared.noise import step_seed
 
@@ -150,9 +165,12 @@ def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float 
         raise ResultRejected("log", f"line {index + 1}: step {rec['step']!r}, expected {index} (steps count from 0)")
     if type(rec["seed"]) is not int:
         raise ResultRejected("log", f"{where}: seed {rec['seed']!r} is not an integer")
-    for key in ("lr", "eps"):
-        if np.float32(rec[key]) != np.float32(spec[key]):
-            raise ResultRejected("log", f"{where}: {key} {rec[key]!r} is not the job's {spec[key]}")
+    lr = expected_lr(spec, index)
+    if np.float32(rec["lr"]) != np.float32(lr):  # the replay takes lr as float32: those bits must be the schedule's
+        schedule = spec.get("lr_schedule", defaults.LR_SCHEDULE)
+        raise ResultRejected("log", f"{where}: lr {rec['lr']!r} is not the job's {schedule} schedule's {lr!r}")
+    if np.float32(rec["eps"]) != np.float32(spec["eps"]):
+        raise ResultRejected("log", f"{where}: eps {rec['eps']!r} is not the job's {spec['eps']}")
     if len(rec["g"]) != spec["q"] or len(rec["losses"]) != 2 * spec["q"]:
         raise ResultRejected("log", f"{where}: needs q={spec['q']} values of g and {2 * spec['q']} losses")
     losses = np.asarray(rec["losses"], dtype=np.float64)
@@ -167,7 +185,8 @@ def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float 
 
 def read_checked_log(log_path: str, spec: dict[str, Any], max_abs_g: float | None = None) -> list[dict]:
     """The log's records (``shared.train_log.parse_log``), checked against the job: steps 0, 1, … steps-1, integer
-    seeds of the job, its lr and eps, q values of g that follow from their losses (and within ``max_abs_g``)."""
+    seeds of the job, the lr of its schedule at each step (``expected_lr``), its eps, q values of g that follow from
+    their losses (and within ``max_abs_g``)."""
     from shared.train_log import parse_log
 
     try:

@@ -38,6 +38,11 @@ PROGRAM_BACKEND = "xnnpack"
 PARALLEL = "both"  # a mobizo step's schedule: all 2q paths in one pass
 QUANTIZE = "none"  # a program's frozen base linears (``shared.quantize``)
 GROUP_SIZE = 32  # weights per scale of a 4-bit base linear; XNNPACK takes multiples of 32
+# The learning-rate schedule over a run's steps (``shared.schedule``): its shape, its linear warm-up in steps and the
+# floor it decays to, as a fraction of lr. Constant until a benchmark shows a decay that learns better.
+LR_SCHEDULE = "constant"
+WARMUP_STEPS = 0
+LR_FLOOR = 0.0
 
 SOURCE = "benchmarks/accuracy.py on SmolLM2-135M-Instruct, SST-2 (README: Does a job make the model better?)"
 

@@ -26,6 +26,7 @@ from shared import defaults
 from shared.backends import DeviceBackend, Objective, Parallel, ProgramBackend, Quantization
 from shared.errors import FieldError, UsageError
 from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
+from shared.schedule import Schedule, check_schedule
 
 RESULT_PARTS = ("b_flat", "log", "metrics")
 
@@ -200,7 +201,23 @@ class HyperParams(BaseModel):
         description="also measure the device's held-out slice every K steps (a curve in the adapter's held_out); "
         f"at most {MAX_EVALS} points; default: before and after only",
     )
-    lr: float | None = Field(default=None, gt=0, le=1, description="default: the method's")
+    lr: float | None = Field(
+        default=None, gt=0, le=1, description="the base learning rate (peak of the schedule); default: the method's"
+    )
+    lr_schedule: Schedule = Field(
+        default=defaults.LR_SCHEDULE,
+        description="lr over the steps after warm-up: constant, linear or cosine decay from lr to lr_floor*lr "
+        "(shared.schedule.lr_at); a federated job's schedule restarts in every round (each part is a run of steps)",
+    )
+    warmup_steps: int = Field(
+        default=defaults.WARMUP_STEPS,
+        ge=0,
+        le=1_000_000,
+        description="the first W steps raise lr linearly to its base, lr*(k+1)/W at step k; less than steps",
+    )
+    lr_floor: float = Field(
+        default=defaults.LR_FLOOR, ge=0, le=1, description="where linear and cosine decay end, as a fraction of lr"
+    )
     eps: float | None = Field(default=None, gt=0, le=1, description="default: the method's")
     rank: int = Field(default=defaults.RANK, ge=1, le=256)
     alpha: float = Field(default=defaults.ALPHA, gt=0, le=4096)
@@ -245,6 +262,10 @@ class HyperParams(BaseModel):
         for name in self._defaulted:
             setattr(self, name, getattr(chosen, name))
         examples_per_query(self.batch_size, self.q)
+        try:
+            check_schedule(self.steps, self.lr_schedule, self.warmup_steps, self.lr_floor)
+        except UsageError as exc:
+            raise FieldError(exc.field, exc.reason) from None
         if self.eval_every is not None and self.steps // self.eval_every > MAX_EVALS:
             raise FieldError("eval_every", f"{self.steps} steps every {self.eval_every} is over {MAX_EVALS} points")
         if len(set(self.targets)) != len(self.targets) or not all(t.isidentifier() for t in self.targets):

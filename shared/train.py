@@ -54,6 +54,7 @@ from shared.lora import MPLoRA, inject_lora
 from shared.manifest import examples_per_query
 from shared.memory import peak_rss_mb
 from shared.noise import MAX_SEED, step_seed
+from shared.schedule import check_schedule, lr_at
 from shared.tasks import Rendered, Task, get_task, with_chat
 from shared.train_log import log_line, log_record
 from shared.zo import zo_step
@@ -76,7 +77,10 @@ class TrainConfig:
     q: int = defaults.Q
     batch_size: int = defaults.BATCH_SIZE
     steps: int | None = None  # None: the method's default (shared.defaults.for_method), as lr and eps
-    lr: float | None = None
+    lr: float | None = None  # the base lr: the schedule's peak (shared.schedule)
+    lr_schedule: str = defaults.LR_SCHEDULE  # constant, linear or cosine (after the warm-up)
+    warmup_steps: int = defaults.WARMUP_STEPS
+    lr_floor: float = defaults.LR_FLOOR  # where linear and cosine decay end, a fraction of lr
     eps: float | None = None
     rank: int = defaults.RANK
     alpha: float = defaults.ALPHA
@@ -169,6 +173,7 @@ def _check_numbers(config: TrainConfig) -> None:
             raise UsageError(field, f"must be a positive number, got {value}")
     if not 0 <= config.seed < MAX_SEED:
         raise UsageError("seed", f"must be in [0, 2**31), got {config.seed}")
+    check_schedule(config.steps, config.lr_schedule, config.warmup_steps, config.lr_floor)
     if not config.targets or not all(config.targets):
         raise UsageError("targets", "needs at least one module name, e.g. q_proj,v_proj")
 
@@ -208,9 +213,9 @@ def resolve_device(name: str | None) -> torch.device:
 class MethodStep:
     """One method's step and the state it updates: the flat master B (LoRA methods) or the model itself (mezo).
 
-    ``step(batch, seed) -> (losses, g)``: the path losses (2q for the ZO methods, 1 for fo-lora) and the projected
-    gradients (fo-lora: the gradient norm). lr, eps and the seed go in as tensors on the model's device, as the
-    exported program takes them.
+    ``step(batch, seed, lr) -> (losses, g)``: the path losses (2q for the ZO methods, 1 for fo-lora) and the
+    projected gradients (fo-lora: the gradient norm). ``lr`` is the step's (``shared.schedule.lr_at``; None: the
+    constructor's); lr, eps and the seed go in as tensors on the model's device, as the exported program takes them.
     """
 
     def __init__(
@@ -227,24 +232,25 @@ class MethodStep:
         self.device = next(model.parameters()).device
         self.lr, self.eps = float(lr), float(eps)
         # The master B, lr and eps are float32 (the program's arithmetic), float64 for a float64 model.
-        dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
-        self.lr_t = torch.tensor([lr], dtype=dtype, device=self.device)
-        self.eps_t = torch.tensor([eps], dtype=dtype, device=self.device)
-        self.b = None if method == "mezo" else lora.zeros(dtype)
+        self.dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+        self.eps_t = torch.tensor([eps], dtype=self.dtype, device=self.device)
+        self.b = None if method == "mezo" else lora.zeros(self.dtype)
 
-    def __call__(self, batch: Batch, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: Batch, seed: int, lr: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        lr = self.lr if lr is None else float(lr)
         seed_t = torch.tensor([seed], dtype=torch.int64, device=self.device)
+        lr_t = torch.tensor([lr], dtype=self.dtype, device=self.device)  # the step's lr, as the program takes it
         with torch.no_grad():  # fo-lora turns gradients back on for its own backward pass
             if self.method == "mobizo":
                 losses, g, self.b = zo_step(
-                    self.model, self.lora, batch, self.b, seed_t, self.lr_t, self.eps_t, self.q, self.parallel
+                    self.model, self.lora, batch, self.b, seed_t, lr_t, self.eps_t, self.q, self.parallel
                 )
                 return losses, g
             if self.method == "mezo-lora":
-                return mezo_lora_step(self.model, self.lora, batch, self.b, seed_t, self.lr_t, self.eps_t)
+                return mezo_lora_step(self.model, self.lora, batch, self.b, seed_t, lr_t, self.eps_t)
             if self.method == "mezo":
-                return mezo_step(self.model, batch, seed, self.lr, self.eps)
-            return fo_lora_step(self.model, self.lora, batch, self.b, self.lr_t)
+                return mezo_step(self.model, batch, seed, lr, self.eps)
+            return fo_lora_step(self.model, self.lora, batch, self.b, lr_t)
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
@@ -357,7 +363,7 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
     cfg = run.config
     state = _start(run)
     history, start = state.history, state.step
-    lr32, eps32 = float(np.float32(cfg.lr)), float(np.float32(cfg.eps))
+    eps32 = float(np.float32(cfg.eps))
     steps = range(start, cfg.steps)
     bar = tqdm(
         steps,
@@ -370,12 +376,13 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
     for k in bar:
         _at_step(run, state, k, start)
         batch, seed = _step_batch(run, k), step_seed(cfg.seed, k)
+        lr = lr_at(cfg.lr, cfg.steps, k, cfg.lr_schedule, cfg.warmup_steps, cfg.lr_floor)  # float32, as logged
         begin = time.perf_counter()
-        losses, g = (t.float().cpu() for t in run.step(batch, seed))  # .cpu() waits for the device
+        losses, g = (t.float().cpu() for t in run.step(batch, seed, lr))  # .cpu() waits for the device
         history["times"].append(time.perf_counter() - begin)
         history["losses"].append(float(losses.mean()))
         if cfg.method == "mobizo":
-            history["log"].append(log_record(k, seed, lr32, eps32, g.numpy(), losses.numpy()))
+            history["log"].append(log_record(k, seed, lr, eps32, g.numpy(), losses.numpy()))
         bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
     _at_step(run, state, cfg.steps, start)
     state.step = cfg.steps
@@ -392,6 +399,9 @@ def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
         "examples_per_query": cfg.batch_size // cfg.q,
         "steps": cfg.steps,
         "lr": cfg.lr,
+        "lr_schedule": cfg.lr_schedule,
+        "warmup_steps": cfg.warmup_steps,
+        "lr_floor": cfg.lr_floor,
         "eps": cfg.eps,
         "seed": cfg.seed,
         "parallel": cfg.parallel if cfg.method == "mobizo" else None,

@@ -27,6 +27,7 @@ class StepRecord:
 
     step: int
     seed: int
+    lr: float  # the float32 lr the step ran at: its batch record's (device_agent.batches)
     losses: np.ndarray  # float32 [2q]
     g: np.ndarray  # float32 [q]
     seconds: float  # wall time of the step as the backend saw it
@@ -40,9 +41,8 @@ class TrainRun:
     program: Path
     weights: Path
     manifest: ProgramManifest
-    batches: Path
-    lr: float  # float32 values, see device_agent.et_program
-    eps: float
+    batches: Path  # every step's data and lr (the job's schedule)
+    eps: float  # a float32 value, see device_agent.et_program
     init_b: np.ndarray  # B before step 0 (zeros or the job's starting adapter): a .pte carries no B of its own
     checkpoint: Path
     checkpoint_every: int  # 0: only when stopped

@@ -127,8 +127,6 @@ class AdbBackend:
             paths["weights"],
             "--batches",
             f"{job}/batches.mzb",
-            "--lr",
-            repr(run.lr),
             "--eps",
             repr(run.eps),
             "--out-b",
@@ -198,7 +196,8 @@ def _stream_steps(proc: subprocess.Popen, on_step: OnStep, start: int) -> int:
         record = json.loads(line)
         now = time.perf_counter()
         losses, g = (np.asarray(record[k], dtype=np.float64).astype(np.float32) for k in ("losses", "g"))
-        on_step(StepRecord(int(record["step"]), int(record["seed"]), losses, g, now - last))
+        lr = float(np.float32(record["lr"]))  # the runner prints the float32 lr of the step's record, %.9g
+        on_step(StepRecord(int(record["step"]), int(record["seed"]), lr, losses, g, now - last))
         next_step, last = int(record["step"]) + 1, now
     return next_step
 

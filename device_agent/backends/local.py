@@ -30,7 +30,6 @@ class Engine(Protocol):
 def run_steps(
     engine: Engine,
     batches: Sequence[StepBatch],
-    lr: float,
     eps: float,
     start: int,
     on_step: OnStep,
@@ -38,15 +37,16 @@ def run_steps(
     checkpoint: Callable[[int], None] | None = None,
     every: int = 0,
 ) -> int:
-    """Run steps ``[start, len(batches))``; returns the next step (``len(batches)`` when all ran).
+    """Run steps ``[start, len(batches))``, each at its record's lr; returns the next step (``len(batches)`` when
+    all ran).
 
     ``checkpoint(next_step)`` is called every ``every`` steps and when a stop is requested (after the step).
     """
     for k in range(start, len(batches)):
         batch = batches[k]
         began = time.perf_counter()
-        losses, g = engine.step(batch, lr, eps)
-        on_step(StepRecord(k, batch.seed, losses, g, time.perf_counter() - began))
+        losses, g = engine.step(batch, batch.lr, eps)
+        on_step(StepRecord(k, batch.seed, batch.lr, losses, g, time.perf_counter() - began))
         done = k + 1
         stopping = done < len(batches) and should_stop()
         if checkpoint is not None and (stopping or (every and done % every == 0)):
@@ -84,9 +84,7 @@ class LocalBackend:
             save_checkpoint(run.checkpoint, Checkpoint(run.key, next_step, engine.get_b()))
 
         batches = BatchesFile(run.batches)
-        done = run_steps(
-            engine, batches, run.lr, run.eps, start, on_step, should_stop, checkpoint, run.checkpoint_every
-        )
+        done = run_steps(engine, batches, run.eps, start, on_step, should_stop, checkpoint, run.checkpoint_every)
         return Outcome(done, engine.get_b() if done == len(batches) else None)
 
 

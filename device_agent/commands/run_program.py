@@ -31,12 +31,37 @@ HELP = "run a training program with the ExecuTorch runtime on local data, as a d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from shared import defaults
+    from shared.schedule import SCHEDULES
+
     add = parser.add_argument
     add("--program", required=True, type=Path, metavar="FILE.pte", help="the program (manifest FILE.json beside it)")
     add("--task", required=True, help="sst2, rte, wnli, boolq, wic, wsc, cb, copa, lm, or custom")
     add("--train", required=True, type=Path, metavar="FILE", help="training examples (JSON Lines)")
     add("--steps", required=True, type=int, help="training steps")
-    add("--lr", required=True, type=float, help="learning rate")
+    add("--lr", required=True, type=float, help="base learning rate (the schedule's peak)")
+    add(
+        "--lr-schedule",
+        choices=SCHEDULES,
+        default=defaults.LR_SCHEDULE,
+        help=f"lr over the steps after warm-up: constant, or linear / cosine decay to --lr-floor (default "
+        f"{defaults.LR_SCHEDULE}); each step's lr goes into its batch record",
+    )
+    add(
+        "--warmup-steps",
+        type=int,
+        default=defaults.WARMUP_STEPS,
+        metavar="W",
+        help=f"raise lr linearly over the first W steps, lr*(k+1)/W at step k; W < --steps (default "
+        f"{defaults.WARMUP_STEPS})",
+    )
+    add(
+        "--lr-floor",
+        type=float,
+        default=defaults.LR_FLOOR,
+        metavar="F",
+        help=f"where linear and cosine decay end, as a fraction of --lr in [0, 1] (default {defaults.LR_FLOOR:g})",
+    )
     add("--eps", required=True, type=float, help="perturbation scale")
     add("--seed", type=int, default=0, help="run seed: batch order and step seeds (default 0)")
     add("--eval", type=Path, metavar="FILE", help="held-out examples: accuracy and loss before and after training")
@@ -52,6 +77,7 @@ def _check(args: argparse.Namespace) -> tuple[ProgramManifest, Path, Path]:
     from shared.errors import UsageError
     from shared.manifest import manifest_path, read_manifest
     from shared.noise import MAX_SEED
+    from shared.schedule import check_schedule
 
     if args.program.suffix != ".pte" or not args.program.is_file():
         raise UsageError("program", f"{args.program} is not a .pte file")
@@ -67,6 +93,7 @@ def _check(args: argparse.Namespace) -> tuple[ProgramManifest, Path, Path]:
             raise UsageError(name, f"must be a positive number, got {value}")
     if not 0 <= args.seed < MAX_SEED:
         raise UsageError("seed", f"must be in [0, 2**31), got {args.seed}")
+    check_schedule(args.steps, args.lr_schedule, args.warmup_steps, args.lr_floor)
     manifest = read_manifest(args.program)
     store = args.store or args.program.parent
     files = [store / entry.file for entry in (manifest.ptd, manifest.tokenizer)]
@@ -115,8 +142,9 @@ class _Run:
             self.evals.append({"step": step, **result})
 
 
-def _train(run: _Run, batches: list, lr: float, eps: float) -> None:
-    """Every step, with a progress bar on a terminal; the log records float32 lr and eps as the program saw them."""
+def _train(run: _Run, batches: list, eps: float) -> None:
+    """Every step at its batch's lr, with a progress bar on a terminal; the log records each step's float32 lr and
+    eps as the program saw them."""
     from tqdm import tqdm
 
     from device_agent.backends.local import run_steps
@@ -125,12 +153,12 @@ def _train(run: _Run, batches: list, lr: float, eps: float) -> None:
     with tqdm(total=len(batches), desc="run-program", unit="step", disable=not sys.stderr.isatty()) as bar:
 
         def on_step(record) -> None:
-            run.log.append(log_record(record.step, record.seed, lr, eps, record.g, record.losses))
+            run.log.append(log_record(record.step, record.seed, record.lr, eps, record.g, record.losses))
             run.seconds.append(record.seconds)
             bar.update()
             bar.set_postfix(loss=f"{float(record.losses.mean()):.4f}", refresh=False)
 
-        run_steps(run.session, batches, lr, eps, 0, on_step, lambda: False)
+        run_steps(run.session, batches, eps, 0, on_step, lambda: False)
 
 
 def _write(run: _Run, args: argparse.Namespace, init_b, n_train: int) -> dict[str, Any]:
@@ -147,6 +175,9 @@ def _write(run: _Run, args: argparse.Namespace, init_b, n_train: int) -> dict[st
     extra = {
         "seed": args.seed,
         "lr": args.lr,
+        "lr_schedule": args.lr_schedule,
+        "warmup_steps": args.warmup_steps,
+        "lr_floor": args.lr_floor,
         "eps": args.eps,
         "task": args.task,
         "backend": "executorch",
@@ -173,12 +204,14 @@ def run(args: argparse.Namespace) -> ExitCode:
     shape, tokenizer = program_shape(manifest.config), load_tokenizer_file(tokenizer_file)
     examples = load_examples(task, args.train)
     held_out = load_examples(task, args.eval) if args.eval is not None else None
-    batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps, manifest.config.candidates))
+    schedule = (args.lr_schedule, args.warmup_steps, args.lr_floor)
+    candidates = manifest.config.candidates
+    batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps, args.lr, *schedule, candidates))
     state = _Run(manifest, ProgramSession(args.program, ptd), tokenizer, shape, task.kind, held_out)
     init_b = _initial_b(args.program, manifest)
     state.session.set_b(init_b)
     state.evaluate(0)
-    _train(state, batches, float(np.float32(args.lr)), float(np.float32(args.eps)))
+    _train(state, batches, float(np.float32(args.eps)))
     state.evaluate(args.steps)
     metrics = _write(state, args, init_b, len(examples))
     print(json.dumps(metrics) if args.json else _summary(metrics, args.out))

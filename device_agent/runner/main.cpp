@@ -2,11 +2,12 @@
 // `mobizo_runner generate ...` runs an inference program instead (generate.cpp).
 //
 // Usage (see README.md):
-//   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --lr LR --eps EPS --out-b B.f32
+//   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --eps EPS --out-b B.f32
 //                 [--init-b B0.f32] [--checkpoint C.ckpt --checkpoint-every K] [--job-id ID]
-// The program carries no B: it is set before step 1, from the checkpoint, --init-b, or zeros.
 //                 [--steps N] [--stop-file PATH]
-// stdout: one JSON line per step {"step":k,"seed":s,"losses":[...],"g":[...]}, flushed per line.
+// The program carries no B: it is set before step 1, from the checkpoint, --init-b, or zeros.
+// Each step's lr is its batches record's (the job's schedule); eps is one value for the run.
+// stdout: one JSON line per step {"step":k,"seed":s,"lr":lr,"losses":[...],"g":[...]}, flushed per line.
 // Exit codes: 0 done, 1 failure (message on stderr), 2 bad arguments, 75 stopped (SIGTERM, SIGINT,
 // or the stop file appeared) after finishing the current step and writing the checkpoint.
 #include <algorithm>
@@ -47,7 +48,7 @@ struct UsageError : std::runtime_error {
 
 struct Options {
   std::string program, data, batches, out_b, init_b, checkpoint, job_id, stop_file;
-  float lr = 0, eps = 0;
+  float eps = 0;
   uint64_t checkpoint_every = 0, steps = UINT64_MAX;
 };
 
@@ -87,7 +88,6 @@ Options parse_args(int argc, char** argv) {
   o.data = take("--data", true);
   o.batches = take("--batches", true);
   o.out_b = take("--out-b", true);
-  o.lr = parse_float("--lr", take("--lr", true));
   o.eps = parse_float("--eps", take("--eps", true));
   o.init_b = take("--init-b", false);
   o.checkpoint = take("--checkpoint", false);
@@ -197,7 +197,7 @@ void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, 
   const auto rows = static_cast<executorch::aten::SizesType>(batches.rows());
   const auto seq = static_cast<executorch::aten::SizesType>(batches.seq_len());
   const auto ans = static_cast<executorch::aten::SizesType>(batches.answer_len());
-  float lr = o.lr, eps = o.eps;
+  float lr = batch.lr, eps = o.eps;
   // The TensorPtrs own the tensors' metadata, so they must outlive the EValues that view them.
   const std::vector<TensorPtr> tensors{
       from_blob(batch.input_ids.data(), {rows, seq}, ScalarType::Long),
@@ -210,7 +210,8 @@ void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, 
   check(out.error(), "forward at step " + std::to_string(step));
   const auto& losses = out.get().at(0).toTensor();
   const auto& g = out.get().at(1).toTensor();
-  std::printf("{\"step\":%u,\"seed\":%lld,\"losses\":[", step, static_cast<long long>(batch.seed));
+  std::printf("{\"step\":%u,\"seed\":%lld,\"lr\":%.9g,\"losses\":[", step, static_cast<long long>(batch.seed),
+              static_cast<double>(lr));
   print_floats(losses.const_data_ptr<float>(), losses.numel());
   std::fputs("],\"g\":[", stdout);
   print_floats(g.const_data_ptr<float>(), g.numel());

@@ -2,6 +2,7 @@
 #include "runner_io.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,9 +11,10 @@
 namespace mobizo {
 namespace {
 
-constexpr char kBatchesMagic[8] = {'M', 'Z', 'B', 'A', 'T', 'C', 'H', '1'};
+constexpr char kBatchesMagic[8] = {'M', 'Z', 'B', 'A', 'T', 'C', 'H', '2'};
 constexpr char kCheckpointMagic[8] = {'M', 'Z', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr size_t kBatchesHeaderSize = 32;
+constexpr size_t kStepHeadSize = 16;  // seed int64, lr float32, 4 reserved bytes
 constexpr uint32_t kMaxJobIdLen = 4096;
 
 static_assert(sizeof(float) == 4, "float32 expected");
@@ -105,7 +107,7 @@ BatchesReader::BatchesReader(const std::string& path) : path_(path) {
   if (std::fread(header, 1, sizeof(header), file_) != sizeof(header))
     throw RunnerError(path + ": too short for a batches header");
   if (std::memcmp(header, kBatchesMagic, sizeof(kBatchesMagic)) != 0)
-    throw RunnerError(path + ": not a mobizo batches file (bad magic)");
+    throw RunnerError(path + ": not a mobizo batches file of this version (bad magic, expected MZBATCH2)");
   std::memcpy(&rows_, header + 8, 4);
   std::memcpy(&seq_len_, header + 12, 4);
   std::memcpy(&answer_len_, header + 16, 4);
@@ -126,7 +128,7 @@ BatchesReader::~BatchesReader() {
 
 uint64_t BatchesReader::record_size() const {
   const uint64_t cells = uint64_t(rows_) * seq_len_;
-  return 8 + cells * 4 + cells * 1 + uint64_t(rows_) * answer_len_ * 4;
+  return kStepHeadSize + cells * 4 + cells * 1 + uint64_t(rows_) * answer_len_ * 4;
 }
 
 StepBatch BatchesReader::read(uint32_t step) {
@@ -139,9 +141,12 @@ StepBatch BatchesReader::read(uint32_t step) {
   const size_t cells = size_t(rows_) * seq_len_;
   StepBatch batch;
   std::memcpy(&batch.seed, raw.data(), 8);
-  widen<int32_t>(raw, 8, cells, batch.input_ids);
-  widen<uint8_t>(raw, 8 + cells * 4, cells, batch.attention_mask);
-  widen<int32_t>(raw, 8 + cells * 5, size_t(rows_) * answer_len_, batch.targets);
+  std::memcpy(&batch.lr, raw.data() + 8, 4);
+  if (!std::isfinite(batch.lr) || batch.lr <= 0)
+    throw RunnerError(path_ + ": step " + std::to_string(step) + " has no positive finite lr");
+  widen<int32_t>(raw, kStepHeadSize, cells, batch.input_ids);
+  widen<uint8_t>(raw, kStepHeadSize + cells * 4, cells, batch.attention_mask);
+  widen<int32_t>(raw, kStepHeadSize + cells * 5, size_t(rows_) * answer_len_, batch.targets);
   return batch;
 }
 

@@ -18,9 +18,10 @@ struct RunnerError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// One training step's data, widened to the int64 tensors the program takes.
+// One training step's data, widened to the int64 tensors the program takes, and its learning rate.
 struct StepBatch {
   int64_t seed = 0;
+  float lr = 0;                         // the step's float32 lr (the job's schedule, written by the agent)
   std::vector<int64_t> input_ids;       // [rows * seq_len]
   std::vector<int64_t> attention_mask;  // [rows * seq_len]
   std::vector<int64_t> targets;         // [rows * answer_len]

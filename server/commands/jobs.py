@@ -13,6 +13,7 @@ import argparse
 from server.commands import add_connection_args, client_from_args, print_json, print_table
 from shared.backends import DEVICE_BACKENDS, OBJECTIVE_HELP, OBJECTIVES, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
 from shared.errors import ExitCode, cli_flag
+from shared.schedule import SCHEDULES
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
 
@@ -21,6 +22,9 @@ _HYPER = (
     "q",
     "batch_size",
     "lr",
+    "lr_schedule",
+    "warmup_steps",
+    "lr_floor",
     "eps",
     "rank",
     "alpha",
@@ -85,7 +89,9 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         ("batch_size", int, "examples per step; each query sees batch-size / q of them"),
         ("steps", int, "training steps (default: the method's, below)"),
         ("eval_every", int, "also measure the device's held-out slice every K steps (default: before and after)"),
-        ("lr", float, "learning rate (default: the method's, below)"),
+        ("lr", float, "base learning rate, the schedule's peak (default: the method's, below)"),
+        ("warmup_steps", int, "raise lr linearly over the first W steps, lr*(k+1)/W at step k; W < steps"),
+        ("lr_floor", float, "where linear and cosine decay end, as a fraction of lr in [0, 1]"),
         ("eps", float, "perturbation scale (default: the method's, below)"),
         ("rank", int, "LoRA rank"),
         ("alpha", float, "LoRA alpha (scaling alpha / rank)"),
@@ -101,6 +107,13 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
             type=kind,
             help=text if "default" in text else text + " (default: the server's)",
         )
+    p.add_argument(
+        cli_flag("lr_schedule"),
+        dest="lr_schedule",
+        choices=SCHEDULES,
+        help="lr over the steps after warm-up: constant (default), or linear / cosine decay from lr to the floor; "
+        "a federated job's schedule restarts in every round (each client runs --local-steps)",
+    )
     p.add_argument("--targets", help="comma-separated module names (default q_proj,v_proj)")
     p.add_argument(cli_flag("program_backend"), dest="program_backend", choices=PROGRAM_BACKENDS)
     p.add_argument(cli_flag("quantize"), choices=QUANTIZATIONS, help="the program's frozen base linears (default none)")

@@ -14,6 +14,7 @@ from pathlib import Path
 from shared import defaults
 from shared.backends import OBJECTIVE_HELP, OBJECTIVES
 from shared.errors import ExitCode
+from shared.schedule import SCHEDULES
 from shared.tasks import parse_verbalizer
 
 HELP = "fine-tune a model on a task with MobiZO or a baseline; writes OUT/adapter/ and OUT/metrics.json"
@@ -53,7 +54,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"examples per step, E = batch-size / q per query (default {defaults.BATCH_SIZE})",
     )
     add("--steps", default=_KEEP, type=int, help="training steps (default: per method, below)")
-    add("--lr", default=_KEEP, type=float, help="learning rate (default: per method, below)")
+    add("--lr", default=_KEEP, type=float, help="base learning rate, the schedule's peak (default: per method, below)")
+    add(
+        "--lr-schedule",
+        default=_KEEP,
+        choices=SCHEDULES,
+        help=f"lr over the steps after warm-up: constant, or linear / cosine decay from --lr to --lr-floor "
+        f"(default {defaults.LR_SCHEDULE})",
+    )
+    add(
+        "--warmup-steps",
+        default=_KEEP,
+        type=int,
+        metavar="W",
+        help=f"raise lr linearly over the first W steps, lr*(k+1)/W at step k; W < --steps "
+        f"(default {defaults.WARMUP_STEPS})",
+    )
+    add(
+        "--lr-floor",
+        default=_KEEP,
+        type=float,
+        metavar="F",
+        help=f"where linear and cosine decay end, as a fraction of --lr in [0, 1] (default {defaults.LR_FLOOR:g})",
+    )
     add("--eps", default=_KEEP, type=float, help="perturbation scale of the ZO methods (default: per method, below)")
     add("--rank", default=_KEEP, type=int, help=f"LoRA rank (default {defaults.RANK})")
     add("--alpha", default=_KEEP, type=float, help=f"LoRA alpha; scaling alpha/rank (default {defaults.ALPHA:g})")

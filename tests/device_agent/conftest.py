@@ -51,12 +51,19 @@ def tiny_program_8da4w(program_factory, tiny_program: Program) -> Program:
 
 @pytest.fixture
 def make_batches(tmp_path: Path, tiny_program: Program) -> Callable[..., Path]:
-    """Writes a batches file of ``count`` random steps for the tiny program and returns its path."""
+    """Writes a batches file of ``count`` random steps for the tiny program (step k at ``lrs[k]``, default the
+    constant ``helpers.LR``) and returns its path."""
 
-    def make(count: int, shape: Shape | None = None, seed: int = 0, name: str = "batches.mzb") -> Path:
+    def make(
+        count: int,
+        shape: Shape | None = None,
+        seed: int = 0,
+        name: str = "batches.mzb",
+        lrs: list[float] | None = None,
+    ) -> Path:
         shape = shape or tiny_program.shape
         path = tmp_path / name
-        write_batches(path, shape, random_steps(shape, tiny_program.vocab, count, seed, TINY_Q4.candidates))
+        write_batches(path, shape, random_steps(shape, tiny_program.vocab, count, seed, lrs, TINY_Q4.candidates))
         return path
 
     return make

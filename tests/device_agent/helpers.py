@@ -13,7 +13,7 @@ from device_agent.batches import BatchesFile, Shape, StepBatch
 from device_agent.et_program import ProgramSession
 from shared.manifest import ProgramManifest
 
-LR, EPS = "0.05", "0.01"
+LR, EPS = "0.05", "0.01"  # LR: every step's lr in random_steps unless told otherwise
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,16 @@ class Program:
         return self.pte, self.ptd
 
 
-def random_steps(shape: Shape, vocab: int, count: int, seed: int = 0, candidates: tuple = ()) -> list[StepBatch]:
-    """Left-padded random rows whose last ``answer_len`` tokens are the answer (as shared.data builds them); with a
-    classification program's ``candidates``, each answer is one of them."""
+def random_steps(
+    shape: Shape, vocab: int, count: int, seed: int = 0, lrs: list[float] | None = None, candidates: tuple = ()
+) -> list[StepBatch]:
+    """Left-padded random rows whose last ``answer_len`` tokens are the answer (as shared.data builds them); step k
+    runs at ``lrs[k]`` (float32 values; None: float32 ``LR`` throughout); with a classification program's
+    ``candidates``, each answer is one of them."""
     rng = np.random.default_rng(seed)
+    lrs = [np.float32(LR).item()] * count if lrs is None else lrs
     steps = []
-    for _ in range(count):
+    for k in range(count):
         ids = rng.integers(1, vocab, (shape.rows, shape.seq_len))
         if candidates:
             ids[:, -1] = rng.choice(candidates, shape.rows)
@@ -45,7 +49,7 @@ def random_steps(shape: Shape, vocab: int, count: int, seed: int = 0, candidates
         for row, width in enumerate(rng.integers(0, shape.seq_len - shape.answer_len - 1, shape.rows)):
             ids[row, :width], mask[row, :width] = 0, 0
         targets = ids[:, shape.seq_len - shape.answer_len :].copy()
-        steps.append(StepBatch(int(rng.integers(0, 2**31)), ids, mask, targets))
+        steps.append(StepBatch(int(rng.integers(0, 2**31)), lrs[k], ids, mask, targets))
     return steps
 
 
@@ -61,8 +65,6 @@ def runner_args(
         str(ptd),
         "--batches",
         str(batches),
-        "--lr",
-        LR,
         "--eps",
         EPS,
         "--out-b",
@@ -79,10 +81,10 @@ def run_runner(args: list[str]) -> tuple[int, list[dict], str]:
 
 def python_reference(program: Program, batches: Path, init_b: np.ndarray | None = None):  # noqa: ANN201
     """Per-step (losses, g) and the final B from the ExecuTorch Python runtime, from ``init_b`` (None: zeros; the
-    program carries no B of its own)."""
+    program carries no B of its own); each step at its record's lr."""
     session = ProgramSession(*program.files)
     session.set_b(np.zeros(program.d, np.float32) if init_b is None else init_b)
-    steps = [session.step(batch, np.float32(LR).item(), np.float32(EPS).item()) for batch in BatchesFile(batches)]
+    steps = [session.step(batch, batch.lr, np.float32(EPS).item()) for batch in BatchesFile(batches)]
     return steps, session.get_b()
 
 

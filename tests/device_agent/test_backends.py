@@ -35,7 +35,6 @@ def train_run(program: Program, batches: Path, tmp_path: Path, every: int = 3) -
         weights=program.ptd,
         manifest=program.manifest,
         batches=batches,
-        lr=LR,
         eps=EPS,
         init_b=np.zeros(program.d, np.float32),
         checkpoint=tmp_path / "ckpt",
@@ -51,7 +50,7 @@ def train(backend: Backend, run: TrainRun, start: int = 0, b=None, stop_after: i
 
 
 def as_log(records: list[StepRecord]) -> list[dict]:
-    return [{"seed": r.seed, "g": r.g.tolist(), "lr": LR} for r in records]
+    return [{"seed": r.seed, "g": r.g.tolist(), "lr": r.lr} for r in records]
 
 
 def same_steps(a: list[StepRecord], b: list[StepRecord]) -> bool:

@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from device_agent.batches import HEADER, BatchesFile, Shape, StepBatch, write_batches
+from device_agent.batches import HEADER, BatchesFile, Shape, StepBatch, is_current, write_batches
 from shared.errors import DataError
-from tests.device_agent.helpers import random_steps
+from shared.schedule import lr_at
+from tests.device_agent.helpers import LR, random_steps
 
 SHAPE = Shape(rows=4, seq_len=8, answer_len=2)
 
 
 def test_round_trip_keeps_every_value(tmp_path: Path) -> None:
-    steps = random_steps(SHAPE, 50, 5)
+    lrs = lr_at_each(5)
+    steps = random_steps(SHAPE, 50, 5, lrs=lrs)
     path = tmp_path / "b.mzb"
     assert write_batches(path, SHAPE, steps) == 5
     read = BatchesFile(path)
     assert (len(read), read.shape) == (5, SHAPE)
-    for want, got in zip(steps, [read[k] for k in range(5)]):
+    for want, got in zip(steps, [read[k] for k in range(5)], strict=True):
         assert got.seed == want.seed
+        assert np.float32(got.lr).tobytes() == np.float32(want.lr).tobytes() and got.lr == want.lr  # bit for bit
         for name in ("input_ids", "attention_mask", "targets"):
             assert getattr(got, name).dtype == np.int64
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
@@ -30,10 +34,49 @@ def test_round_trip_keeps_every_value(tmp_path: Path) -> None:
 def test_records_have_the_documented_size(tmp_path: Path) -> None:
     path = tmp_path / "b.mzb"
     write_batches(path, SHAPE, random_steps(SHAPE, 50, 3))
-    # 8 (seed) + 4*32 (ids) + 32 (mask) + 4*8 (targets) = 200 bytes a record, after a 32-byte header.
+    # 8 (seed) + 4 (lr) + 4 (reserved) + 4*32 (ids) + 32 (mask) + 4*8 (targets) = 208 bytes a record, after a
+    # 32-byte header: every record starts 8-byte aligned.
     assert HEADER.size == 32
-    assert path.stat().st_size == 32 + 3 * 200
-    assert path.read_bytes()[:8] == b"MZBATCH1"
+    assert path.stat().st_size == 32 + 3 * 208
+    data = path.read_bytes()
+    assert data[:8] == b"MZBATCH2"
+    for k in range(3):
+        head = data[32 + k * 208 : 32 + k * 208 + 16]
+        assert struct.unpack("<f", head[8:12])[0] == np.float32(LR) and head[12:16] == b"\0" * 4
+
+
+def lr_at_each(steps: int) -> list[float]:
+    """A schedule whose every step has its own lr, none of them round in binary."""
+    return [lr_at(0.003, steps, k, "cosine", warmup_steps=1, lr_floor=0.05) for k in range(steps)]
+
+
+def test_schedule_survives_the_file_bit_for_bit(tmp_path: Path) -> None:
+    lrs = [lr_at(1e-3, 1000, k, "cosine", 100, 0.1) for k in range(1000)]
+    steps = random_steps(Shape(rows=1, seq_len=3, answer_len=1), 50, 1000, lrs=lrs)
+    path = tmp_path / "b.mzb"
+    write_batches(path, Shape(rows=1, seq_len=3, answer_len=1), steps)
+    read = BatchesFile(path)
+    assert [read[k].lr for k in range(1000)] == lrs
+    assert np.asarray(lrs, np.float32).tobytes() == np.asarray([read[k].lr for k in range(1000)], np.float32).tobytes()
+
+
+@pytest.mark.parametrize("lr", [0.1, 0.0, -np.float32(0.5).item(), float("nan"), float("inf")])
+def test_lr_that_is_not_a_positive_float32_is_refused(tmp_path: Path, lr: float) -> None:
+    """0.1 is not a float32 value: a writer that forgot to round would store other bits than it logs."""
+    bad = StepBatch(**{**random_steps(SHAPE, 50, 1)[0].__dict__, "lr": lr})
+    with pytest.raises(DataError, match="lr"):
+        write_batches(tmp_path / "b.mzb", SHAPE, [bad])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_of_the_old_format_is_refused_and_known_as_old(tmp_path: Path) -> None:
+    path = tmp_path / "b.mzb"
+    write_batches(path, SHAPE, random_steps(SHAPE, 50, 1))
+    assert is_current(path)
+    path.write_bytes(b"MZBATCH1" + path.read_bytes()[8:])
+    assert not is_current(path)
+    with pytest.raises(DataError, match="magic"):
+        BatchesFile(path)
 
 
 @pytest.mark.parametrize(

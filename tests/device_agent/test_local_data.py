@@ -35,18 +35,22 @@ def test_steps_are_mobizo_trains_batches_padded_to_the_program(tiny_model_dir: P
     from shared.data import batch_indices, encode, pad_token_id, training_batch
     from shared.hf_models import load_model
     from shared.noise import step_seed
+    from shared.schedule import lr_at
     from shared.tasks import get_task
 
     _, tokenizer = load_model(tiny_model_dir)
     rendered = [get_task("sst2").render(row) for row in SST2_ROWS]
     shape = Shape(rows=4, seq_len=10, answer_len=2)
-    steps = list(step_batches(rendered, tokenizer, shape, seed=5, steps=6))  # 24 rows: more than one epoch
+    # 24 rows: more than one epoch; a linear decay after 2 warm-up steps
+    steps = list(step_batches(rendered, tokenizer, shape, 5, 6, 3e-3, "linear", warmup_steps=2, lr_floor=0.2))
     encoded = encode(rendered, tokenizer, shape.seq_len)
+    assert len({got.lr for got in steps}) == 5  # the last warm-up step and the next both run at lr
     for k, got in enumerate(steps):
         chosen = [encoded[i] for i in batch_indices(len(encoded), 4, 5, k)]
         loose = training_batch(chosen, pad_token_id(tokenizer))  # padded to its own longest row, as train does
         width, answers = loose.input_ids.shape[1], loose.targets.shape[1]
         assert got.seed == step_seed(5, k)
+        assert got.lr == lr_at(3e-3, 6, k, "linear", 2, 0.2) == float(np.float32(got.lr))  # the job's schedule
         assert got.input_ids.shape == (4, 10) and got.targets.shape == (4, 2)
         np.testing.assert_array_equal(got.input_ids[:, -width:], loose.input_ids.numpy())
         np.testing.assert_array_equal(got.attention_mask[:, :-width], 0)
@@ -62,7 +66,7 @@ def test_an_answer_longer_than_the_program_allows_is_an_error(tiny_model_dir: Pa
     lm = get_task("lm")
     rendered = [lm.render({"prompt": "Say", "completion": " a long answer of many many tokens"})]
     with pytest.raises(DataError, match="step 0: .*answer_len 2"):
-        list(step_batches(rendered, tokenizer, Shape(rows=1, seq_len=32, answer_len=2), seed=0, steps=1))
+        list(step_batches(rendered, tokenizer, Shape(rows=1, seq_len=32, answer_len=2), seed=0, steps=1, lr=0.1))
 
 
 def test_the_held_out_slice_is_the_last_examples_and_at_most_a_fifth() -> None:

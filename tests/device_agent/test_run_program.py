@@ -17,12 +17,15 @@ from transformers import AutoConfig
 
 from mobizo.cli import main
 from shared.adapter import read_adapter
+from shared.schedule import lrs
 from shared.tasks import shared_data_dir
 from tests.utils.programs import TINY_Q4
 from tests.utils.tolerance import b_drift, loss_rtol, losses_atol_with_drift
 
 pytestmark = pytest.mark.slow  # the session's program export, and a mobizo train run
 STEPS, LR, EPS, SEED = 12, "0.5", "0.05", 7
+# Both runs follow the same lr schedule: warm-up, then a linear decay (each step's lr from its batch record).
+SCHEDULE = ["--lr-schedule", "linear", "--warmup-steps", "2", "--lr-floor", "0.1"]
 
 
 def first_lines(source: Path, dest: Path, count: int) -> Path:
@@ -62,6 +65,7 @@ def device_run(program_factory, sst2, tmp_path_factory: pytest.TempPathFactory) 
         EPS,
         "--seed",
         str(SEED),
+        *SCHEDULE,
         "--out",
         str(out),
     ]
@@ -74,6 +78,7 @@ def test_outputs_and_metrics(device_run: Path) -> None:
     for key in ("method", "q", "batch_size", "steps", "lr", "eps", "seed", "losses", "step_time_s", "peak_rss_mb"):
         assert key in metrics, key
     assert (metrics["q"], metrics["batch_size"], metrics["steps"], metrics["seed"]) == (4, 8, STEPS, SEED)
+    assert (metrics["lr_schedule"], metrics["warmup_steps"], metrics["lr_floor"]) == ("linear", 2, 0.1)
     assert len(metrics["losses"]) == STEPS and metrics["backend"] == "executorch"
     assert [e["step"] for e in metrics["eval"]] == [0, STEPS]
     assert all(0 <= e["accuracy"] <= 1 for e in metrics["eval"])
@@ -128,6 +133,7 @@ def test_losses_match_mobizo_train(device_run: Path, sst2, tiny_model_dir: Path,
         str(cfg.seq_len),
         "--device",
         "cpu",
+        *SCHEDULE,
         "--out",
         str(tmp_path / "train"),
     ]
@@ -135,6 +141,7 @@ def test_losses_match_mobizo_train(device_run: Path, sst2, tiny_model_dir: Path,
     ours = [json.loads(line) for line in (device_run / "train_log.jsonl").read_text().splitlines()]
     theirs = [json.loads(line) for line in (tmp_path / "train" / "train_log.jsonl").read_text().splitlines()]
     assert [r["seed"] for r in ours] == [r["seed"] for r in theirs]
+    assert [r["lr"] for r in ours] == [r["lr"] for r in theirs] == lrs(float(LR), STEPS, "linear", 2, 0.1)
     # Same steps, same rows; padding width and kernels differ (XNNPACK vs ATen): each loss within the float32 forward
     # bound, plus what the two B's drift apart by (bounded from the measured g's; tests/utils/tolerance.py).
     theirs_g = [r["g"] for r in theirs]
@@ -168,6 +175,8 @@ def test_evaluation_is_mobizo_evals(device_run: Path, sst2, tiny_model_dir: Path
     [
         (lambda a, p: a + ["--steps", "0"], "--steps"),
         (lambda a, p: a + ["--lr", "-1"], "--lr"),
+        (lambda a, p: a + ["--warmup-steps", "3", "--steps", "3"], "--warmup-steps"),
+        (lambda a, p: a + ["--lr-floor", "2"], "--lr-floor"),
         (lambda a, p: a + ["--seed", "-3"], "--seed"),
         (lambda a, p: a + ["--train", str(p / "missing.jsonl")], "--train"),
         (lambda a, p: a + ["--store", str(p)], "--store"),

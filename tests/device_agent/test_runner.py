@@ -10,14 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from device_agent.backends import TrainRun, make_backend
 from device_agent.batches import Shape
 from device_agent.checkpoint import Checkpoint, load_b, load_checkpoint, save_b, save_checkpoint
-from tests.device_agent.helpers import Program, as_f32, python_reference, run_runner, runner_args
+from shared.replay import replay
+from shared.schedule import lr_at
+from shared.train_log import log_line, log_record, parse_log
+from tests.device_agent.helpers import EPS, Program, as_f32, python_reference, run_runner, runner_args
 
 pytestmark = pytest.mark.slow  # the session's program export (about a minute) lands on the first of these
 
 EXIT_STOPPED = 75
+EPS32 = float(np.float32(EPS))
 
 
 def test_runner_matches_python_runtime_bit_for_bit(
@@ -33,6 +39,40 @@ def test_runner_matches_python_runtime_bit_for_bit(
         assert as_f32(line["g"]).tobytes() == g.tobytes()
     assert load_b(tmp_path / "b.f32").tobytes() == final_b.tobytes()
     assert final_b.size == tiny_program.d and np.any(final_b != 0)  # training moved B
+
+
+def test_runner_runs_the_schedule_in_the_batches_bit_for_bit(
+    runner_binary: Path, tiny_program: Program, make_batches: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Warm-up then cosine decay, one lr per record: the runner, the Python runtime and the replay of the runner's
+    log (as the agent writes it and the server checks it) give the same B, bit for bit."""
+    lrs = [lr_at(0.05, 6, k, "cosine", warmup_steps=2, lr_floor=0.1) for k in range(6)]
+    assert len(set(lrs)) == 5  # all differ but the last warm-up step and the next, both at lr
+    batches = make_batches(6, lrs=lrs)
+    status, lines, stderr = run_runner(runner_args(runner_binary, tiny_program.files, batches, tmp_path / "b.f32"))
+    assert status == 0, stderr
+    assert as_f32([line["lr"] for line in lines]).tolist() == lrs  # %.9g: parsed as float32, the record's value
+    reference, final_b = python_reference(tiny_program, batches)
+    for line, (losses, g) in zip(lines, reference, strict=True):
+        assert as_f32(line["losses"]).tobytes() == losses.tobytes()
+        assert as_f32(line["g"]).tobytes() == g.tobytes()
+    runner_b = load_b(tmp_path / "b.f32")
+    assert runner_b.tobytes() == final_b.tobytes()
+    zeros = np.zeros(tiny_program.d, np.float32)
+    run = TrainRun("job-s", *tiny_program.files, tiny_program.manifest, batches, EPS32, zeros, tmp_path / "c", 0)
+    records: list = []
+    outcome = make_backend("executorch").train(run, 0, None, records.append, lambda: False)
+    assert [r.lr for r in records] == lrs and outcome.b.tobytes() == runner_b.tobytes()
+    log = [
+        log_record(k, line["seed"], lrs[k], EPS32, as_f32(line["g"]), as_f32(line["losses"]))
+        for k, line in enumerate(lines)
+    ]
+    replayed = replay(torch.zeros(tiny_program.d), parse_log("".join(map(log_line, log))))
+    assert replayed.numpy().tobytes() == runner_b.tobytes()
+    # The lr really is the record's: the same data at the constant base lr ends elsewhere.
+    constant = make_batches(6, name="constant.mzb")
+    assert run_runner(runner_args(runner_binary, tiny_program.files, constant, tmp_path / "c.f32"))[0] == 0
+    assert load_b(tmp_path / "c.f32").tobytes() != runner_b.tobytes()
 
 
 def test_init_b_and_step_limit(
@@ -142,7 +182,8 @@ def test_batches_of_another_shape_are_refused(
         (lambda a: a[:-2], 2, "--out-b is required"),
         (lambda a: [*a, "--bogus", "1"], 2, "unknown argument --bogus"),
         (lambda a: [*a, "--checkpoint-every", "2"], 2, "needs --checkpoint"),
-        (lambda a: [*a[:8], "nan", *a[9:]], 2, "--lr"),
+        (lambda a: [*a[:8], "nan", *a[9:]], 2, "--eps"),
+        (lambda a: [*a, "--lr", "0.1"], 2, "unknown argument --lr"),  # lr is each step's, from the batches file
         (lambda a: [a[0], "--program", "/nonexistent.pte", *a[3:]], 1, "cannot open /nonexistent.pte"),
         (lambda a: [*a[:4], "/nonexistent.ptd", *a[5:]], 1, "cannot open /nonexistent.ptd"),
         (lambda a: [*a[:6], "/nonexistent.mzb", *a[7:]], 1, "cannot open /nonexistent.mzb"),

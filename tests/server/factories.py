@@ -152,13 +152,13 @@ def submit_job(client: TestClient, user: dict[str, str], **overrides: Any) -> di
     return r.json()
 
 
-def leased_job(client: TestClient, model_dir: Path) -> dict[str, Any]:
-    """A user, their phone and a job it has leased on a fake model (fake compile), with a fake training's B and log:
-    what the result and inference tests start from."""
+def leased_job(client: TestClient, model_dir: Path, **overrides: Any) -> dict[str, Any]:
+    """A user, their phone and a job (``overrides`` of its spec) it has leased on a fake model (fake compile), with a
+    fake training's B and log: what the result and inference tests start from."""
     register_model(client, make_fake_model(model_dir))
     user = create_user(client)
     phone = enroll_device(client, user)
-    job = submit_job(client, user)
+    job = submit_job(client, user, **overrides)
     lease = client.post("/v1/leases", headers=phone["headers"]).json()
     b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
     return {"user": user, "phone": phone, "job": job, "lease": lease, "b": b, "log": log}
@@ -171,9 +171,11 @@ def b_flat_bytes(values: np.ndarray, name: str = "b_flat") -> bytes:
 def fake_training(
     spec: dict[str, Any], d: int, init: np.ndarray | None = None, seed: int = 1
 ) -> tuple[np.ndarray, str]:
-    """A log a device could have written (random losses, their g, the job's seeds) and the B it leads to."""
+    """A log a device could have written (random losses, their g, the job's seeds and lr schedule) and the B it
+    leads to."""
     import torch
 
+    from server.verify import expected_lr
     from shared.noise import step_seed
     from shared.replay import replay
     from shared.train_log import log_line, log_record
@@ -183,7 +185,8 @@ def fake_training(
     for step in range(spec["steps"]):
         losses = rng.uniform(1, 2, size=2 * spec["q"]).astype(np.float32)
         g = (losses[0::2] - losses[1::2]) / (np.float32(spec["eps"]) * np.float32(2))  # as the program computes it
-        lines.append(log_line(log_record(step, step_seed(spec["seed"], step), spec["lr"], spec["eps"], g, losses)))
+        lr = expected_lr(spec, step)  # the job's schedule, as the device's batches carry it
+        lines.append(log_line(log_record(step, step_seed(spec["seed"], step), lr, spec["eps"], g, losses)))
     start = torch.zeros(d) if init is None else torch.from_numpy(init)
     records = [json.loads(line) for line in lines]
     return replay(start, records).numpy(), "".join(lines)

@@ -123,6 +123,20 @@ def test_bad_options_exit_2_naming_them(capsys):
         assert code == 2 and f"argument {option}: " in err
     code, _, err = _run(capsys, "enroll-code", "--ttl", "5", "--token", "t")
     assert code == 2 and "--ttl" in err
+    base = ("jobs", "submit", "--model", "m", "--task", "sst2", "--steps", "5", "--token", "t")
+    for extra, option in ((("--warmup-steps", "5"), "--warmup-steps"), (("--lr-floor", "1.5"), "--lr-floor")):
+        code, _, err = _run(capsys, *base, *extra)
+        assert code == 2 and f"argument {option}: " in err, err
+
+
+def test_submit_sends_the_lr_schedule_options():
+    from mobizo.cli import build_parser
+    from server.commands.jobs import job_body
+
+    args = ["jobs", "submit", "--model", "m", "--task", "sst2", "--steps", "9", "--lr-schedule", "cosine"]
+    body = job_body(build_parser().parse_args([*args, "--warmup-steps", "3", "--lr-floor", "0.25"]))
+    assert (body["lr_schedule"], body["warmup_steps"], body["lr_floor"]) == ("cosine", 3, 0.25)
+    assert "lr_schedule" not in job_body(build_parser().parse_args(args[:-2]))  # left out: the server's default
 
 
 def test_models_register_and_list(server_url, capsys, tmp_path):

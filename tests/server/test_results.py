@@ -111,6 +111,32 @@ def test_bad_uploads_are_rejected_with_nothing_stored(client, leased, case):
     _nothing_stored(client, leased)
 
 
+def test_a_log_that_does_not_follow_the_jobs_lr_schedule_is_rejected(client, tmp_path):
+    """The server recomputes each step's lr from the job's schedule (warm-up, then cosine) and takes only those
+    float32 bits; the log of a device that ran the base lr throughout is refused, naming the step and both values."""
+    from server.verify import ResultRejected, read_checked_log
+    from shared.schedule import lr_at
+
+    job = leased_job(client, tmp_path / "model", steps=4, lr=0.01, lr_schedule="cosine", warmup_steps=1, lr_floor=0.1)
+    spec = job["lease"]["spec"]
+    assert (spec["lr_schedule"], spec["warmup_steps"], spec["lr_floor"]) == ("cosine", 1, 0.1)
+    expected = [lr_at(0.01, 4, k, "cosine", 1, 0.1) for k in range(4)]
+    assert [json.loads(line)["lr"] for line in job["log"].splitlines()] == expected
+    assert expected[0] == expected[1] > expected[2] > expected[3]  # warm-up ends at lr, where the decay starts
+    constant = _log_lines(job["log"], lambda rs: [r.update(lr=expected[0]) for r in rs])  # steps 0 and 1 are right
+    (tmp_path / "constant.jsonl").write_text(constant)
+    with pytest.raises(ResultRejected) as caught:
+        read_checked_log(str(tmp_path / "constant.jsonl"), spec)
+    message = str(caught.value)
+    assert (
+        "step 2:" in message and "cosine" in message and repr(expected[0]) in message and repr(expected[2]) in message
+    )
+    r = upload(client, job["phone"], job["job"]["id"], b_flat_bytes(fake_training(spec, job["b"].size)[0]), constant)
+    assert r.status_code == 422 and "step 2" in r.text, r.text
+    r = upload(client, job["phone"], job["job"]["id"], b_flat_bytes(job["b"]), job["log"])
+    assert r.status_code == 201, r.text  # the log at the schedule's lr is the job's result
+
+
 def test_bad_metrics_and_missing_parts(client, leased):
     r = upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"], b"[1, 2]")
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "metrics"]

@@ -20,6 +20,7 @@ TORCH_FREE = (
     "shared.manifest",
     "shared.memory",
     "shared.model_files",
+    "shared.schedule",
     "shared.schemas",
     "shared.tasks",
     "shared.train_log",

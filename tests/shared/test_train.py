@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoConfig
@@ -18,6 +19,7 @@ from mobizo.cli import main
 from shared.adapter import read_adapter
 from shared.lora import layout_order
 from shared.replay import replay
+from shared.schedule import lr_at
 from shared.tasks import shared_data_dir
 from shared.train import ADAPTER_DIR, LOG_FILE, METRICS_FILE, TrainConfig, train
 from shared.train_log import read_log
@@ -174,6 +176,10 @@ def test_cli_writes_adapter_metrics_and_a_replayable_log(tiny_model_dir, tmp_pat
         "3",
         "--lr",
         "1e-2",
+        "--lr-schedule",
+        "cosine",
+        "--lr-floor",
+        "0.1",
     )
     assert _cli(tiny_model_dir, out, *args) == 0
     assert "wrote adapter/, train_log.jsonl, metrics.json" in capsys.readouterr().out
@@ -186,6 +192,10 @@ def test_cli_writes_adapter_metrics_and_a_replayable_log(tiny_model_dir, tmp_pat
     assert (config["r"], config["lora_alpha"], sorted(config["target_modules"])) == (16, 32.0, ["q_proj", "v_proj"])
     log = read_log(out / LOG_FILE)
     assert [(r["step"], len(r["g"]), len(r["losses"])) for r in log] == [(0, 2, 4), (1, 2, 4), (2, 2, 4)]
+    # Each step ran (and logged) the schedule's float32 lr: 1e-2, then cosine decay towards 1e-3.
+    assert (metrics["lr_schedule"], metrics["warmup_steps"], metrics["lr_floor"]) == ("cosine", 0, 0.1)
+    assert [r["lr"] for r in log] == [lr_at(1e-2, 3, k, "cosine", 0, 0.1) for k in range(3)]
+    assert log[0]["lr"] == float(np.float32(1e-2)) > log[1]["lr"] > log[2]["lr"] > float(np.float32(1e-3))
     b = adapter_flat_b(out)
     assert b.abs().max() > 0 and torch.equal(replay(torch.zeros_like(b), log), b)  # the log rebuilds B exactly
 
@@ -251,6 +261,8 @@ def test_trained_adapter_evaluates_as_during_training(tiny_model_dir, tmp_path, 
         (("--lr", "-0.001"), "--lr"),
         (("--eps", "0"), "--eps"),
         (("--steps", "0"), "--steps"),
+        (("--steps", "5", "--warmup-steps", "5"), "--warmup-steps"),
+        (("--lr-floor", "1.5"), "--lr-floor"),
         (("--eval", "/nonexistent/validation.jsonl"), "--eval"),
         (("--eval-every", "2"), "--eval-every"),
         (("--dtype", "float8"), "--dtype"),
