@@ -110,16 +110,28 @@ class TrainConfig:
 def with_defaults(config: TrainConfig) -> TrainConfig:
     """``config`` with its objective (by default the task's, ``shared.defaults.default_objective``; the tokenizer
     checks it later) and the method's defaults for that objective for the steps, lr and eps it does not give."""
-    objective = config.objective
-    if objective is None:
-        try:
-            kind = get_task(config.task, config.template, config.verbalizer).kind
-        except UsageError:
-            kind = "lm"  # validate() reports the task
-        objective = defaults.default_objective(kind)
+    objective = config.objective if config.objective is not None else _default_objective(config)
     chosen = defaults.for_method(config.method, objective=objective)
     missing = {name: getattr(chosen, name) for name in ("steps", "lr", "eps") if getattr(config, name) is None}
     return replace(config, objective=objective, **missing)
+
+
+def _default_objective(config: TrainConfig) -> str:
+    """The objective of a run that names none: the task's (``shared.data.resolve_objective`` with the model's
+    tokenizer: classification when the answers are single tokens); ``lm`` while the task or the model is not valid
+    (``validate`` then says why)."""
+    from transformers import AutoTokenizer
+
+    from shared.data import resolve_objective
+
+    try:
+        task = get_task(config.task, config.template, config.verbalizer)
+        tokenizer = AutoTokenizer.from_pretrained(str(config.model), local_files_only=True)
+        if config.chat_template:
+            task = with_chat(task, model_chat_frame(config.model))
+        return resolve_objective(task, tokenizer)[0]
+    except (UsageError, OSError, ValueError):
+        return "lm"
 
 
 def validate(config: TrainConfig) -> Task:

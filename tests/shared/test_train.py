@@ -323,12 +323,19 @@ def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp
     from shared import defaults
     from shared.schemas import JobCreate
 
-    for method in ("mobizo", "fo-lora"):
-        chosen = defaults.for_method(method)
+    for method in ("mobizo", "fo-lora"):  # SST-2's answers are single tokens: the classification objective's
+        chosen = defaults.for_method(method, objective="classification")
         config = _config(tiny_model_dir, tmp_path / method, method=method, steps=1, batch_size=4)
         metrics = train(config, progress=False)
         assert (metrics["lr"], metrics["eps"], metrics["steps"]) == (chosen.lr, chosen.eps, 1)
-    job, chosen = JobCreate(model="m", task="sst2"), defaults.for_method("mobizo")  # jobs run mobizo
+    job, chosen = JobCreate(model="m", task="sst2"), defaults.for_method("mobizo", objective="classification")
+    assert job.objective == "classification" and JobCreate(model="m", task="lm", answer_len=4).objective == "lm"
+    lm = JobCreate(model="m", task="sst2", objective="lm")
+    assert (
+        (lm.lr, lm.steps)
+        == (defaults.for_method("mobizo").lr, defaults.for_method("mobizo").steps)
+        != (job.lr, job.steps)
+    )
     assert (job.lr, job.eps, job.steps) == (chosen.lr, chosen.eps, chosen.steps)
     assert defaults.for_method("mezo").lr != defaults.for_method("mobizo").lr  # per method, not one value
     quantized = JobCreate(model="m", task="sst2", quantize="8da4w")  # its g needs a larger eps (shared.defaults)
