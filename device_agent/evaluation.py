@@ -71,6 +71,8 @@ def predict(
     pairs = [(i, c) for i, e in enumerate(encoded) for c in range(len(e.candidate_ids))]
     rows = [Encoded(encoded[i].prompt_ids, [encoded[i].candidate_ids[c]], 0) for i, c in pairs]
     losses = _program_rows(session, rows, shape, pad_token_id(tokenizer)).astype(np.float64)
+    if losses.ndim != 1:
+        raise ValueError("the program scores candidates (a classification program): pass its config's candidates")
     counts = np.asarray([len(row.candidate_ids[0]) for row in rows])
     by_example: dict[int, list[tuple[float, int]]] = {}
     for (i, _), mean, count in zip(pairs, losses, counts, strict=True):

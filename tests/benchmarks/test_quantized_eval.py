@@ -33,7 +33,8 @@ def test_a_program_agrees_with_itself_and_its_figures_are_the_devices(program_fa
     session.set_b(np.zeros(manifest.lora_size, np.float32))
     tokenizer = load_tokenizer_file(float_pte.parent / manifest.tokenizer.file)
     rendered = load_examples(get_task("sst2"), data, limit=24)
-    device = evaluate_program(session, rendered, tokenizer, program_shape(manifest.config), "classification")
+    shape, candidates = program_shape(manifest.config), manifest.config.candidates  # an SST-2 classification program
+    device = evaluate_program(session, rendered, tokenizer, shape, "classification", candidates)
     expected = {"program": str(float_pte), "accuracy": device["accuracy"], "loss": device["loss"]}
     assert same["programs"] == [expected, expected]
 
