@@ -1,0 +1,232 @@
+"""The documentation stays honest: the generated reference covers every command, route and setting; the site builds
+with ``mkdocs build --strict`` (the CI check); no page names a development machine's paths or an issue tracker's
+numbers; the README stays a short entry point (the site holds the rest)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HOOK = REPO / "docs" / "hooks" / "reference.py"
+README_MAX_BYTES = 15_000
+BUILD_WARN_S = 20.0
+
+DEV_PATH = re.compile(r"/work/|/tmp/|/home/|\.\./shared")
+ISSUE_REF = re.compile(r"\bissue\s+#?\d+|(?<![\w&#])#\d{2,}\b", re.IGNORECASE)
+TEXT_SUFFIXES = {".md", ".py", ".yml", ".yaml", ".txt", ".html", ".css", ".js", ".json", ".toml", ".cfg"}
+
+
+def _load_reference() -> ModuleType:
+    name = "mobizo_docs_reference"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HOOK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def reference() -> ModuleType:
+    return _load_reference()
+
+
+# --- the generated reference covers everything ---------------------------------------------------------------------
+
+
+def _sections(markdown: str) -> dict[str, str]:
+    """Heading text -> the text up to the next heading."""
+    sections: dict[str, str] = {}
+    current, lines = "", []
+    for line in markdown.splitlines():
+        match = re.match(r"^#{1,6} (.+)$", line)
+        if match:
+            sections[current] = "\n".join(lines)
+            current, lines = match.group(1).strip(), []
+        else:
+            lines.append(line)
+    sections[current] = "\n".join(lines)
+    return sections
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(path, parser) of every command below ``mobizo``, walked here independently of the generator."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_command_is_in_the_cli_reference(reference: ModuleType) -> None:
+    sections = _sections(reference.cli_markdown())
+    missing = [" ".join(("mobizo", *path)) for path, _ in _commands(reference.cli_parser())]
+    missing = [name for name in missing if name not in sections]
+    assert not missing, f"commands missing from the CLI reference: {', '.join(missing)}"
+
+
+NOT_OPTIONS = (argparse._SubParsersAction, argparse._HelpAction)  # sub-commands have sections; -h is said once
+
+
+def test_every_visible_option_is_in_its_command_section(reference: ModuleType) -> None:
+    sections = _sections(reference.cli_markdown())
+    missing = []
+    for path, parser in _commands(reference.cli_parser()):
+        section = sections.get(" ".join(("mobizo", *path)), "")
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS or isinstance(action, NOT_OPTIONS):
+                continue
+            for flag in action.option_strings or [action.metavar or action.dest]:
+                if flag not in section:
+                    missing.append(f"mobizo {' '.join(path)} {flag}")
+    assert not missing, f"options missing from the CLI reference: {', '.join(missing)}"
+
+
+def test_every_route_is_in_the_rest_reference(reference: ModuleType) -> None:
+    app = reference.rest_app()
+    routes = set(reference.routes(app))
+    documented = {(m.upper(), p) for p, ops in app.openapi()["paths"].items() for m in ops}
+    assert documented <= routes, f"OpenAPI paths the route walk missed: {sorted(documented - routes)}"
+    sections = _sections(reference.rest_markdown())
+    missing = [f"{method} {path}" for method, path in sorted(routes) if f"{method} {path}" not in sections]
+    assert not missing, f"routes missing from the REST reference: {', '.join(missing)}"
+
+
+def test_every_request_body_schema_is_in_the_rest_reference(reference: ModuleType) -> None:
+    schema = reference.rest_app().openapi()
+    names = set()
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            for media in operation.get("requestBody", {}).get("content", {}).values():
+                names |= set(re.findall(r"#/components/schemas/(\w+)", str(media.get("schema", {}))))
+    sections = _sections(reference.rest_markdown())
+    missing = sorted(names - set(sections))
+    assert names and not missing, f"request body schemas missing from the REST reference: {', '.join(missing)}"
+
+
+def test_every_setting_is_in_the_settings_reference_with_a_description(reference: ModuleType) -> None:
+    from server.settings import Settings
+
+    markdown = reference.settings_markdown()
+    missing = [name for name in Settings.model_fields if f"`{name}`" not in markdown]
+    assert not missing, f"settings missing from the settings reference: {', '.join(missing)}"
+    undescribed = [name for name, field in Settings.model_fields.items() if not (field.description or "").strip()]
+    assert not undescribed, f"settings without a description= in server/settings.py: {', '.join(undescribed)}"
+    env = [f"MOBIZO_{name.upper()}" for name in Settings.model_fields if name != "database_url"] + ["DATABASE_URL"]
+    missing_env = [name for name in env if f"`{name}`" not in markdown]
+    assert not missing_env, f"environment variables missing from the settings reference: {', '.join(missing_env)}"
+
+
+def test_generated_pages_show_the_codes_defaults_not_this_machine(
+    reference: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MOBIZO_SERVER", "http://leaked.example:1")
+    monkeypatch.setenv("MOBIZO_TOKEN", "leaked-user-token")
+    monkeypatch.setenv("MOBIZO_ADMIN_TOKEN", "leaked-admin-token")
+    pages = {
+        "cli": reference.cli_markdown(),
+        "rest": reference.rest_markdown(),
+        "settings": reference.settings_markdown(),
+    }
+    for name, markdown in pages.items():
+        assert "leaked" not in markdown, f"the {name} reference shows this environment's values"
+        for number, line in enumerate(markdown.splitlines(), 1):
+            assert not DEV_PATH.search(line) and str(REPO) not in line, f"generated {name}.md:{number}: {line}"
+    assert os.environ["MOBIZO_TOKEN"] == "leaked-user-token", "the generator must give the environment back"
+
+
+# --- hygiene of the tracked pages ----------------------------------------------------------------------------------
+
+
+def _tracked(*paths: str) -> list[Path]:
+    done = subprocess.run(["git", "ls-files", "--", *paths], cwd=REPO, capture_output=True, text=True, check=True)
+    return [REPO / line for line in done.stdout.splitlines() if line]
+
+
+def _offences(files: list[Path]) -> list[str]:
+    found = []
+    for path in files:
+        if path.suffix not in TEXT_SUFFIXES or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for pattern, what in ((DEV_PATH, "development path"), (ISSUE_REF, "issue reference")):
+                match = pattern.search(line)
+                if match:
+                    found.append(f"{path.relative_to(REPO)}:{number}: {what} {match.group(0)!r}")
+    return found
+
+
+def test_docs_name_no_development_paths_or_issue_numbers() -> None:
+    offences = _offences(_tracked("docs", "mkdocs.yml"))
+    assert not offences, "\n".join(["pages must read the same on any machine:", *offences])
+
+
+def test_readme_names_no_development_paths_or_issue_numbers() -> None:
+    offences = _offences(_tracked("README.md"))
+    assert not offences, "\n".join(["the README must read the same on any machine:", *offences])
+
+
+def test_readme_is_at_most_15_kb() -> None:
+    size = (REPO / "README.md").stat().st_size
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes (at most {README_MAX_BYTES}: the site holds the rest)"
+
+
+# --- the site ------------------------------------------------------------------------------------------------------
+
+
+def _nav_files(nav: list) -> list[str]:
+    files = []
+    for entry in nav:
+        value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+        files += _nav_files(value) if isinstance(value, list) else [value]
+    return files
+
+
+def _nav_section(nav: list, title: str) -> list:
+    (section,) = [entry[title] for entry in nav if isinstance(entry, dict) and title in entry]
+    return section
+
+
+def test_nav_has_a_page_per_benchmark_script_and_every_page_exists() -> None:
+    from mkdocs.utils.yaml import yaml_load
+
+    nav = yaml_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    scripts = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if p.stem != "__init__")
+    want = ["benchmarks/index.md", *(f"benchmarks/{name}.md" for name in scripts)]
+    assert _nav_files(_nav_section(nav, "Benchmarks")) == want, "Benchmarks nav: index, then one page per script"
+    absent = [page for page in _nav_files(nav) if not (REPO / "docs" / page).is_file()]
+    assert not absent, f"nav entries without a page: {', '.join(absent)}"
+
+
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    """The CI check: any warning (a broken link or anchor, a page missing from the nav, a stub without its marker)
+    fails the build."""
+    site = tmp_path / "site"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
+        cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # Material's end-of-life banner: a print, not a warning
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, f"mkdocs build --strict failed ({seconds:.1f} s):\n{done.stdout}\n{done.stderr}"
+    for page, text in (("cli", "mobizo jobs submit"), ("rest", "/v1/jobs/{job_id}/result"), ("settings", "MOBIZO_")):
+        built = (site / "reference" / page / "index.html").read_text(encoding="utf-8")
+        assert text in built and "<!-- generated:" not in built, f"reference/{page}.md was not generated"
+    assert not (site / "hooks").exists(), "the hook module must not be published"
+    over = f" (over {BUILD_WARN_S:.0f} s)" if seconds > BUILD_WARN_S else ""
+    print(f"mkdocs build --strict: {seconds:.1f} s{over}")
