@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -41,6 +41,16 @@ def _load_reference() -> ModuleType:
 @pytest.fixture(scope="module")
 def reference() -> ModuleType:
     return _load_reference()
+
+
+@pytest.fixture(scope="module")
+def app(reference: ModuleType):
+    return reference.rest_app()
+
+
+@pytest.fixture(scope="module")
+def rest_sections(reference: ModuleType) -> dict[str, str]:
+    return _sections(reference.rest_markdown())
 
 
 # --- the generated reference covers everything ---------------------------------------------------------------------
@@ -94,25 +104,41 @@ def test_every_visible_option_is_in_its_command_section(reference: ModuleType) -
     assert not missing, f"options missing from the CLI reference: {', '.join(missing)}"
 
 
-def test_every_route_is_in_the_rest_reference(reference: ModuleType) -> None:
-    app = reference.rest_app()
+def test_every_route_is_in_the_rest_reference(reference: ModuleType, app, rest_sections: dict[str, str]) -> None:
     routes = set(reference.routes(app))
     documented = {(m.upper(), p) for p, ops in app.openapi()["paths"].items() for m in ops}
     assert documented <= routes, f"OpenAPI paths the route walk missed: {sorted(documented - routes)}"
-    sections = _sections(reference.rest_markdown())
-    missing = [f"{method} {path}" for method, path in sorted(routes) if f"{method} {path}" not in sections]
+    missing = [f"{method} {path}" for method, path in sorted(routes) if f"{method} {path}" not in rest_sections]
     assert not missing, f"routes missing from the REST reference: {', '.join(missing)}"
 
 
-def test_every_request_body_schema_is_in_the_rest_reference(reference: ModuleType) -> None:
-    schema = reference.rest_app().openapi()
+def test_the_auth_column_knows_every_secured_route(reference: ModuleType, app) -> None:
+    """A route that reads a bearer token names its kind (admin, user, device, ...); one that reads none says none."""
+    kinds = reference._auth_kinds()
+    auth = {
+        (method, path): reference._auth(route, kinds)
+        for path, route in reference._api_routes(app)
+        for method in route.methods
+    }
+    unknown = sorted(f"{method} {path}" for (method, path), kind in auth.items() if kind == reference.UNKNOWN_AUTH)
+    assert not unknown, f"routes whose auth kind the REST reference cannot name: {', '.join(unknown)}"
+    secured = {
+        (m.upper(), p) for p, ops in app.openapi()["paths"].items() for m, op in ops.items() if op.get("security")
+    }
+    wrong = sorted(f"{m} {p}" for (m, p), kind in auth.items() if (kind == "none") == ((m, p) in secured))
+    assert not wrong, f"auth column disagrees with the OpenAPI security of: {', '.join(wrong)}"
+    assert auth[("POST", "/v1/users")] == "admin" and auth[("POST", "/v1/leases")] == "device"
+    assert auth[("POST", "/v1/jobs")] == "user" and auth[("POST", "/v1/devices")] == "none"
+
+
+def test_every_request_body_schema_is_in_the_rest_reference(app, rest_sections: dict[str, str]) -> None:
+    schema = app.openapi()
     names = set()
     for operations in schema["paths"].values():
         for operation in operations.values():
             for media in operation.get("requestBody", {}).get("content", {}).values():
                 names |= set(re.findall(r"#/components/schemas/(\w+)", str(media.get("schema", {}))))
-    sections = _sections(reference.rest_markdown())
-    missing = sorted(names - set(sections))
+    missing = sorted(names - set(rest_sections))
     assert names and not missing, f"request body schemas missing from the REST reference: {', '.join(missing)}"
 
 
@@ -197,6 +223,19 @@ def _nav_files(nav: list) -> list[str]:
 def _nav_section(nav: list, title: str) -> list:
     (section,) = [entry[title] for entry in nav if isinstance(entry, dict) and title in entry]
     return section
+
+
+def test_each_reference_stub_holds_its_marker_and_a_stub_without_it_fails_the_build(reference: ModuleType) -> None:
+    from mkdocs.exceptions import PluginError
+
+    def page(src: str) -> SimpleNamespace:
+        return SimpleNamespace(file=SimpleNamespace(src_uri=src))
+
+    for src, marker in reference.MARKERS.items():
+        assert marker in (REPO / "docs" / src).read_text(encoding="utf-8"), f"docs/{src} lost its marker {marker}"
+    with pytest.raises(PluginError, match="marker"):
+        reference.on_page_markdown("# Settings\n", page("reference/settings.md"), None, None)
+    assert reference.on_page_markdown("# Home\n", page("index.md"), None, None) == "# Home\n"
 
 
 def test_nav_has_a_page_per_benchmark_script_and_every_page_exists() -> None:

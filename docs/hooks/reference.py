@@ -291,8 +291,12 @@ def _auth_kinds() -> dict[Callable[..., Any], str]:
     }
 
 
+UNKNOWN_AUTH = "a bearer token (of a kind these docs do not know: add its dependency to _auth_kinds)"
+
+
 def _auth(route: Any, kinds: dict[Callable[..., Any], str]) -> str:
-    """Who may call a route, from the auth dependencies it declares (however indirectly)."""
+    """Who may call a route, from the auth dependencies it declares (however indirectly): ``none`` when it reads no
+    bearer token at all."""
     found: list[str] = []
     stack = [route.dependant]
     while stack:
@@ -301,7 +305,21 @@ def _auth(route: Any, kinds: dict[Callable[..., Any], str]) -> str:
         if kind and kind not in found:
             found.append(kind)
         stack.extend(dependant.dependencies)
-    return ", ".join(sorted(found)) if found else "none"
+    if found:
+        return ", ".join(sorted(found))
+    return UNKNOWN_AUTH if _reads_bearer(route) else "none"
+
+
+def _reads_bearer(route: Any) -> bool:
+    from fastapi.security.base import SecurityBase
+
+    stack = [route.dependant]
+    while stack:
+        dependant = stack.pop()
+        if isinstance(dependant.call, SecurityBase):
+            return True
+        stack.extend(dependant.dependencies)
+    return False
 
 
 def _ref_name(schema: dict[str, Any]) -> str:
