@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import html
+import json
 import os
 import re
 import sys
+import types
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -403,8 +405,6 @@ def _fields_table(schema: dict[str, Any]) -> str:
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value)
 
 
@@ -542,7 +542,7 @@ def _annotation(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return " | ".join(f'"{arg}"' if isinstance(arg, str) else str(arg) for arg in typing.get_args(annotation))
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         return " | ".join(_annotation(arg) for arg in typing.get_args(annotation))
     if annotation is type(None):
         return "None"
