@@ -22,7 +22,7 @@ class ProgramSession:
     backend; the agent evaluates afterwards in a session of its own): each loaded method holds its own planned
     memory and, under XNNPACK, its own packed copy of every base weight. An idle ``evaluate`` made a SmolLM2 step's
     peak memory 1.55x that of an inference forward of the same rows; without it, 1.03x (float32; 8da4w: 1.32x ->
-    1.16x; README, benchmarks/program.py).
+    1.16x; docs/benchmarks/program.md).
     """
 
     def __init__(self, pte: Path, ptd: Path | None, *, evaluate: bool = True) -> None:

@@ -1,5 +1,5 @@
 """``metrics.json`` of a run on the device (``mobizo agent run`` and ``mobizo run-program``): the keys
-interfaces.md §1 promises, from the program's manifest, the training log and the measured step times."""
+the contracts promise (docs/contracts.md), from the program's manifest, the training log and the measured step times."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from shared.memory import peak_rss_mb
 def training_metrics(
     manifest: ProgramManifest, log: list[dict], step_seconds: list[float], run: dict[str, Any]
 ) -> dict[str, Any]:
-    """interfaces.md §1's keys from the program, the log and the measured steps; ``run`` adds the rest
+    """The contracts' keys (docs/contracts.md) from the program, the log and the measured steps; ``run`` adds the rest
     (``seed``, ``lr``, ``eps``, ``backend``, ``eval``, ...). Holds no data and no file paths of the device."""
     config = manifest.config
     metrics = {

@@ -6,7 +6,7 @@ Torch-free, so the REST schemas read them without loading the algorithm.
 
 The learning rate, perturbation scale and number of steps depend on the method, so they are per method
 (``for_method``). They are the values that ``benchmarks/accuracy.py`` showed to LEARN on a real model
-(SmolLM2-135M-Instruct, SST-2, batch 16; README "Does a job make the model better?"): there the MobiZO q=4
+(SmolLM2-135M-Instruct, SST-2, batch 16; docs/benchmarks/accuracy.md): there the MobiZO q=4
 pilots at eps 1e-2 lowered the held-out loss from 8.17 to 6.12 nats in 50 steps at lr 3e-3 and to 7.36 at lr 1e-3,
 so 3e-3 won (issue 12 saw 1e-3 go on falling to 4.8 nats by step 300), while the former default lr 1e-4 over 100
 steps left the adapter close to zero. MeZO-LoRA is MobiZO q=1's mathematics, so it shares the learning rate.
@@ -15,7 +15,7 @@ eps 1e-3 (not measured here).
 
 A program with 4-bit weights and int8 dynamic activations (``quantize`` 8da4w) needs a larger eps: its activation
 quantization moves the loss by about as much as ±1e-2·z does, so g is mostly that noise. Measured through the
-program (SmolLM2, SST-2, 200 steps at batch 1, lr 3e-3; README "Quantized frozen weights"): at eps 1e-2 the
+program (SmolLM2, SST-2, 200 steps at batch 1, lr 3e-3; docs/benchmarks/quantization.md): at eps 1e-2 the
 held-out loss ROSE from 7.53 to 9.66 nats, at eps 1e-1 it fell to 4.10. So ZO LoRA methods default to eps 1e-1
 there (``QUANTIZED_EPS``).
 """
@@ -44,7 +44,7 @@ LR_SCHEDULE = "constant"
 WARMUP_STEPS = 0
 LR_FLOOR = 0.0
 
-SOURCE = "benchmarks/accuracy.py on SmolLM2-135M-Instruct, SST-2 (README: Does a job make the model better?)"
+SOURCE = "benchmarks/accuracy.py on SmolLM2-135M-Instruct, SST-2 (docs/benchmarks/accuracy.md)"
 
 
 @dataclass(frozen=True)

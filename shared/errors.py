@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class ExitCode(IntEnum):
-    """What ``mobizo`` exits with (interfaces.md §1)."""
+    """What ``mobizo`` exits with (docs/contracts.md, "Command line")."""
 
     OK = 0
     FAILURE = 1  # a MobizoError: the message says what failed

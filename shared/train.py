@@ -6,7 +6,7 @@ Both are pure functions of (run seed, k), so runs are reproducible and a device 
 same seeds. For ``mobizo`` the q*E examples form ONE left-padded batch, query-major (rows i*E..(i+1)*E-1 are query
 i); the schedules that run queries separately trim their padding themselves (``shared.zo``).
 
-Outputs (written at the end, each atomically): ``OUT/metrics.json`` (docs: interfaces.md §1), ``OUT/adapter/``
+Outputs (written at the end, each atomically): ``OUT/metrics.json`` (docs/contracts.md), ``OUT/adapter/``
 (PEFT layout; not for ``mezo``, which trains the full model and leaves no adapter) and, for ``mobizo``,
 ``OUT/train_log.jsonl`` (docs/contracts.md: replaying it from B = 0 rebuilds the adapter's B bit for bit).
 ``mezo-lora`` writes no log because its in-place ± walk does not restore B bit for bit, so a replay would not
@@ -402,7 +402,7 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
 
 
 def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
-    """interfaces.md §1's keys first; then the rest of the configuration (files as ``*_file``) and the outputs."""
+    """The contracts' keys first (docs/contracts.md), then the rest of the configuration and the outputs."""
     cfg = run.config
     metrics = {
         "method": cfg.method,

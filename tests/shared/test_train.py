@@ -27,7 +27,7 @@ from tests.utils.tolerance import Z_MAX, loss_rtol, step_atols
 
 SST2 = shared_data_dir() / "sst2"
 TRAIN, HELD_OUT = SST2 / "train.jsonl", SST2 / "validation.jsonl"
-REQUIRED_METRICS = {  # interfaces.md §1
+REQUIRED_METRICS = {  # docs/contracts.md, "Command line"
     "method",
     "q",
     "batch_size",
