@@ -17,4 +17,4 @@ else
 fi
 # Two pytest-xdist workers (MOBIZO_TEST_WORKERS=0: none), each test module on one worker: its module fixtures (a
 # live server, a trained adapter) are built once. Exported programs are shared through .cache/test-programs.
-python -m pytest -q -p no:cacheprovider -n "${MOBIZO_TEST_WORKERS:-2}" --dist loadfile "$@"
+python -m pytest -q -p no:cacheprovider -n "${MOBIZO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

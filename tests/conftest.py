@@ -6,6 +6,35 @@ from pathlib import Path
 
 import pytest
 
+# The longest modules, longest first (CI's --durations: SmolLM2 learning, the demo, the 8da4w and schedule exports),
+# then every module with a slow test, then the rest in collection order. pytest-xdist deals whole modules to its two
+# workers in this order (scripts/test.sh turns off its own reordering, which puts modules with many tests first), so
+# the long ones start at once, on both workers, and the short ones fill the gaps at the end instead of one long
+# module running alone after the rest.
+LONGEST_FIRST = (
+    "tests/shared/test_real_model.py",
+    "tests/test_demo.py",
+    "tests/shared/test_quantize.py",
+    "tests/shared/test_program.py",
+    "tests/device_agent/test_federation_e2e.py",
+    "tests/device_agent/test_agent_e2e.py",
+    "tests/device_agent/test_adb_standin.py",
+    "tests/device_agent/test_runner.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        module = item.nodeid.split("::")[0]
+        if module in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(module)
+        return (1 if module in slow_modules else 2), 0
+
+    items.sort(key=rank)  # stable: a module's tests keep their order
+
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -8,6 +8,8 @@ import pytest
 
 from shared.aggregate import aggregate, next_global_b, trimmed_count
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 
 def _deltas(n: int, d: int = 64, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)

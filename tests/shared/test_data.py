@@ -25,6 +25,8 @@ from shared.data import (
 from shared.errors import DataError, UsageError
 from shared.tasks import Rendered, get_task
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 SPECIALS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2
 CORPUS = [
     "it 's a charming and often affecting journey . It was great",

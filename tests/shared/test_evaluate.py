@@ -16,6 +16,8 @@ from shared.tasks import Rendered, get_task, shared_data_dir
 from tests.shared.test_data import bpe_tokenizer
 from tests.utils.tolerance import loss_rtol
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 DATA = shared_data_dir()
 
 

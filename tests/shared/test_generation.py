@@ -11,6 +11,8 @@ from shared.generation import EagerStepper, Sampling, generate, sample_next, sum
 from shared.hf_models import load_model
 from tests.utils.tolerance import loss_rtol
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 
 def _draws(logits, sampling, n=400):
     gen = torch.Generator().manual_seed(sampling.seed)

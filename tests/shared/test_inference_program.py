@@ -16,6 +16,8 @@ from shared.hf_models import load_model
 from tests.utils.programs import weights_files
 from tests.utils.tolerance import loss_rtol
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 NEW_TOKENS = 32
 
 

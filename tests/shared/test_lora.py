@@ -10,6 +10,8 @@ from shared.zo import forward_losses, path_losses
 from tests.utils.tiny import random_batch, tiny_llama
 from tests.utils.tolerance import loss_rtol
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 
 def _logits(model, batch):
     return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits

@@ -6,6 +6,8 @@ import torch
 
 from shared.noise import MASK32, noise, noise_np, noise_range, step_seed
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 N = 1_200_000
 
 

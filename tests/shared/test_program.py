@@ -18,6 +18,8 @@ from tests.utils.programs import TINY_Q1, TINY_Q4, weights_files
 from tests.utils.tiny import random_batch
 from tests.utils.tolerance import b_drift, loss_rtol, step_atols
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 STEPS, LR, EPS = 20, 0.2, 1e-2
 
 

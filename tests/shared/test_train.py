@@ -25,6 +25,8 @@ from shared.train import ADAPTER_DIR, LOG_FILE, METRICS_FILE, TrainConfig, train
 from shared.train_log import read_log
 from tests.utils.tolerance import Z_MAX, loss_rtol, step_atols
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 SST2 = shared_data_dir() / "sst2"
 TRAIN, HELD_OUT = SST2 / "train.jsonl", SST2 / "validation.jsonl"
 REQUIRED_METRICS = {  # docs/contracts.md, "Command line"

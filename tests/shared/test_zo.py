@@ -11,6 +11,8 @@ from shared.zo import path_losses, perturbations, rge_losses, step_noise, zo_ste
 from tests.utils.tiny import random_batch, tiny_llama
 from tests.utils.tolerance import Z_MAX, loss_rtol, step_atols
 
+pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
+
 
 def _setup(seed=0, dtype=torch.float32):
     model = tiny_llama(seed=seed).to(dtype)
