@@ -42,6 +42,7 @@ MAX_DB_INT = 2**31 - 1  # the largest value of an INTEGER column (PostgreSQL): i
 _MAX_INT64 = 2**63 - 1
 MAX_EVALS = 1000  # held-out measurements of one job (eval_every): each costs a pass over the slice on the device
 MAX_LABELS = 256  # a verbalizer's labels: each is scored on every evaluation example
+MAX_MODEL_PATH = 1024  # with the names of the files inside it, well under the system's PATH_MAX (4096)
 
 
 class _Strict(BaseModel):
@@ -67,7 +68,11 @@ class UserCreated(BaseModel):
 
 class ModelCreate(_Strict):
     name: str = Field(min_length=1, max_length=128, pattern=_NAME)
-    path: str = Field(min_length=1, max_length=4096, description="a Hugging Face model directory on the server")
+    path: str = Field(
+        min_length=1,
+        max_length=MAX_MODEL_PATH,
+        description=f"a Hugging Face model directory on the server (at most {MAX_MODEL_PATH} characters)",
+    )
 
 
 class ModelPublic(BaseModel):
