@@ -69,7 +69,7 @@ def get_device_client(client_id: ObjectId, device: CurrentDevice, session: Sessi
     client = session.get(RoundClient, client_id)
     session.commit()
     if client is None or client.device_id != device.id:
-        raise not_found("round client", client_id)
+        raise not_found("round client")
     return client
 
 
@@ -225,7 +225,7 @@ def list_rounds(job_id: ObjectId, _: AdminDep, session: SessionDep) -> RoundsPub
     """A federated job's rounds, each with its clients in aggregation order (admin)."""
     job = session.get(Job, job_id)
     if job is None or job.cohort_id is None:
-        raise not_found("federated job", job_id)
+        raise not_found("federated job")
     rounds = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.index)).all()
     data = []
     for round_ in rounds:
