@@ -26,6 +26,7 @@ _ERRORS = {
     401: "missing or invalid bearer token",
     403: "a valid token of another kind (admin, user API key, device token)",
     404: "not found, or not the caller's",
+    408: "the upload's body did not arrive at the required pace (or the client went away); retry",
     409: "conflicts with the current state",
     413: "the request body is larger than this endpoint accepts",
     422: "a field is invalid: the detail names it and why",
