@@ -125,7 +125,9 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         app.state.store = store
         app.state.device_tokens, app.state.program_manifests = LRUCache(100_000), LRUCache(1_000)
         app.state.compile_queue, app.state.verify_pool = queue, _verify_pool(settings)
-        app.state.upload_slots = UploadSlots(settings.max_uploads, settings.max_uploads_per_device)
+        app.state.upload_slots = UploadSlots(
+            settings.max_uploads, settings.max_uploads_per_device, settings.max_uploads_per_user
+        )
         app.state.inference_builds = InferenceBuilds(store, settings.compile_workers, settings.compile_paused)
         with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
             migrate(engine)

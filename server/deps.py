@@ -122,7 +122,7 @@ def get_current_user(credentials: Credentials, session: SessionDep, settings: Se
         raise _wrong_kind(token, settings, "user API key")
     user = session.get(User, parsed[1])
     session.commit()  # see the module docstring
-    if user is None or not secret_matches(parsed[2], user.key_hash):
+    if not secret_matches(parsed[2], None if user is None else user.key_hash):  # the same work for an unknown id
         raise _unauthorized("invalid token")
     return user
 
@@ -139,7 +139,7 @@ def _device_token(credentials: HTTPAuthorizationCredentials | None, settings: Se
 def get_current_device(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> Device:
     device_id, secret = _device_token(credentials, settings)
     device = session.get(Device, device_id)
-    valid = device is not None and secret_matches(secret, device.token_hash)
+    valid = secret_matches(secret, None if device is None else device.token_hash)  # the same work for an unknown id
     if valid and seen_is_due(device.last_seen_at):
         device.last_seen_at = utcnow()
     session.commit()  # see the module docstring
@@ -160,19 +160,23 @@ def _read_device(engine: Engine, device_id: int) -> tuple[str, int] | None:
 async def get_device_identity(request: Request, credentials: Credentials, settings: SettingsDep) -> DeviceIdentity:
     """The device a token names (401/403 as ``get_current_device``), from this process's cache of device tokens
     (``server.lru``: a device's token hash and user never change), so that a heartbeat's token check costs no
-    database read and no thread-pool hop; the first request of a device reads its row in a worker thread."""
+    database read and no thread-pool hop; the first request of a device reads its row in a worker thread.
+
+    Every rejection costs the same: a row read in a worker thread and a hash comparison, whether the id is unknown
+    (compared with no hash: ``secret_matches``) or known with a wrong secret (the cache's hash did not match: the
+    row is read again). Were a wrong secret refused from the cache alone, the answer's time would tell the ids of
+    enrolled devices from the rest."""
     device_id, secret = _device_token(credentials, settings)
     tokens: LRUCache[int, tuple[str, int]] = request.app.state.device_tokens
     known = tokens.get(device_id)
-    if known is None:
-        known = await run_in_threadpool(_read_device, request.app.state.engine, device_id)
-        if known is None:
-            raise _unauthorized("invalid token")
-        tokens.put(device_id, known)
-    token_hash, user_id = known
-    if not secret_matches(secret, token_hash):
+    if known is not None and secret_matches(secret, known[0]):
+        return DeviceIdentity(device_id, known[1])
+    row = await run_in_threadpool(_read_device, request.app.state.engine, device_id)
+    if row is not None:
+        tokens.put(device_id, row)
+    if not secret_matches(secret, None if row is None else row[0]):
         raise _unauthorized("invalid token")
-    return DeviceIdentity(device_id, user_id)
+    return DeviceIdentity(device_id, row[1])
 
 
 def seen_is_due(last_seen_at: datetime | None) -> bool:
@@ -233,7 +237,7 @@ def get_device_job(job_id: ObjectId, device: CurrentDevice, session: SessionDep)
     job = session.get(Job, job_id)
     session.commit()  # see the module docstring
     if job is None or job.user_id != device.user_id:
-        raise not_found("job", job_id)
+        raise not_found("job")
     return job
 
 

@@ -343,3 +343,13 @@ def progress(session: Session, job: Job) -> FederationProgress:
 def cohort_adapter_visible(session: Session, adapter: Adapter, user_id: int) -> bool:
     """A cohort's adapter is visible to the cohort's members only (a user who left no longer sees it)."""
     return adapter.cohort_id is not None and is_member(session, adapter.cohort_id, user_id)
+
+
+def visible_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter | None:
+    """The adapter if the user may see it (their own, or a cohort's they are in now), else None: the one rule of
+    the user's registry (``/v1/adapters``), their devices' inference (``/v1/device/adapters``) and a job's
+    starting adapter."""
+    adapter = session.get(Adapter, adapter_id)
+    if adapter is None or not (adapter.user_id == user_id or cohort_adapter_visible(session, adapter, user_id)):
+        return None
+    return adapter

@@ -8,8 +8,15 @@ one (chunked) is counted as it is read and answers 413 as soon as it passes the 
 cost microseconds to parse, so that they are read before the token is checked does not matter; the upload route
 checks the token and the lease before it reads its (large) body.
 
-``UploadSlots`` bounds the uploads being received and verified at once, per device and in total; a request over
-either bound answers 429 with ``Retry-After``.
+The upload routes are named here, ``UPLOAD_ROUTES`` (a personal job's result, a round part's log): the routes take
+their paths from it, so that no upload route can fall under the JSON cap. Each one's own cap follows from the
+limits of its parts by ``upload_body_limit``, the one home of that rule, and is applied as its body is read
+(``server.uploads.read_parts``).
+
+``UploadSlots`` bounds the uploads being received and verified at once, per device, per user and in total; a
+request over any bound answers 429 with ``Retry-After``. A slot is taken once the body starts to arrive and given
+back when the body stops arriving at the required pace (``server.uploads.BodyPace``: 408), so that uploads that
+send their head and stall hold nothing for long.
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 JSON_LIMIT = 64 * 1024  # a job spec with a 4 KB template and a large verbalizer fits with room to spare
 ENROLL_LIMIT = 4 * 1024  # code, name, platform, backend, memory_mb
-UPLOAD_PATH = re.compile(r"^/v1/jobs/[^/]+/result$")
+RESULT_UPLOAD = "/v1/jobs/{job_id}/result"  # a personal job's B, log and metrics
+ROUND_UPLOAD = "/v1/round-clients/{client_id}/result"  # a round part's log and metrics
+UPLOAD_ROUTES = (RESULT_UPLOAD, ROUND_UPLOAD)
+UPLOAD_PATH = re.compile("^(?:" + "|".join(re.sub(r"\{[^/]+\}", "[^/]+", r) for r in UPLOAD_ROUTES) + ")$")
+MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers
 RETRY_UPLOAD_S = 5
 
 
@@ -35,6 +46,11 @@ class BodyTooLarge(HTTPException):
 
     def __init__(self, limit: int) -> None:
         super().__init__(status.HTTP_413_CONTENT_TOO_LARGE, f"request body over the limit of {limit} bytes")
+
+
+def upload_body_limit(*part_limits: int) -> int:
+    """The largest multipart body an upload route accepts: the sum of its parts' limits and the framing."""
+    return sum(part_limits) + MULTIPART_OVERHEAD
 
 
 def body_limit(method: str, path: str, upload_limit: int) -> int:
@@ -81,28 +97,49 @@ async def reject(send: Send, code: int, detail: str) -> None:
 
 
 class UploadSlots:
-    """At most ``total`` uploads at once, at most ``per_device`` of them from one device."""
+    """At most ``total`` uploads at once, at most ``per_device`` of them from one device and ``per_user`` from the
+    devices of one user, so that one tenant cannot take every slot. A slot is taken when an upload's body starts to
+    arrive (``server.uploads.read_parts``), not before, and given back when its route is done with it, or as soon as
+    the body stops arriving (too slow, or the client went away).
 
-    def __init__(self, total: int, per_device: int) -> None:
+    The counters are this process's: with several API processes (``--workers``, or several machines) each bounds
+    its own uploads, so the bounds in all are these times the processes. Counting in the database (a row per
+    slot, with an expiry) or in the queue's broker would make them global; the per-process bounds still protect
+    each process's threads and disk.
+    """
+
+    def __init__(self, total: int, per_device: int, per_user: int | None = None) -> None:
         self.total, self.per_device = total, per_device
+        self.per_user = per_user if per_user is not None else total
         self._lock = threading.Lock()
-        self._held: Counter[int] = Counter()
+        self._devices: Counter[int] = Counter()
+        self._users: Counter[int] = Counter()
+
+    def held(self) -> int:
+        with self._lock:
+            return self._devices.total()
 
     @contextmanager
-    def hold(self, device_id: int) -> Iterator[None]:
+    def hold(self, device_id: int, user_id: int) -> Iterator[None]:
         """A slot for the duration of the block; 429 with ``Retry-After`` when none is free."""
         with self._lock:
-            if self._held.total() >= self.total or self._held[device_id] >= self.per_device:
+            if (
+                self._devices.total() >= self.total
+                or self._devices[device_id] >= self.per_device
+                or self._users[user_id] >= self.per_user
+            ):
                 raise HTTPException(
                     status.HTTP_429_TOO_MANY_REQUESTS,
                     "too many uploads in progress; retry later",
                     headers={"Retry-After": str(RETRY_UPLOAD_S)},
                 )
-            self._held[device_id] += 1
+            self._devices[device_id] += 1
+            self._users[user_id] += 1
         try:
             yield
         finally:
             with self._lock:
-                self._held[device_id] -= 1
-                if not self._held[device_id]:
-                    del self._held[device_id]
+                for counter, key in ((self._devices, device_id), (self._users, user_id)):
+                    counter[key] -= 1
+                    if not counter[key]:
+                        del counter[key]

@@ -13,9 +13,9 @@ def registered_model(session: Session, name: str, targets, field: str = "targets
     """The model named ``name``; 422 naming ``model`` if none, naming ``field`` if a target module is missing."""
     model = session.scalar(select(Model).where(Model.name == name))
     if model is None:
-        raise field_error("model", f"no registered model named {name!r}")
+        raise field_error("model", "must name a registered model")
     present = {module.rsplit(".", 1)[-1] for module in model.modules}
     missing = [t for t in targets if t not in present]
     if missing:
-        raise field_error(field, f"{', '.join(missing)} not in {name} (it has {', '.join(sorted(present))})")
+        raise field_error(field, f"must be modules of the model: {', '.join(sorted(present))}")
     return model

@@ -26,6 +26,7 @@ _ERRORS = {
     401: "missing or invalid bearer token",
     403: "a valid token of another kind (admin, user API key, device token)",
     404: "not found, or not the caller's",
+    408: "the upload's body did not arrive at the required pace (or the client went away); retry",
     409: "conflicts with the current state",
     413: "the request body is larger than this endpoint accepts",
     422: "a field is invalid: the detail names it and why",
@@ -46,9 +47,48 @@ def errors(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 with each error's place, message and type, without FastAPI's ``input`` and ``ctx`` (echoes of input)."""
-    detail = [{"loc": [_short(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    """422 with each error's place, message and type, without FastAPI's ``input`` and ``ctx`` (echoes of input),
+    and with any of the input's strings a shared check quoted in its message (``unknown task '...'``) cut out."""
+    detail = [
+        {"loc": [_short(p) for p in e["loc"]], "msg": _unquoted(e["msg"], e.get("input"), e["loc"]), "type": e["type"]}
+        for e in exc.errors()
+    ]
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+_MAX_SCRUBBED = 256  # strings of one input looked for in a message: a request body has few fields
+
+
+def _strings(value: Any, found: list[str], depth: int = 0, names: bool = False) -> list[str]:
+    """The strings in ``value`` (values and keys of objects, items of lists; not the keys of ``value`` itself when
+    they are the ``names`` of fields, which messages name), at most ``_MAX_SCRUBBED`` of them and 8 levels deep (a
+    request's fields are; a deeper input is refused for its shape, which quotes nothing)."""
+    if len(found) >= _MAX_SCRUBBED or depth > 8:
+        return found
+    if isinstance(value, str):
+        found.append(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not names:
+                _strings(key, found, depth + 1)
+            _strings(item, found, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _strings(item, found, depth + 1)
+    return found
+
+
+def _unquoted(msg: str, value: Any, loc: tuple | list) -> str:
+    """``msg`` without the input's strings: quoted (``'...'``, as ``!r`` writes them) wherever they appear, bare
+    when they are long enough (8+ characters) not to be a word of the message itself. The input of a check of the
+    whole body (``loc`` ``("body",)``) is the body, whose keys are the names of its fields (an unknown one is
+    refused on its own, its name cut to 64 characters by ``_short``)."""
+    for text in sorted(_strings(value, [], names=tuple(loc) == ("body",)), key=len, reverse=True):
+        if text:
+            msg = msg.replace(repr(text), "'…'")
+            if len(text) >= 8:
+                msg = msg.replace(text, "…")
+    return msg
 
 
 def _short(part: str | int) -> str | int:
@@ -86,9 +126,10 @@ def try_later(code: int, detail: str, retry_after_s: int) -> HTTPException:
     return HTTPException(code, detail, headers={"Retry-After": str(max(1, retry_after_s))})
 
 
-def not_found(what: str, object_id: int | str) -> HTTPException:
-    """Missing and not-yours look the same: 404 with no hint that the object exists."""
-    return HTTPException(status.HTTP_404_NOT_FOUND, f"{what} {object_id} not found")
+def not_found(what: str) -> HTTPException:
+    """Missing and not-yours look the same: 404 with no hint that the object exists (nor the id asked for: errors
+    name the field and the rule, never the value)."""
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"{what} not found")
 
 
 def serve_file(

@@ -3,8 +3,14 @@
 API keys and device tokens look like ``mbzu_<id>_<secret>`` / ``mbzd_<id>_<secret>``: the id finds the row
 without searching by secret, and the secret's SHA-256 is compared with ``hmac.compare_digest``, so response time
 says nothing about how much of a guess was right. SHA-256 (not a slow password hash) is enough because the secrets
-are 256 random bits, not something a person chose. Enrollment codes are shorter (people type them); they are
-looked up by hash and are one-time and short-lived.
+are 256 random bits, not something a person chose. A token whose id names no row is rejected after the same work
+as one with a wrong secret (``secret_matches`` with no hash; the device-token cache reads the row on every
+rejection, ``server.deps.get_device_identity``), so that the time of a rejection does not say which ids exist.
+
+Enrollment codes are shorter (people type them): 12 characters from a 32-letter alphabet, **60 bits**, looked up
+by hash, one-time and short-lived (``ttl_s``). Guesses are not rate-limited: at 425 guesses/s (a loopback server's
+rate) a guesser holding the whole request rate finds one of ``n`` live codes after about 2**60 / (425 n) seconds,
+some 86 million years for n = 1, so that the code's length, not a throttle, is the defence.
 """
 
 from __future__ import annotations
@@ -42,8 +48,14 @@ def parse_token(token: str) -> tuple[str, int, str] | None:
     return match.group(1), int(match.group(2)), match.group(3)
 
 
-def secret_matches(secret: str, stored_hash: str) -> bool:
-    return hmac.compare_digest(hash_secret(secret), stored_hash)
+def secret_matches(secret: str, stored_hash: str | None) -> bool:
+    """Whether ``secret`` hashes to ``stored_hash``; with None (no row has the token's id) the same work is done
+    against a hash no secret has, so that a rejection takes as long for an unknown id as for a wrong secret."""
+    matches = hmac.compare_digest(hash_secret(secret), stored_hash if stored_hash is not None else _NO_HASH)
+    return matches and stored_hash is not None
+
+
+_NO_HASH = "0" * 64  # the shape of a stored hash, which no secret's SHA-256 is in practice
 
 
 def constant_time_equal(a: str, b: str) -> bool:

@@ -65,6 +65,18 @@ class Settings(BaseSettings):
     max_upload_mb: float = Field(default=256.0, gt=0, description="largest result upload accepted")
     max_uploads: int = Field(default=8, ge=1, description="result uploads received and verified at once, in all")
     max_uploads_per_device: int = Field(default=2, ge=1, description="result uploads at once from one device")
+    max_uploads_per_user: int = Field(
+        default=4, ge=1, description="result uploads at once from the devices of one user (of max_uploads in all)"
+    )
+    upload_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="an upload's body must start to arrive this soon after its head, and then keep up "
+        "upload_min_bytes_per_s (byte n by this + n / that); a slower one answers 408 and gives its slot back",
+    )
+    upload_min_bytes_per_s: float = Field(
+        default=4096.0, gt=0, description="the slowest average pace an upload's body may arrive at"
+    )
     verify_timeout_s: float = Field(
         default=600.0, gt=0, description="a replay running longer is stopped (its worker killed); the upload gets 503"
     )

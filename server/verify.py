@@ -78,19 +78,30 @@ def _no_constants(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _json_problem(exc: Exception) -> str:
+    """Why ``json.loads`` refused a part, in words that quote none of it."""
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8"
+    if isinstance(exc, RecursionError):
+        return "nested too deep"
+    return "NaN, Infinity or a number too long to read"
+
+
 def parse_metrics(data: bytes) -> dict[str, Any]:
     """The metrics part as ``UploadMetrics`` validates it, in the form stored (unknown keys dropped, JSON-safe)."""
     try:
         raw = json.loads(data, parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise ResultRejected("metrics", f"not JSON ({str(exc)[:200]})") from None
+        raise ResultRejected("metrics", f"not JSON ({_json_problem(exc)})") from None
     if not isinstance(raw, dict):
         raise ResultRejected("metrics", "must be a JSON object")
     try:
         metrics = UploadMetrics.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where = ".".join(str(p)[:64] for p in first["loc"])  # a key is the client's: only its start
         raise ResultRejected("metrics", f"{where}: {first['msg']} ({exc.error_count()} errors)") from None
     return metrics.model_dump(mode="json", exclude_unset=True)
 
@@ -162,15 +173,15 @@ def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float 
 
     where = f"step {index}"
     if type(rec["step"]) is not int or rec["step"] != index:
-        raise ResultRejected("log", f"line {index + 1}: step {rec['step']!r}, expected {index} (steps count from 0)")
+        raise ResultRejected("log", f"line {index + 1}: step must be {index} (steps count from 0)")
     if type(rec["seed"]) is not int:
-        raise ResultRejected("log", f"{where}: seed {rec['seed']!r} is not an integer")
+        raise ResultRejected("log", f"{where}: seed must be an integer")
     lr = expected_lr(spec, index)
     if np.float32(rec["lr"]) != np.float32(lr):  # the replay takes lr as float32: those bits must be the schedule's
         schedule = spec.get("lr_schedule", defaults.LR_SCHEDULE)
-        raise ResultRejected("log", f"{where}: lr {rec['lr']!r} is not the job's {schedule} schedule's {lr!r}")
+        raise ResultRejected("log", f"{where}: lr must be the job's {schedule} schedule's {lr!r}")
     if np.float32(rec["eps"]) != np.float32(spec["eps"]):
-        raise ResultRejected("log", f"{where}: eps {rec['eps']!r} is not the job's {spec['eps']}")
+        raise ResultRejected("log", f"{where}: eps must be the job's {spec['eps']}")
     if len(rec["g"]) != spec["q"] or len(rec["losses"]) != 2 * spec["q"]:
         raise ResultRejected("log", f"{where}: needs q={spec['q']} values of g and {2 * spec['q']} losses")
     losses = np.asarray(rec["losses"], dtype=np.float64)
@@ -178,7 +189,7 @@ def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float 
         raise ResultRejected("log", f"{where}: a loss is not a finite number in [0, {MAX_LOSS:g}]")
     _check_g(rec, spec["eps"], where)
     if rec["seed"] != step_seed(spec["seed"], rec["step"]):
-        raise ResultRejected("log", f"{where}: seed {rec['seed']} is not the job's seed for this step")
+        raise ResultRejected("log", f"{where}: seed must be the job's seed for this step")
     if max_abs_g is not None and not (np.abs(np.asarray(rec["g"], dtype=np.float64)) <= max_abs_g).all():
         raise ResultRejected("log", f"{where}: a |g| is above the bound {max_abs_g:g}")
 

@@ -106,16 +106,46 @@ def float32_bytes(model_dir: Path) -> int:
 
 
 def inspect_model(model_dir: Path) -> tuple[str, str, dict[str, list[int]]]:
-    """(sha256, architecture, linear modules) of a model directory; ``DataError`` saying what is missing."""
+    """(sha256, architecture, linear modules) of a model directory; ``DataError`` saying what is missing, naming
+    files inside the directory only (the directory is the caller's input: its answer does not repeat it)."""
     config_file = model_dir / "config.json"
     if not config_file.is_file():
-        raise DataError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
+        raise DataError("no config.json (not a Hugging Face model directory)")
     try:
         config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{config_file}: not JSON ({exc})") from None
-    architecture = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, a number too long
+        raise DataError("config.json: not JSON") from None
+    if not isinstance(config, dict):
+        raise DataError("config.json: not a JSON object")
+    architectures = config.get("architectures")
+    if isinstance(architectures, list) and architectures:
+        architecture = architectures[0]
+    else:
+        architecture = config.get("model_type", "unknown")
+    if not isinstance(architecture, str) or len(architecture) > 128:
+        raise DataError("config.json: architectures[0] (or model_type) must be a string of at most 128 characters")
+    if not sorted(model_dir.glob("*.safetensors")):
+        raise DataError("no *.safetensors weights")
     modules = linear_modules(model_dir)
     if not modules:
-        raise DataError(f"{model_dir}: no linear layers found in the weights")
-    return model_sha256(model_dir), str(architecture), modules
+        raise DataError("no linear layers found in the weights")
+    return model_sha256(model_dir), architecture, modules
+
+
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")  # where newer tokenizers keep it
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether the directory's tokenizer has a chat template (``tokenizer_config.json``'s ``chat_template``, or a
+    file of its own), as ``transformers`` finds it: read without loading the tokenizer, so that a job asking for
+    ``chat_template`` on a model without one is refused when it is submitted, not when it compiles."""
+    try:
+        if any((model_dir / name).is_file() for name in CHAT_TEMPLATE_FILES):
+            return True
+        config_file = model_dir / "tokenizer_config.json"
+        if not config_file.is_file():
+            return False
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # unreadable, or not JSON: no template the compile could use
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))

@@ -20,7 +20,7 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 
 from shared import defaults
 from shared.backends import DeviceBackend, Objective, Parallel, ProgramBackend, Quantization
@@ -42,6 +42,7 @@ MAX_DB_INT = 2**31 - 1  # the largest value of an INTEGER column (PostgreSQL): i
 _MAX_INT64 = 2**63 - 1
 MAX_EVALS = 1000  # held-out measurements of one job (eval_every): each costs a pass over the slice on the device
 MAX_LABELS = 256  # a verbalizer's labels: each is scored on every evaluation example
+MAX_MODEL_PATH = 1024  # with the names of the files inside it, well under the system's PATH_MAX (4096)
 
 
 class _Strict(BaseModel):
@@ -67,7 +68,11 @@ class UserCreated(BaseModel):
 
 class ModelCreate(_Strict):
     name: str = Field(min_length=1, max_length=128, pattern=_NAME)
-    path: str = Field(min_length=1, max_length=4096, description="a Hugging Face model directory on the server")
+    path: str = Field(
+        min_length=1,
+        max_length=MAX_MODEL_PATH,
+        description=f"a Hugging Face model directory on the server (at most {MAX_MODEL_PATH} characters)",
+    )
 
 
 class ModelPublic(BaseModel):
@@ -140,7 +145,7 @@ class TaskSpec(BaseModel):
         examples=[{"0": " terrible", "1": " great"}],
         description=f"label → answer text; at most {MAX_LABELS} labels",
     )
-    chat_template: bool = Field(
+    chat_template: StrictBool = Field(
         default=False, description="frame each prompt with the model's chat template (instruct models)"
     )
     eval_examples: int = Field(
@@ -469,7 +474,7 @@ class LeaseCreate(_Strict):
     memory_mb: int | None = Field(
         default=None, ge=0, le=MAX_DB_INT, description="free memory where the training steps run"
     )
-    eligible: bool | None = Field(
+    eligible: StrictBool | None = Field(
         default=None, description="the device's policy holds (charging, battery, temperature…): round work only then"
     )
 
@@ -510,7 +515,7 @@ class HeartbeatCreate(_Strict):
     step: int = Field(ge=0, le=MAX_DB_INT)
     loss: float | None = Field(default=None, allow_inf_nan=False)
     steps_per_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    paused: bool = Field(default=False, description="training is paused: the device's policy does not hold now")
+    paused: StrictBool = Field(default=False, description="training is paused: the device's policy does not hold now")
 
 
 class HeartbeatPublic(BaseModel):

@@ -7,7 +7,6 @@ Floats are float32 values written as Python floats, whose repr round-trips the f
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -35,23 +34,36 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_F32_OVERFLOW = 2.0**128 - 2.0**103  # float32(x) is infinite from here on (FLT_MAX plus half an ulp, rounded up)
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_float32(value: object) -> bool:
+    """A JSON number a float32 holds as a finite value: not NaN or ±Infinity, no integer of hundreds of digits (which
+    ``float()`` cannot even convert), no float beyond float32's range; what the replay and the checks compute with."""
+    if not _is_number(value):
+        return False
+    try:
+        return abs(float(value)) < _F32_OVERFLOW  # False for NaN too
+    except OverflowError:
+        return False
+
+
 def _type_problem(record: dict) -> str | None:
-    """Why a record's fields are not of their types (step and seed 32-bit counts, lr, eps and g finite numbers,
-    losses numbers), so that every later check compares numbers; None when they are."""
+    """Why a record's fields are not of their types (step and seed 32-bit counts; lr, eps, each g and each loss a
+    finite float32 number), so that every later check compares numbers; None when they are."""
     for key in ("step", "seed"):
         if not _is_int(record[key]) or not 0 <= record[key] <= _MAX_COUNT:
             return f"{key} must be an integer in [0, 2**31)"
     for key in ("lr", "eps"):
-        if not _is_number(record[key]) or not math.isfinite(record[key]):
-            return f"{key} must be a finite number"
-    if not isinstance(record["g"], list) or not all(_is_number(v) and math.isfinite(v) for v in record["g"]):
-        return "g must be a list of finite numbers"
-    if not isinstance(record["losses"], list) or not all(_is_number(v) for v in record["losses"]):
-        return "losses must be a list of numbers"
+        if not _is_float32(record[key]):
+            return f"{key} must be a finite float32 number"
+    for key in ("g", "losses"):
+        if not isinstance(record[key], list) or not all(_is_float32(v) for v in record[key]):
+            return f"{key} must be a list of finite float32 numbers"
     return None
 
 
@@ -66,8 +78,13 @@ def parse_log(text: str, source: str = "log") -> list[dict]:
             continue
         try:
             record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+        except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or an integer of 4,300+ digits
+            if isinstance(exc, json.JSONDecodeError):
+                reason = exc.msg
+            elif isinstance(exc, RecursionError):
+                reason = "nested too deep"
+            else:
+                reason = "a number too long to read"
             raise DataError(f"{source}:{number}: not JSON ({reason})") from None
         missing = [f for f in LOG_FIELDS if not isinstance(record, dict) or f not in record]
         if missing:

@@ -20,12 +20,11 @@ router = Router(prefix="/v1/adapters", tags=["adapters"])
 
 
 def user_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter:
-    """The adapter if it is the user's, or a cohort's the user is in now; 404 otherwise."""
-    adapter = session.get(Adapter, adapter_id)
-    if adapter is None or not (
-        adapter.user_id == user_id or federation.cohort_adapter_visible(session, adapter, user_id)
-    ):
-        raise not_found("adapter", adapter_id)
+    """The adapter if it is the user's, or a cohort's the user is in now (``federation.visible_adapter``); 404
+    otherwise."""
+    adapter = federation.visible_adapter(session, user_id, adapter_id)
+    if adapter is None:
+        raise not_found("adapter")
     return adapter
 
 

@@ -63,7 +63,7 @@ def public(session: Session, cohort: Cohort, user: User | None) -> CohortPublic:
 def _cohort(session: Session, cohort_id: int) -> Cohort:
     cohort = session.get(Cohort, cohort_id)
     if cohort is None:
-        raise not_found("cohort", cohort_id)
+        raise not_found("cohort")
     return cohort
 
 
@@ -76,9 +76,9 @@ def _cohort(session: Session, cohort_id: int) -> Cohort:
 def create(body: CohortCreate, _: AdminDep, session: SessionDep) -> CohortPublic:
     model = session.scalar(select(Model).where(Model.name == body.model))
     if model is None:
-        raise field_error("model", f"no registered model named {body.model!r}")
+        raise field_error("model", "must name a registered model")
     if session.scalar(select(Cohort.id).where(Cohort.name == body.name)) is not None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"name: a cohort called {body.name!r} exists")
+        raise HTTPException(status.HTTP_409_CONFLICT, "name: a cohort of this name exists")
     cohort = Cohort(name=body.name, model_id=model.id, task=body.task)
     session.add(cohort)
     session.commit()
@@ -132,7 +132,8 @@ def _stored_spec(cohort: Cohort, model: Model, body: FederatedJobCreate) -> dict
         raise field_error("answer_len", f"required for task {cohort.task} (its answers come from the data)")
     missing = [t for t in spec.targets if t not in {name.rsplit(".", 1)[-1] for name in model.modules}]
     if missing:
-        raise field_error("targets", f"{', '.join(missing)} not in {model.name}")
+        present = sorted({name.rsplit(".", 1)[-1] for name in model.modules})
+        raise field_error("targets", f"must be modules of the model: {', '.join(present)}")
     return spec.model_dump(mode="json")
 
 

@@ -3,8 +3,9 @@
 
 ``POST /v1/device/inference`` asks for the program of (model, config): 200 with the manifest and downloads once
 built, 503 + Retry-After while it compiles (the first request starts the build), 422 when it cannot be built. The
-weights it names are the model's one ``.ptd``, shared with its training programs. Another user's adapter answers
-404, as everywhere.
+weights it names are the model's one ``.ptd``, shared with its training programs. A device may fetch what its user
+may download (their adapters, and those of the cohorts they are in now); any other adapter answers 404, as
+everywhere.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fastapi import Request, Response, status
 from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 
+from server import federation
 from server.deps import CurrentDevice, ObjectId, SessionDep, StoreDep
 from server.inference_builds import BuildFailed, InferenceBuilds
 from server.model_lookup import registered_model
@@ -76,7 +78,7 @@ def _built(request: Request, key: str) -> InferenceManifest:
 
     pte = _builds(request).pte(key)
     if not pte.is_file():
-        raise not_found("inference program", key)
+        raise not_found("inference program")
     return read_inference_manifest(pte)
 
 
@@ -95,7 +97,7 @@ def inference_file(
     import re
 
     if not re.match(_KEY, key) or part not in ("program", "weights", "tokenizer"):
-        raise not_found("inference file", f"{key[:64]}/{part[:16]}")
+        raise not_found("inference file")
     manifest = _built(request, key)
     if part == "program":
         return serve_file(_builds(request).pte(key), manifest.pte.sha256, "inference.pte", if_none_match)
@@ -105,9 +107,11 @@ def inference_file(
 
 
 def _own_adapter(session: Session, device, adapter_id: int) -> Adapter:
-    adapter = session.get(Adapter, adapter_id)
-    if adapter is None or adapter.user_id != device.user_id:
-        raise not_found("adapter", adapter_id)
+    """An adapter the device's user may download (``federation.visible_adapter``: theirs, or a cohort's they are in
+    now); 404 otherwise."""
+    adapter = federation.visible_adapter(session, device.user_id, adapter_id)
+    if adapter is None:
+        raise not_found("adapter")
     return adapter
 
 

@@ -3,6 +3,8 @@ lists, shows and cancels the cohorts' federated jobs (submitted at ``POST /v1/co
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import HTTPException, Query, status
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -14,6 +16,7 @@ from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.tables import Adapter, Device, Job, Model, User
 from server.views import job_public
+from shared.model_files import has_chat_template
 from shared.schemas import MAX_DB_INT, JobCreate, JobPublic, JobsPublic
 from shared.tasks import get_task
 
@@ -25,7 +28,7 @@ def caller_job(session: Session, user: User | None, job_id: int) -> Job:
     404 otherwise (missing and not-yours look alike)."""
     job = session.get(Job, job_id)
     if job is None or (job.user_id != user.id if user is not None else job.cohort_id is None):
-        raise not_found("job", job_id)
+        raise not_found("job")
     return job
 
 
@@ -38,9 +41,9 @@ def _check_device(session: Session, user: User, body: JobCreate) -> None:
         return
     device = session.get(Device, body.device_id)
     if device is None or device.user_id != user.id:
-        raise field_error("device_id", f"device {body.device_id} not found", status.HTTP_404_NOT_FOUND)
+        raise field_error("device_id", "must name a device of yours", status.HTTP_404_NOT_FOUND)
     if body.device_backend is not None and device.backend != body.device_backend:
-        raise field_error("device_backend", f"device {device.id} runs {device.backend}, not {body.device_backend}")
+        raise field_error("device_backend", f"must be the device's backend, {device.backend}")
 
 
 def _check_init_adapter(session: Session, user: User, model: Model, body: JobCreate) -> None:
@@ -48,15 +51,19 @@ def _check_init_adapter(session: Session, user: User, model: Model, body: JobCre
     (same B length, same A)."""
     if body.init_adapter_id is None:
         return
-    adapter = session.get(Adapter, body.init_adapter_id)
-    if adapter is None or not (
-        adapter.user_id == user.id or federation.cohort_adapter_visible(session, adapter, user.id)
-    ):
-        raise field_error("init_adapter_id", f"adapter {body.init_adapter_id} not found", status.HTTP_404_NOT_FOUND)
+    adapter = federation.visible_adapter(session, user.id, body.init_adapter_id)
+    if adapter is None:
+        raise field_error("init_adapter_id", "must name an adapter you can see", status.HTTP_404_NOT_FOUND)
     if not registry.fits_as_start(adapter, model.id, body.model_dump()):
         raise field_error(
             "init_adapter_id", "the starting adapter differs in model, rank, alpha, targets or a_seed from this job"
         )
+
+
+def _check_chat_template(model: Model, body: JobCreate) -> None:
+    """A job asking for the chat template needs a model whose tokenizer has one (the compile would fail)."""
+    if body.chat_template and not has_chat_template(Path(model.path)):
+        raise field_error("chat_template", "the model's tokenizer has no chat template")
 
 
 def _check_answer_len(body: JobCreate) -> None:
@@ -88,6 +95,7 @@ def submit(
     model = _check_model(session, body)
     _check_device(session, user, body)
     _check_init_adapter(session, user, model, body)
+    _check_chat_template(model, body)
     _check_answer_len(body)
     job = jobstate.submit(
         session,

@@ -189,12 +189,12 @@ def heartbeat(
             select(Job.status, Job.user_id, Job.leased_device_id, Job.spec).where(Job.id == job_id)
         ).first()
     if job is None or job.user_id != device.user_id:
-        raise not_found("job", job_id)
+        raise not_found("job")
     mine = job.leased_device_id == device.id
     if job.status == "cancelled" and mine:
         return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
     if job.status == "running" and mine and body.step > job.spec["steps"]:
-        raise field_error("step", f"progress {body.step} is beyond the job's {job.spec['steps']} steps")
+        raise field_error("step", f"must not exceed the job's {job.spec['steps']} steps")
     raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device does not hold its lease (expired?)")
 
 

@@ -30,10 +30,10 @@ def public(model: Model) -> ModelPublic:
 
 
 def _is_dir(path: Path) -> bool:
-    """``Path.is_dir``, also False for a path the system refuses to look up (too long, say)."""
+    """``Path.is_dir``, also False for a path the system refuses to look up (too long, or with a NUL byte)."""
     try:
         return path.is_dir()
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
@@ -52,8 +52,10 @@ def register_model(body: ModelCreate, _: AdminDep, session: SessionDep) -> Model
         sha256, architecture, modules = inspect_model(path)
     except DataError as exc:
         raise field_error("path", str(exc)) from None
+    except OSError as exc:  # a file in it unreadable, or its path longer than the system allows (ENAMETOOLONG)
+        raise field_error("path", f"the directory's files cannot be read ({exc.strerror or 'error'})") from None
     if session.scalar(select(Model.id).where(Model.name == body.name)) is not None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"name: a model called {body.name!r} exists")
+        raise HTTPException(status.HTTP_409_CONFLICT, "name: a model of this name exists")
     model = Model(name=body.name, path=str(path.resolve()), sha256=sha256, architecture=architecture, modules=modules)
     session.add(model)
     session.commit()

@@ -26,7 +26,7 @@ router = Router(prefix="/v1/jobs/{job_id}", tags=["programs"], responses=errors(
 def _program_file(session: Session, store: ArtifactStore, job: Job, entry: str) -> tuple[Path, str]:
     """(path, sha256) of the manifest's ``entry`` (pte, ptd, tokenizer) for a job of the device's user."""
     if job.program_id is None:
-        raise not_found("program of job", job.id)
+        raise not_found("program of job")
     program = session.get_one(Program, job.program_id)
     session.commit()  # end the transaction before streaming
     file = getattr(ProgramManifest.model_validate(program.manifest), entry)
@@ -63,7 +63,7 @@ def init_file(
 ) -> Response:
     """The starting adapter's B as safetensors ``{"b_flat": [D]}``: set it with ``set_lora_b`` before step 1."""
     if job.init_adapter_id is None:
-        raise not_found("starting adapter of job", job.id)
+        raise not_found("starting adapter of job")
     b_sha = session.get_one(Adapter, job.init_adapter_id).b_sha256
     session.commit()
     return serve_file(store.adapter_b(b_sha), b_sha, "init.safetensors", if_none_match)

@@ -16,6 +16,7 @@ after success is 409.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,13 +27,14 @@ from starlette.datastructures import UploadFile
 
 from server import jobstate, registry
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, UploadSlotsDep, VerifyPoolDep
+from server.limits import RESULT_UPLOAD, upload_body_limit
 from server.pool import WorkerPool
 from server.responses import errors, field_error
 from server.router import Router
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program
-from server.uploads import MULTIPART_OVERHEAD, received_parts, run_verification, spool_part
+from server.uploads import BodyPace, received_parts, run_verification, spool_part
 from server.verify import (
     METRICS_LIMIT,
     ResultRejected,
@@ -97,7 +99,7 @@ def _context(session: Session, job: Job, device: Device) -> dict[str, Any]:
 def upload_limit(ctx: dict) -> int:
     """The largest multipart body a result of this job can need: its parts' limits and the multipart framing."""
     spec = JobSpec.model_validate(ctx["spec"])
-    return b_limit(ctx["d"]) + log_limit(spec) + METRICS_LIMIT + MULTIPART_OVERHEAD
+    return upload_body_limit(b_limit(ctx["d"]), log_limit(spec), METRICS_LIMIT)
 
 
 def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: dict[str, UploadFile]) -> Upload:
@@ -188,7 +190,7 @@ def _admit(job: Job, device: Device) -> None:
 
 
 @router.post(
-    "/v1/jobs/{job_id}/result",
+    RESULT_UPLOAD,
     status_code=status.HTTP_201_CREATED,
     response_model=ResultPublic,
     responses={
@@ -197,6 +199,7 @@ def _admit(job: Job, device: Device) -> None:
             401,
             403,
             404,
+            408,
             409,
             413,
             422,
@@ -205,8 +208,8 @@ def _admit(job: Job, device: Device) -> None:
             e409="the job was cancelled, its lease lost, or it holds a different result",
             e413="the body, or a part, is larger than the job allows",
             e422="a part is missing or malformed, or the log does not replay to the uploaded B",
-            e429="too many uploads in progress (from this device, or in all), or this user's devices already have "
-            "results being verified; retry after Retry-After seconds",
+            e429="too many uploads in progress (from this device or user, or in all), or this user's devices already "
+            "have results being verified; retry after Retry-After seconds",
             e503="verification ran past its timeout or its worker died; retry after Retry-After seconds",
         ),
     },
@@ -228,21 +231,23 @@ def upload_result(
     ctx = _context(session, job, device)
     init = store.adapter_b(session.get_one(Adapter, job.init_adapter_id).b_sha256) if job.init_adapter_id else None
     session.commit()  # no transaction (and on SQLite no write lock) while receiving and replaying
-    with slots.hold(device.id):
-        limit = upload_limit(ctx)
-        with received_parts(request, store, limit, RESULT_PARTS, optional=("b_flat",)) as (parts, tmp):
-            upload = _receive(store, tmp, ctx, parts)
-            repeated = _repeat(session, job, upload)
-            if repeated is not None:
-                response.status_code = status.HTTP_200_OK
-                return repeated
-            session.commit()  # again no transaction while a worker replays
-            if job.status != "running" or job.leased_device_id != device.id:
-                _lost(job)
-            outcome = _verify(pool, settings, device.user_id, ctx, upload, init, tmp)
-            for _ in range(3):  # a concurrent result of the same (user, model, task) may take our version number
-                try:
-                    return _record(session, store, job, device, ctx, upload, outcome)
-                except IntegrityError:
-                    session.rollback()
-            raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
+    slot = partial(slots.hold, device.id, device.user_id)  # taken when the body starts to arrive
+    receiving = received_parts(
+        request, store, upload_limit(ctx), RESULT_PARTS, ("b_flat",), BodyPace.of(settings), slot
+    )
+    with receiving as (parts, tmp):
+        upload = _receive(store, tmp, ctx, parts)
+        repeated = _repeat(session, job, upload)
+        if repeated is not None:
+            response.status_code = status.HTTP_200_OK
+            return repeated
+        session.commit()  # again no transaction while a worker replays
+        if job.status != "running" or job.leased_device_id != device.id:
+            _lost(job)
+        outcome = _verify(pool, settings, device.user_id, ctx, upload, init, tmp)
+        for _ in range(3):  # a concurrent result of the same (user, model, task) may take our version number
+            try:
+                return _record(session, store, job, device, ctx, upload, outcome)
+            except IntegrityError:
+                session.rollback()
+        raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")

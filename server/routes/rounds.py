@@ -10,6 +10,7 @@ sees any of it (404 for anyone else).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -29,10 +30,11 @@ from server.deps import (
     UploadSlotsDep,
     VerifyPoolDep,
 )
+from server.limits import ROUND_UPLOAD, upload_body_limit
 from server.responses import FILE_RESPONSE, IfNoneMatch, errors, field_error, not_found, serve_file
 from server.router import Router
 from server.tables import Job, Program, Round, RoundClient, utcnow
-from server.uploads import MULTIPART_OVERHEAD, received_parts, run_verification, spool_part
+from server.uploads import BodyPace, received_parts, run_verification, spool_part
 from server.verify import METRICS_LIMIT, ResultRejected, check_step_count, log_limit, parse_metrics, replay_log_only
 from shared.manifest import ProgramManifest
 from shared.schemas import (
@@ -69,7 +71,7 @@ def get_device_client(client_id: ObjectId, device: CurrentDevice, session: Sessi
     client = session.get(RoundClient, client_id)
     session.commit()
     if client is None or client.device_id != device.id:
-        raise not_found("round client", client_id)
+        raise not_found("round client")
     return client
 
 
@@ -154,13 +156,14 @@ def _late(client: RoundClient) -> HTTPException:
 
 
 @router.post(
-    f"{_CLIENT}/result",
+    ROUND_UPLOAD,
     status_code=status.HTTP_201_CREATED,
     response_model=RoundReportPublic,
     responses=errors(
         401,
         403,
         404,
+        408,
         409,
         413,
         422,
@@ -188,30 +191,30 @@ def upload_log(
     init = store.adapter_b(round_.b_sha256)
     spec_limit = log_limit(federation.client_spec(job, client))
     session.commit()
-    with slots.hold(client.device_id):
-        limit = spec_limit + METRICS_LIMIT + MULTIPART_OVERHEAD
-        with received_parts(request, store, limit, LOG_PARTS) as (parts, tmp):
-            log_path = spool_part(store, tmp, parts["log"], spec_limit, "log")
-            metrics_path = spool_part(store, tmp, parts["metrics"], METRICS_LIMIT, "metrics")
-            try:
-                check_step_count(log_path, federation.client_spec(job, client))
-                parse_metrics(metrics_path.read_bytes())
-            except ResultRejected as exc:
-                raise field_error(exc.field, exc.message) from None
-            outcome = run_verification(
-                pool, settings, client.user_id, replay_log_only, ctx, str(log_path), str(init), str(tmp)
-            )
-            b_sha = store.keep(Path(outcome["b_flat"]), "adapters", ".safetensors")[1]
-            log_sha = store.keep(log_path, "logs", ".jsonl")[1]
-            report = {
-                "log_sha256": log_sha,
-                "b_sha256": b_sha,
-                "mean_loss": outcome["mean_loss"],
-                "replay_s": outcome["replay_s"],
-                "log_bytes": store.log(log_sha).stat().st_size,
-            }
-            if not jobstate.client_reported(session, client, report):
-                raise _late(client)
+    slot = partial(slots.hold, client.device_id, client.user_id)  # taken when the body starts to arrive
+    limit = upload_body_limit(spec_limit, METRICS_LIMIT)
+    with received_parts(request, store, limit, LOG_PARTS, (), BodyPace.of(settings), slot) as (parts, tmp):
+        log_path = spool_part(store, tmp, parts["log"], spec_limit, "log")
+        metrics_path = spool_part(store, tmp, parts["metrics"], METRICS_LIMIT, "metrics")
+        try:
+            check_step_count(log_path, federation.client_spec(job, client))
+            parse_metrics(metrics_path.read_bytes())
+        except ResultRejected as exc:
+            raise field_error(exc.field, exc.message) from None
+        outcome = run_verification(
+            pool, settings, client.user_id, replay_log_only, ctx, str(log_path), str(init), str(tmp)
+        )
+        b_sha = store.keep(Path(outcome["b_flat"]), "adapters", ".safetensors")[1]
+        log_sha = store.keep(log_path, "logs", ".jsonl")[1]
+        report = {
+            "log_sha256": log_sha,
+            "b_sha256": b_sha,
+            "mean_loss": outcome["mean_loss"],
+            "replay_s": outcome["replay_s"],
+            "log_bytes": store.log(log_sha).stat().st_size,
+        }
+        if not jobstate.client_reported(session, client, report):
+            raise _late(client)
     federation.close_if_full(session, store, pool, settings, client)
     return RoundReportPublic(client_id=client.id, round=round_.index, b_sha256=b_sha)
 
@@ -225,7 +228,7 @@ def list_rounds(job_id: ObjectId, _: AdminDep, session: SessionDep) -> RoundsPub
     """A federated job's rounds, each with its clients in aggregation order (admin)."""
     job = session.get(Job, job_id)
     if job is None or job.cohort_id is None:
-        raise not_found("federated job", job_id)
+        raise not_found("federated job")
     rounds = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.index)).all()
     data = []
     for round_ in rounds:

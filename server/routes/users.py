@@ -23,7 +23,7 @@ router = Router(prefix="/v1/users", tags=["users"])
 )
 def create_user(body: UserCreate, session: SessionDep, _: AdminDep) -> UserCreated:
     if session.scalar(select(User.id).where(User.name == body.name)) is not None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"name: a user called {body.name!r} exists")
+        raise HTTPException(status.HTTP_409_CONFLICT, "name: a user of this name exists")
     secret = new_secret()
     user = User(name=body.name, key_hash=hash_secret(secret))
     session.add(user)

@@ -4,6 +4,7 @@ device, a queued job), and ``world`` (the app on loopback with the fake compile 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,18 @@ def people(live: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The app on loopback (fake compiles, inline replay): ``phone`` holds the lease of ``job``; ``tablet`` and
     ``laptop`` are devices of the same user without one."""
+    with leased_world(tmp_path, max_uploads=2, max_uploads_per_device=1) as world:
+        yield world
+
+
+@contextmanager
+def leased_world(tmp_path: Path, **overrides: Any) -> Iterator[dict[str, Any]]:
+    """``world`` with ``overrides`` of its ``Settings`` (fields of ``server.settings.Settings``)."""
     app_settings = Settings(
         data_dir=tmp_path / "data",
         database_url=f"sqlite:///{tmp_path / 'mobizo.db'}",
         admin_token=ADMIN_TOKEN,
-        max_uploads=2,
-        max_uploads_per_device=1,
+        **overrides,
     )
     with app_server(app_settings, FakeCompileQueue()) as (url, app), httpx.Client(base_url=url, timeout=30) as http:
         register_model(http, make_fake_model(tmp_path / "model"))

@@ -113,7 +113,8 @@ def test_bad_uploads_are_rejected_with_nothing_stored(client, leased, case):
 
 def test_a_log_that_does_not_follow_the_jobs_lr_schedule_is_rejected(client, tmp_path):
     """The server recomputes each step's lr from the job's schedule (warm-up, then cosine) and takes only those
-    float32 bits; the log of a device that ran the base lr throughout is refused, naming the step and both values."""
+    float32 bits; the log of a device that ran the base lr throughout is refused, naming the step and the
+    schedule's value (not the logged one: errors never echo input)."""
     from server.verify import ResultRejected, read_checked_log
     from shared.schedule import lr_at
 
@@ -128,9 +129,8 @@ def test_a_log_that_does_not_follow_the_jobs_lr_schedule_is_rejected(client, tmp
     with pytest.raises(ResultRejected) as caught:
         read_checked_log(str(tmp_path / "constant.jsonl"), spec)
     message = str(caught.value)
-    assert (
-        "step 2:" in message and "cosine" in message and repr(expected[0]) in message and repr(expected[2]) in message
-    )
+    assert "step 2:" in message and "cosine" in message and repr(expected[2]) in message
+    assert repr(expected[0]) not in message
     r = upload(client, job["phone"], job["job"]["id"], b_flat_bytes(fake_training(spec, job["b"].size)[0]), constant)
     assert r.status_code == 422 and "step 2" in r.text, r.text
     r = upload(client, job["phone"], job["job"]["id"], b_flat_bytes(job["b"]), job["log"])
