@@ -35,7 +35,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: a module's tests keep their order
 
 
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A seeded tiny Llama (2 layers, hidden 64, vocab 512) in Hugging Face layout, built once per machine
