@@ -1,11 +1,13 @@
 """Does a job make a real model better? Test accuracy per task and method in the paper's low-data regime.
 
-Per task, a seeded sample of ``--n-train`` (1,000) training and ``--n-val`` (500) validation examples from
-``../shared/data``; the test set is the task's validation split (at most ``--n-test``). BoolQ ships only 32
-training examples, so its train and validation samples come from its 3,270-example validation split and it is
-tested on the rest. Methods: ``zero-shot`` (the base model), ``fo-lora`` (backprop SGD on LoRA-FA B),
-``mezo-lora`` (q = 1), ``mobizo-q1``/``-q4``/``-q16`` (q·E = ``--batch-size`` 16 in each), and ``mezo`` (all
-parameters; optional, not resumable: its state is the whole model).
+Per task, a seeded sample of ``--n-train`` (1,000) training and ``--n-val`` (500) validation examples from the
+task data (``--data-dir``, default ``shared.tasks.task_data_dir()``); the test set is the task's validation split
+(at most ``--n-test``). BoolQ ships only 32 training examples, so its train and validation samples come from its
+3,270-example validation split and it is tested on the rest. The samples the repository ships in ``data/`` hold
+too few RTE and BoolQ examples for that draw: name the full sets (``--data-dir`` or ``$MOBIZO_TASK_DATA_DIR``), or
+the benchmark stops before it trains, saying so. Methods: ``zero-shot`` (the base model), ``fo-lora`` (backprop
+SGD on LoRA-FA B), ``mezo-lora`` (q = 1), ``mobizo-q1``/``-q4``/``-q16`` (q·E = ``--batch-size`` 16 in each), and
+``mezo`` (all parameters; optional, not resumable: its state is the whole model).
 
 Each trained method first runs a short pilot (``--pilot-steps``) per learning rate of its grid (``--lr``), all
 from the same start and on the same batches; the learning rate whose pilot ends with the lowest validation LOSS
@@ -45,7 +47,7 @@ from shared.evaluate import evaluate
 from shared.files import atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame
 from shared.lora import inject_lora
-from shared.tasks import get_task, shared_data_dir, with_chat
+from shared.tasks import SAMPLES_DIR, TASK_DATA_ENV, get_task, task_data_dir, with_chat
 from shared.train import METRICS_FILE, TrainConfig, train
 
 TASK_FILES = {  # task → (file the train/validation samples come from, test file or None: the rest of the pool)
@@ -99,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="cpu", help="cpu or cuda")
     add("--dtype", default="float32")
     add("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    add("--data-dir", type=Path, help="task data (default ../shared/data)")
+    add("--data-dir", type=Path, help=f"task data (default: the shipped samples in data/, or ${TASK_DATA_ENV})")
     add("--chat-template", action="store_true", help="frame prompts with the model's chat template")
     add("--no-plot", action="store_true", help="skip curves.png")
     return parser.parse_args(argv)
@@ -122,6 +124,23 @@ def lr_grids(args: argparse.Namespace) -> dict[str, tuple[float, ...]]:
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     return atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode())
+
+
+def check_pools(data_dir: Path, tasks: list[str], args: argparse.Namespace) -> None:
+    """Stop before any training when a task's pool is missing, or is one of the shipped samples and smaller than the
+    draw (a folder the user names is used as it is: a smaller pool gives smaller train and validation sets)."""
+    for task in tasks:
+        pool_file = data_dir / TASK_FILES[task][0]
+        if not pool_file.is_file():
+            raise SystemExit(f"{task}: no {pool_file}; name the task data with --data-dir DIR or ${TASK_DATA_ENV}")
+        with pool_file.open("rb") as handle:
+            size = sum(1 for _ in handle)
+        if data_dir.resolve() == SAMPLES_DIR and size < args.n_train + args.n_val:
+            raise SystemExit(
+                f"{task}: the shipped sample {pool_file} holds {size} examples, fewer than --n-train {args.n_train} + "
+                f"--n-val {args.n_val}: name the full task data with --data-dir DIR or ${TASK_DATA_ENV} "
+                "(or draw fewer)"
+            )
 
 
 def sample_task(task: str, data_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, Path]:
@@ -269,8 +288,7 @@ def test_result(
 
 
 def run_task(args: argparse.Namespace, task: str, methods: list[str], grids: dict) -> dict[str, Any]:
-    data_dir = args.data_dir or shared_data_dir()
-    files = sample_task(task, data_dir, args.out, args)
+    files = sample_task(task, args.data_dir, args.out, args)
     rows: dict[str, Any] = {}
     scorer = None
     for name in methods:
@@ -349,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown task or method: {', '.join(unknown)}")
     grids = lr_grids(args)
+    args.data_dir = args.data_dir or task_data_dir()
+    check_pools(args.data_dir, tasks, args)
     results = {
         "model": str(args.model),
         "device": args.device,

@@ -81,11 +81,11 @@ def program(args: argparse.Namespace, folder: Path) -> tuple[Path, ProgramManife
 def sst2_batches(manifest: ProgramManifest, tokenizer_file: Path, steps: int, folder: Path) -> list:
     """``steps`` steps of real SST-2 rows (the first 2,000 of the train split), as the agent builds them."""
     from shared.data import load_examples
-    from shared.tasks import get_task, shared_data_dir
+    from shared.tasks import get_task, task_data_dir
     from shared.tokenizer_file import load_tokenizer_file
 
     rows = folder / "sst2.jsonl"
-    with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
+    with open(task_data_dir() / "sst2" / "train.jsonl") as f:
         rows.write_text("".join(itertools.islice(f, 2000)))
     tokenizer = load_tokenizer_file(tokenizer_file)
     return list(

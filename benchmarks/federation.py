@@ -10,7 +10,10 @@
 3. Server cost: replay seconds per client and per round (tiny measured in the federation; SmolLM2-sized B timed
    by replaying an N-step log over its D).
 
-    python -m benchmarks.federation --model /tmp/tw/tiny --json-out /tmp/federation.json
+    python -m benchmarks.federation --model /tmp/tw/tiny --data-dir DATA --json-out /tmp/federation.json
+
+The shards come from DATA's ``sst2/train.jsonl`` (``--data-dir``, default ``shared.tasks.task_data_dir()``): the
+default 8 shards of 400 need the full SST-2 training set, more than the samples shipped in ``data/`` hold.
 
 Times are wall-clock on a shared machine: read them as orders of magnitude.
 """
@@ -38,7 +41,7 @@ from shared.hf_models import load_model
 from shared.manifest import ProgramConfig
 from shared.program import build_step_module
 from shared.replay import replay
-from shared.tasks import get_task, shared_data_dir
+from shared.tasks import TASK_DATA_ENV, get_task, task_data_dir
 from shared.train_log import log_line, log_record
 
 
@@ -68,15 +71,26 @@ def _setup(args: argparse.Namespace) -> Setup:
     return Setup(module, tokenizer, Shape(cfg.batch_size, cfg.seq_len, cfg.answer_len), d, args.lr, args.eps)
 
 
-def _shards(n_clients: int, per_client: int, skew: float, folder: Path) -> list[Path]:
-    """Label-skewed SST-2 shards: client i holds ``skew`` of label i % 2 and the rest of the other label."""
-    rows = read_jsonl(shared_data_dir() / "sst2" / "train.jsonl")
+def _shards(data_dir: Path, n_clients: int, per_client: int, skew: float, folder: Path) -> list[Path]:
+    """Label-skewed SST-2 shards: client i holds ``skew`` of label i % 2 and the rest of the other label. Disjoint
+    shards of ``per_client`` rows each, or a SystemExit naming ``--data-dir`` when the train file is too small."""
+    train = data_dir / "sst2" / "train.jsonl"
+    rows = read_jsonl(train)
     by_label = {0: [r for r in rows if r["label"] == 0], 1: [r for r in rows if r["label"] == 1]}
+    plan = [
+        {i % 2: round(skew * per_client), 1 - i % 2: per_client - round(skew * per_client)} for i in range(n_clients)
+    ]
+    for label, have in by_label.items():
+        need = sum(counts[label] for counts in plan)
+        if need > len(have):
+            raise SystemExit(
+                f"{n_clients} shards of {per_client} rows at skew {skew} need {need} SST-2 rows of label {label}; "
+                f"{train} has {len(have)}: name the full task data with --data-dir DIR or ${TASK_DATA_ENV}, "
+                "or use fewer or smaller shards"
+            )
     taken = {0: 0, 1: 0}
     paths = []
-    for i in range(n_clients):
-        major = i % 2
-        counts = {major: round(skew * per_client), 1 - major: per_client - round(skew * per_client)}
+    for i, counts in enumerate(plan):
         shard = []
         for label, count in counts.items():
             shard += by_label[label][taken[label] : taken[label] + count]
@@ -87,9 +101,9 @@ def _shards(n_clients: int, per_client: int, skew: float, folder: Path) -> list[
     return paths
 
 
-def _eval_batches(setup: Setup, limit: int) -> list:
+def _eval_batches(setup: Setup, data_dir: Path, limit: int) -> list:
     task = get_task("sst2", None, None)
-    examples = load_examples(task, shared_data_dir() / "sst2" / "validation.jsonl", limit=limit)
+    examples = load_examples(task, data_dir / "sst2" / "validation.jsonl", limit=limit)
     encoded = encode(examples, setup.tokenizer, setup.shape.seq_len)
     rows, pad = setup.shape.rows, pad_token_id(setup.tokenizer)
     return [
@@ -222,6 +236,9 @@ def federation_arguments(p: argparse.ArgumentParser, local_steps: int, shard_siz
     p.add_argument("--poison", nargs="*", choices=tuple(POISONS), default=list(POISONS), help="the liars")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json-out", type=Path)
+    p.add_argument(
+        "--data-dir", type=Path, help=f"task data (default: the shipped samples in data/, or ${TASK_DATA_ENV})"
+    )
 
 
 def _parse() -> argparse.Namespace:
@@ -233,10 +250,11 @@ def _parse() -> argparse.Namespace:
 def main() -> None:
     args = _parse()
     torch.set_num_threads(args.threads)
+    data_dir = args.data_dir or task_data_dir()
     setup = _setup(args)
-    evals = _eval_batches(setup, args.eval_limit)
+    evals = _eval_batches(setup, data_dir, args.eval_limit)
     with tempfile.TemporaryDirectory() as tmp:
-        shards = _shards(args.clients, args.shard_size, args.skew, Path(tmp))
+        shards = _shards(data_dir, args.clients, args.shard_size, args.skew, Path(tmp))
         runs = {"fedavg": federate(setup, shards, evals, args, "fedavg", None)}
         for method in ("fedavg", "trimmed-mean", "median"):
             for name in args.poison:

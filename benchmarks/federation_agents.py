@@ -13,7 +13,10 @@ logs. Under fedavg, trimmed-mean and median.
 
     mobizo make-tiny-model --out /tmp/fed/tiny
     python -m benchmarks.federation_agents --model /tmp/fed/tiny --local-steps 5 --lr 0.05 --eval-limit 64 \\
-        --shard-size 200 --json-out /tmp/fed/federation-agents.json
+        --shard-size 200 --data-dir DATA --json-out /tmp/fed/federation-agents.json
+
+As in ``benchmarks/federation.py``, the shards come from DATA's ``sst2/train.jsonl``; the default 9 shards of 200
+need more rows of one label than the samples shipped in ``data/`` hold.
 
 Times are wall-clock; the agents and the server share the machine's cores.
 """
@@ -47,6 +50,7 @@ from benchmarks.federation import (
     federation_arguments,
 )
 from benchmarks.server_load import ADMIN, REPO, running_server
+from shared.tasks import task_data_dir
 from shared.train_log import log_line
 
 
@@ -223,11 +227,12 @@ def main() -> None:
 
     args = _parse()
     torch.set_num_threads(args.threads)
+    task_data = args.data_dir or task_data_dir()
     setup = _setup(args)
-    evals = _eval_batches(setup, args.eval_limit)
+    evals = _eval_batches(setup, task_data, args.eval_limit)
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        shards = _shards(args.clients + 1, args.shard_size, args.skew, tmp)  # shard 0: the liar's
+        shards = _shards(task_data, args.clients + 1, args.shard_size, args.skew, tmp)  # shard 0: the liar's
         data_dir = tmp / "server"
         with running_server(f"sqlite:///{tmp / 'mobizo.db'}", data_dir, tmp / "server.log") as url:
             fed = Federation(url, args, tmp, shards[1:])

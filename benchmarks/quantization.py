@@ -32,10 +32,10 @@ def sst2_batches(tokenizer, cfg: ProgramConfig, steps: int, seed: int) -> list:
     """The batches an agent would train on: the first 1,000 SST-2 train examples (the paper's low-data regime) in
     ``shared.data.batch_indices`` order."""
     from shared.data import batch_indices, encode, load_examples, pad_token_id, training_batch
-    from shared.tasks import get_task, shared_data_dir
+    from shared.tasks import get_task, task_data_dir
 
     examples = encode(
-        load_examples(get_task("sst2"), shared_data_dir() / "sst2" / "train.jsonl", limit=1000), tokenizer, cfg.seq_len
+        load_examples(get_task("sst2"), task_data_dir() / "sst2" / "train.jsonl", limit=1000), tokenizer, cfg.seq_len
     )
     pad = pad_token_id(tokenizer)
     rows = [batch_indices(len(examples), cfg.batch_size, seed, k) for k in range(steps)]

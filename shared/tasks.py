@@ -6,9 +6,9 @@ ones so that our accuracies compare with the paper's. A candidate starts with a 
 leaves the space to the answer (``"... It was"`` → ``" great"``), and never when the prompt ends with a newline.
 
 Label values are matched as strings: JSON integers by their digits, JSON booleans as ``"true"``/``"false"``.
-The built-in tasks accept both the label spellings of ../shared/data and the integer ids of the Hugging Face
-copies of the same benchmarks. A record that does not fit its task raises ``DataError`` naming the field;
-``shared.data.load_examples`` adds the file and line.
+The built-in tasks accept both the label spellings of the task data (``task_data_dir()``: the GLUE and FewGLUE
+files) and the integer ids of the Hugging Face copies of the same benchmarks. A record that does not fit its task
+raises ``DataError`` naming the field; ``shared.data.load_examples`` adds the file and line.
 """
 
 from __future__ import annotations
@@ -328,7 +328,16 @@ def placeholder_record(task: Task) -> dict[str, Any]:
     return record
 
 
-def shared_data_dir() -> Path:
-    """The read-only task data: ``$MOBIZO_SHARED_DIR/data``, else ``../shared/data`` next to the repository."""
-    shared = os.environ.get("MOBIZO_SHARED_DIR")
-    return (Path(shared) if shared else Path(__file__).resolve().parents[2] / "shared") / "data"
+TASK_DATA_ENV = "MOBIZO_TASK_DATA_DIR"
+SAMPLES_DIR = Path(__file__).resolve().parents[1] / "data"
+
+
+def task_data_dir() -> Path:
+    """Where the task data lives: ``$MOBIZO_TASK_DATA_DIR`` if set, else ``SAMPLES_DIR``, the small samples the
+    repository ships in ``data/`` (``data/README.md``), which the demo, the tiny tokenizer and the tests run on.
+
+    The samples are found next to this package's source, i.e. in a checkout or an editable install; an installed
+    copy of ``shared`` (``pip install .``) does not carry them, so name a data folder there. Not ``MOBIZO_DATA_DIR``:
+    that is the server's artifact folder."""
+    named = os.environ.get(TASK_DATA_ENV)
+    return Path(named) if named else SAMPLES_DIR

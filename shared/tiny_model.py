@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -13,7 +12,7 @@ from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 from shared.errors import DataError, MobizoError, UsageError
 from shared.hf_models import build_random, save_model
-from shared.tasks import shared_data_dir
+from shared.tasks import TASK_DATA_ENV, task_data_dir
 
 # Tiny model: 4 query heads over 2 key/value heads, so grouped-query attention is exercised as in the real models.
 TINY_HEADS, TINY_KV_HEADS, TINY_MAX_POSITIONS = 4, 2, 1024
@@ -37,7 +36,7 @@ _PROMPT_REPEATS = 300
 
 def corpus_files() -> tuple[Path, ...]:
     """The data files the tiny tokenizer is trained from (a change to them changes the model's files)."""
-    return tuple(shared_data_dir() / file for file, _, _ in _CORPUS)
+    return tuple(task_data_dir() / file for file, _, _ in _CORPUS)
 
 
 def make_tiny_model(out_dir: Path, seed: int = 0, layers: int = 2, hidden: int = 64, vocab: int = 512) -> Path:
@@ -115,12 +114,12 @@ def _tokenizer_corpus() -> list[str]:
     same bytes" would not hold.
     """
     texts = [_PROMPT_TEXT] * _PROMPT_REPEATS
-    data = shared_data_dir()
+    data = task_data_dir()
     missing = [name for name, _, _ in _CORPUS if not (data / name).is_file()]
     if missing:
         raise MobizoError(
             f"the tiny model's tokenizer is trained on the task data, and {data} lacks {', '.join(missing)} "
-            "(the read-only data folder beside the repository; set MOBIZO_SHARED_DIR to the folder that holds data/)"
+            f"(the repository's data/ samples, or the folder ${TASK_DATA_ENV} names)"
         )
     for name, fields, n_lines in _CORPUS:
         texts.extend(_read_fields(data / name, fields, n_lines))
@@ -138,11 +137,19 @@ def _random_words(seed: int, count: int = 120_000, per_line: int = 32) -> list[s
     return [" ".join(words[i : i + per_line]) for i in range(0, count, per_line)]
 
 
-def _read_fields(path: Path, fields: tuple[str, ...], n_lines: int) -> Iterator[str]:
+def _read_fields(path: Path, fields: tuple[str, ...], n_lines: int) -> list[str]:
+    """The fields of the first ``n_lines`` lines; a shorter file is refused (it would train another tokenizer)."""
+    texts: list[str] = []
+    lineno = 0
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(itertools.islice(fh, n_lines), start=1):
             try:
                 row = json.loads(line)
-                yield from (str(row[field]) for field in fields)
+                texts.extend(str(row[field]) for field in fields)
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise DataError(f"{path}:{lineno}: {exc}") from exc
+    if lineno < n_lines:
+        raise MobizoError(
+            f"the tiny model's tokenizer is trained on the first {n_lines} lines of {path}, which has {lineno}"
+        )
+    return texts

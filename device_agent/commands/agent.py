@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--data-dir",
         type=Path,
-        help="local training data: <task>/train.jsonl or <task>.jsonl (default: the project's shared data folder)",
+        help="local training data: <task>/train.jsonl or <task>.jsonl "
+        "(default: the shipped samples in data/, or $MOBIZO_TASK_DATA_DIR)",
     )
     run.add_argument("--backend", choices=DEVICE_BACKENDS, help="override the enrolled backend for this run")
     run.add_argument("--config", type=Path, help="the agent config (default: ~/.config/mobizo/agent.json)")
@@ -231,13 +232,13 @@ def _phone_shell(args: argparse.Namespace, backend_name: str):
 def _data_dir(args: argparse.Namespace) -> Path:
     """The checked ``run`` options → the data folder."""
     from shared.errors import UsageError
-    from shared.tasks import shared_data_dir
+    from shared.tasks import task_data_dir
 
     for field in ("checkpoint_every", "heartbeat_s", "poll_s", "retry_cap_s"):
         value = getattr(args, field)
         if value <= 0:
             raise UsageError(field, f"must be positive, got {value}")
-    data_dir = args.data_dir or shared_data_dir()
+    data_dir = args.data_dir or task_data_dir()
     if not data_dir.is_dir():
         raise UsageError("data_dir", f"{data_dir} is not a folder")
     return data_dir

@@ -19,10 +19,10 @@ def test_a_program_agrees_with_itself_and_its_figures_are_the_devices(program_fa
     from device_agent.evaluation import evaluate_program
     from device_agent.local_data import program_shape
     from shared.data import load_examples
-    from shared.tasks import get_task, shared_data_dir
+    from shared.tasks import get_task, task_data_dir
     from shared.tokenizer_file import load_tokenizer_file
 
-    data = shared_data_dir() / "sst2" / "validation.jsonl"
+    data = task_data_dir() / "sst2" / "validation.jsonl"
     float_pte, manifest = program_factory(TINY_Q4)
     quant_pte, _ = program_factory(TINY_Q4_8DA4W)
     assert quantized_eval.main(_args(float_pte, float_pte, data, "--json")) == 0

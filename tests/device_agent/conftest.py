@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from device_agent.batches import Shape, write_batches
-from shared.tasks import shared_data_dir
+from shared.tasks import task_data_dir
 from tests.device_agent.helpers import Program, random_steps
 from tests.device_agent.stack import SPEC, Stack, server_env
 from tests.server import live
@@ -90,7 +90,7 @@ def local_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The device's data folder: 64 SST-2 rows as ``sst2/train.jsonl``."""
     folder = tmp_path_factory.mktemp("device-data")
     (folder / "sst2").mkdir()
-    with open(shared_data_dir() / "sst2" / "train.jsonl") as f:
+    with open(task_data_dir() / "sst2" / "train.jsonl") as f:
         (folder / "sst2" / "train.jsonl").write_text("".join(itertools.islice(f, 64)))
     return folder
 

@@ -18,7 +18,7 @@ from transformers import AutoConfig
 from mobizo.cli import main
 from shared.adapter import read_adapter
 from shared.schedule import lrs
-from shared.tasks import shared_data_dir
+from shared.tasks import task_data_dir
 from tests.utils.programs import TINY_Q4
 from tests.utils.tolerance import b_drift, loss_rtol, losses_atol_with_drift
 
@@ -37,7 +37,7 @@ def first_lines(source: Path, dest: Path, count: int) -> Path:
 @pytest.fixture(scope="module")
 def sst2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("sst2")
-    data = shared_data_dir() / "sst2"
+    data = task_data_dir() / "sst2"
     return first_lines(data / "train.jsonl", folder / "train.jsonl", 40), first_lines(
         data / "validation.jsonl", folder / "eval.jsonl", 24
     )

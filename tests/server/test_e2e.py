@@ -86,10 +86,10 @@ def _batches(model_dir: Path, spec: dict, n_steps: int):
     """Each step's (input_ids, attention_mask, targets) from real SST-2 rows, as the agent would build them."""
     from shared.data import batch_indices, encode, load_examples, pad_token_id, training_batch
     from shared.hf_models import load_model
-    from shared.tasks import get_task, shared_data_dir
+    from shared.tasks import get_task, task_data_dir
 
     _, tokenizer = load_model(model_dir)
-    rendered = load_examples(get_task("sst2"), shared_data_dir() / "sst2" / "train.jsonl", limit=64)
+    rendered = load_examples(get_task("sst2"), task_data_dir() / "sst2" / "train.jsonl", limit=64)
     examples = encode(rendered, tokenizer, max_len=spec["seq_len"])
     for step in range(n_steps):
         chosen = [examples[i] for i in batch_indices(len(examples), spec["batch_size"], spec["seed"], step)]

@@ -11,10 +11,10 @@ from transformers import AutoTokenizer
 
 from mobizo.cli import build_parser, main
 from shared.errors import UsageError
-from shared.tasks import Rendered, chat_frame, get_task, shared_data_dir, with_chat
+from shared.tasks import Rendered, chat_frame, get_task, task_data_dir, with_chat
 
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}<|assistant|>\n"
-SST2 = shared_data_dir() / "sst2" / "validation.jsonl"
+SST2 = task_data_dir() / "sst2" / "validation.jsonl"
 
 
 @pytest.fixture(scope="module")

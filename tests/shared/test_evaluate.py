@@ -12,13 +12,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from mobizo.cli import main
 from shared.data import encode, load_examples
 from shared.evaluate import evaluate
-from shared.tasks import Rendered, get_task, shared_data_dir
+from shared.tasks import Rendered, get_task, task_data_dir
 from tests.shared.test_data import bpe_tokenizer
 from tests.utils.tolerance import loss_rtol
 
 pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
 
-DATA = shared_data_dir()
+DATA = task_data_dir()
 
 
 @pytest.fixture(scope="module")

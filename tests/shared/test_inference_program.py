@@ -138,13 +138,13 @@ def test_program_scores_a_task_as_eager_peft_does(session, adapters, tiny_model_
     from device_agent.local_inference import ProgramAsModel
     from shared.data import load_examples
     from shared.evaluate import evaluate
-    from shared.tasks import get_task, shared_data_dir
+    from shared.tasks import get_task, task_data_dir
 
     adapter, b = adapters["a"]
     eager = _eager(tiny_model_dir, adapter)
     _, tokenizer = load_model(tiny_model_dir)
     task = get_task("sst2")
-    rendered = load_examples(task, shared_data_dir() / "sst2" / "train.jsonl", 24)
+    rendered = load_examples(task, task_data_dir() / "sst2" / "train.jsonl", 24)
     session.set_b(b.numpy())
     got = evaluate(ProgramAsModel(session), tokenizer, task, rendered, 8, session.max_context)
     want = evaluate(eager, tokenizer, task, rendered, 8, session.max_context)

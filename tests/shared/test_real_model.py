@@ -10,12 +10,12 @@ import torch
 from shared.data import load_examples
 from shared.evaluate import evaluate
 from shared.hf_models import load_model
-from shared.tasks import get_task, shared_data_dir
+from shared.tasks import get_task, task_data_dir
 from shared.train import TrainConfig, train
 from tests.shared.test_train import adapter_flat_b
 
 pytestmark = pytest.mark.slow
-SST2 = shared_data_dir() / "sst2"
+SST2 = task_data_dir() / "sst2"
 
 
 def test_zero_shot_sst2_is_between_chance_and_fine_tuned(smollm2_dir):

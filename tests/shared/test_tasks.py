@@ -9,9 +9,9 @@ import pytest
 
 from shared.data import load_examples
 from shared.errors import DataError, UsageError
-from shared.tasks import TASK_NAMES, Rendered, get_task, parse_verbalizer, shared_data_dir
+from shared.tasks import TASK_NAMES, Rendered, get_task, parse_verbalizer, task_data_dir
 
-DATA = shared_data_dir()
+DATA = task_data_dir()
 FILES = {
     "sst2": ["sst2/train.jsonl", "sst2/validation.jsonl"],
     "rte": ["rte/train.jsonl", "rte/validation.jsonl"],

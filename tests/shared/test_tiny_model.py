@@ -82,12 +82,26 @@ def test_tokenizer_needs_the_task_data_and_says_where_it_looked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No silent fallback to other text: "same seed, same bytes" holds wherever the command runs, or it fails."""
-    monkeypatch.setenv("MOBIZO_SHARED_DIR", str(tmp_path / "no-such-shared"))
-    with pytest.raises(MobizoError, match="no-such-shared/data lacks sst2/train.jsonl"):
+    monkeypatch.setenv("MOBIZO_TASK_DATA_DIR", str(tmp_path / "no-such-data"))
+    with pytest.raises(MobizoError, match="no-such-data lacks sst2/train.jsonl"):
         make_tiny_model(tmp_path / "model", seed=0)
     assert not (tmp_path / "model").exists()
     assert main(["make-tiny-model", "--out", str(tmp_path / "cli")]) == 1
-    assert "MOBIZO_SHARED_DIR" in capsys.readouterr().err
+    assert "MOBIZO_TASK_DATA_DIR" in capsys.readouterr().err
+
+
+def test_tokenizer_refuses_a_shorter_data_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The samples in data/ must hold every line the tokenizer is trained on: one line less, another tokenizer."""
+    import shutil
+
+    from shared.tasks import task_data_dir
+
+    data = Path(shutil.copytree(task_data_dir(), tmp_path / "data"))
+    lines = (data / "rte" / "train.jsonl").read_bytes().splitlines(keepends=True)
+    (data / "rte" / "train.jsonl").write_bytes(b"".join(lines[:299]))
+    monkeypatch.setenv("MOBIZO_TASK_DATA_DIR", str(data))
+    with pytest.raises(MobizoError, match="first 300 lines of .*rte/train.jsonl, which has 299"):
+        make_tiny_model(tmp_path / "model", seed=0)
 
 
 def test_fills_an_empty_folder_then_replaces_the_model(tmp_path: Path) -> None:

@@ -20,14 +20,14 @@ from shared.adapter import read_adapter
 from shared.lora import layout_order
 from shared.replay import replay
 from shared.schedule import lr_at
-from shared.tasks import shared_data_dir
+from shared.tasks import task_data_dir
 from shared.train import ADAPTER_DIR, LOG_FILE, METRICS_FILE, TrainConfig, train
 from shared.train_log import read_log
 from tests.utils.tolerance import Z_MAX, loss_rtol, step_atols
 
 pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
 
-SST2 = shared_data_dir() / "sst2"
+SST2 = task_data_dir() / "sst2"
 TRAIN, HELD_OUT = SST2 / "train.jsonl", SST2 / "validation.jsonl"
 REQUIRED_METRICS = {  # docs/contracts.md, "Command line"
     "method",
