@@ -13,7 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 
 WORK=$(realpath -m "${MOBIZO_DEMO_DIR:-runs/demo}")
-DATA=$(realpath ../shared/data)
+# The task data: the samples shipped in data/ (data/README.md), or the folder MOBIZO_TASK_DATA_DIR names.
+DATA=$(realpath "${MOBIZO_TASK_DATA_DIR:-data}")
 # SmolLM2: 100 steps (~2.6 s each through the program on 2 idle cores) keep the whole demo near 15 minutes.
 STEPS=${MOBIZO_DEMO_STEPS:-$([ "${MOBIZO_DEMO_MODEL:-tiny}" = smollm2 ] && echo 100 || echo 150)}
 EVAL_LIMIT=${MOBIZO_DEMO_EVAL_LIMIT:-400}
