@@ -20,16 +20,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 def clone_alone(dest: Path) -> Path:
     """The checkout's tracked files (as they are in the working tree) copied to ``dest``, with ``.venv`` linked to
-    the checkout's → ``dest``. Skips where this is no git checkout. The checkout's ``.venv`` is brought up to date
-    first (``scripts/setup.sh``, as the demo would), so that the copy's ``setup.sh`` finds nothing to install: it
-    would install the copy, editable, into the checkout's environment."""
+    the checkout's → ``dest``. Skips where this is no git checkout. Fails, installing nothing, where ``.venv`` is
+    older than ``pyproject.toml`` or ``scripts/setup.sh`` (the stamp ``scripts/setup.sh`` writes): the copy's
+    ``setup.sh`` would then install the copy, editable, into the checkout's environment."""
+    import hashlib
     import shutil
 
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=False)
     if listed.returncode != 0:
         pytest.skip(f"not a git checkout: {listed.stderr.decode(errors='replace').strip()}")
-    setup = subprocess.run(["bash", "scripts/setup.sh"], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert setup.returncode == 0, (setup.stdout + setup.stderr)[-4000:]
+    want = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + (REPO / "scripts" / "setup.sh").read_bytes())
+    stamp = REPO / ".venv" / ".mobizo-setup"
+    if not stamp.is_file() or stamp.read_text().strip() != want.hexdigest():
+        pytest.fail(".venv is older than pyproject.toml or scripts/setup.sh: run `bash scripts/setup.sh` first")
     for name in listed.stdout.decode().split("\0"):
         source = REPO / name
         if name and source.is_file():  # a tracked file deleted in the working tree is not copied
