@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from shared import defaults
+from shared.backends import OBJECTIVES
 from shared.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from shared.data import load_examples, read_jsonl
 from shared.evaluate import evaluate
@@ -103,6 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     add("--data-dir", type=Path, help=f"task data (default: the shipped samples in data/, or ${TASK_DATA_ENV})")
     add("--chat-template", action="store_true", help="frame prompts with the model's chat template")
+    add(
+        "--objective",
+        choices=OBJECTIVES,
+        help="training loss (default: the task's, classification where its answers are single tokens; "
+        "lm = cross-entropy over the whole vocabulary; use a fresh --out for each)",
+    )
     add("--no-plot", action="store_true", help="skip curves.png")
     return parser.parse_args(argv)
 
@@ -187,6 +194,7 @@ def run_config(
         eval_every=args.eval_every,
         checkpoint_every=None if method.method == "mezo" else args.eval_every,
         chat_template=args.chat_template,
+        objective=args.objective,
     )
 
 

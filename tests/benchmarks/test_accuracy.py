@@ -88,3 +88,13 @@ def test_a_killed_run_resumes_to_the_same_results(tiny_model_dir: Path, tmp_path
     assert main(_args(tiny_model_dir, tmp_path / "resumed")) == 0
     resumed = json.loads((tmp_path / "resumed" / "results.json").read_text())
     assert _without_times(resumed) == _without_times(whole)
+
+
+def test_the_objective_flag_reaches_each_run(tmp_path: Path) -> None:
+    """--objective lm trains the whole-vocabulary loss (the published lm rows); without it a run takes the task's."""
+    from benchmarks.accuracy import METHODS, parse_args, run_config
+
+    files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "val", "test")}
+    for extra, objective in ((["--objective", "lm"], "lm"), ([], None)):
+        args = parse_args(["--model", "m", "--out", str(tmp_path), *extra])
+        assert run_config(args, "sst2", files, METHODS["mobizo-q4"], 1e-2, tmp_path, 10).objective == objective
