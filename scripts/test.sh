@@ -17,4 +17,7 @@ else
 fi
 # Two pytest-xdist workers (MOBIZO_TEST_WORKERS=0: none), each test module on one worker: its module fixtures (a
 # live server, a trained adapter) are built once. Exported programs are shared through .cache/test-programs.
+# One torch thread per process while two workers share the two cores: four spinning OpenMP threads on two cores
+# were slower (the numerics tests, -n 2: 74, 110 and 79 s with torch's default threads; 69 and 67 s with one).
+if [ "${MOBIZO_TEST_WORKERS:-2}" != 0 ]; then export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"; fi
 python -m pytest -q -p no:cacheprovider -n "${MOBIZO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
