@@ -27,7 +27,7 @@ from shared.manifest import (
     InferenceManifest,
     manifest_path,
 )
-from shared.program import MethodModule, is_frozen_weight, program_file, store_tokenizer
+from shared.program import MethodModule, edge_config, is_frozen_weight, program_file, store_tokenizer
 from shared.ptd import WEIGHTS_TAG, store_weights
 
 CACHE = "kv_cache"  # prefix of the KV cache buffers: mutable, zero-initialised, never in the .ptd
@@ -123,7 +123,7 @@ def lower(module: InferenceModule, backend: str):
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         partitioner = [XnnpackPartitioner()]
-    edge = to_edge_transform_and_lower(programs, partitioner=partitioner)
+    edge = to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
     return edge.to_executorch(
         ExecutorchBackendConfig(
             # B and the cache start from zeros, not from whatever memory the runtime hands out.

@@ -171,6 +171,16 @@ def _tag_delegate_constants(module: nn.Module) -> None:
                 frozen.add(node)
 
 
+def edge_config():
+    """Edge compile settings of every export: no edge-IR validity check. It re-verifies the whole graph after each
+    stage and changes nothing in the program (the same .pte and .ptd bytes for the tiny four-query program); without
+    it that export took 68 and 76 s instead of 79 and 99 s on a 2-core x86 VM. A program with an op the runtime lacks
+    still fails, when the runtime loads it: the suite runs every exported program."""
+    from executorch.exir import EdgeCompileConfig
+
+    return EdgeCompileConfig(_check_ir_validity=False)
+
+
 def lower(step: nn.Module, cfg: ProgramConfig):
     """torch.export each method → edge (XNNPACK for the frozen matmuls) → ExecuTorch program manager.
 
@@ -198,7 +208,7 @@ def lower(step: nn.Module, cfg: ProgramConfig):
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         partitioner = [XnnpackPartitioner()]
-    edge = to_edge_transform_and_lower(programs, partitioner=partitioner)
+    edge = to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
     return edge.to_executorch(
         ExecutorchBackendConfig(
             emit_mutable_buffer_names=True,
