@@ -30,7 +30,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from shared.files import PRIVATE_FILE
 
 _ALEMBIC_INI = Path(__file__).with_name("alembic.ini")
-STARTUP_LOCK_KEY = 0x6D6F62697A6F  # "mobizo": the advisory lock of migrations and startup recovery
+# The advisory lock of migrations and startup recovery: ("mobi", the schema's hash). PostgreSQL's advisory locks are
+# the database's, so the schema is part of the key: deployments in other schemas of one database do not wait on
+# each other.
+STARTUP_LOCK_KEY = 0x6D6F6269
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -128,22 +131,23 @@ def migrate(engine: Engine) -> None:
 def startup_lock(engine: Engine) -> Iterator[bool]:
     """Hold the database's startup lock for the block → whether this process got it first.
 
-    On PostgreSQL, a session advisory lock (``STARTUP_LOCK_KEY``): of several API processes starting at once, on
-    one machine or many, one migrates and recovers while the others wait; they then find the schema current and
-    are told ``False`` (recovery done). A process starting alone gets ``True``. The lock goes with the session, so
-    a process killed while holding it releases it. SQLite needs no lock (its migrations run in one ``BEGIN
-    IMMEDIATE`` transaction, which serializes them) and always gets ``True``.
+    On PostgreSQL, a session advisory lock (``STARTUP_LOCK_KEY`` and the current schema): of several API processes
+    starting at once, on one machine or many, one migrates and recovers while the others wait; they then find the
+    schema current and are told ``False`` (recovery done). A process starting alone gets ``True``. The lock goes
+    with the session, so a process killed while holding it releases it. SQLite needs no lock (its migrations run in
+    one ``BEGIN IMMEDIATE`` transaction, which serializes them) and always gets ``True``.
     """
     if engine.dialect.name != "postgresql":
         yield True
         return
     with engine.connect() as conn:
-        first = bool(conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": STARTUP_LOCK_KEY}))
+        key = {"key": STARTUP_LOCK_KEY, "schema": conn.scalar(text("SELECT hashtext(current_schema())"))}
+        first = bool(conn.scalar(text("SELECT pg_try_advisory_lock(:key, :schema)"), key))
         if not first:
-            conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": STARTUP_LOCK_KEY})
+            conn.execute(text("SELECT pg_advisory_lock(:key, :schema)"), key)
         conn.commit()
         try:
             yield first
         finally:
-            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": STARTUP_LOCK_KEY})
+            conn.execute(text("SELECT pg_advisory_unlock(:key, :schema)"), key)
             conn.commit()

@@ -51,6 +51,22 @@ def test_processes_starting_together_migrate_one_after_another(fresh_pg_schema):
         second.dispose()
 
 
+def test_the_startup_lock_is_the_schemas(fresh_pg_schema, pg_url):
+    """PostgreSQL's advisory locks belong to the database: a deployment starting in another schema of it (another
+    test's, another service's) neither waits for this one's lock nor makes this one wait."""
+    from server.db import startup_lock
+    from tests.server.conftest import pg_schema
+
+    with pg_schema(pg_url) as other_url:
+        here, there = make_engine(fresh_pg_schema), make_engine(other_url)
+        try:
+            with startup_lock(here) as first_here, startup_lock(there) as first_there:
+                assert (first_here, first_there) == (True, True)
+        finally:
+            here.dispose()
+            there.dispose()
+
+
 def _start(engine, events: list[str]) -> None:
     from server.db import startup_lock
 
