@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from device_agent.batches import StepBatch
+from device_agent.et_runtime import runtime
 from device_agent.native_log import runtime_log_filtered
 from shared.manifest import PROGRAM_METHODS
 
@@ -26,10 +27,8 @@ class ProgramSession:
     """
 
     def __init__(self, pte: Path, ptd: Path | None, *, evaluate: bool = True) -> None:
-        from executorch.runtime import Runtime
-
         with runtime_log_filtered():
-            program = Runtime.get().load_program(Path(pte), data_path=ptd)
+            program = runtime().load_program(Path(pte), data_path=ptd)
             missing = set(PROGRAM_METHODS) - program.method_names
             if missing:
                 raise ValueError(f"{pte}: not a mobizo training program (missing {sorted(missing)})")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from device_agent.et_runtime import runtime
 from device_agent.native_log import runtime_log_filtered
 from shared.manifest import INFERENCE_METHODS, InferenceManifest
 
@@ -22,10 +23,8 @@ class InferenceSession:
     loads = 0  # program loads in this process, all sessions together
 
     def __init__(self, pte: Path, ptd: Path, manifest: InferenceManifest) -> None:
-        from executorch.runtime import Runtime
-
         with runtime_log_filtered():
-            program = Runtime.get().load_program(Path(pte), data_path=Path(ptd))
+            program = runtime().load_program(Path(pte), data_path=Path(ptd))
             missing = set(INFERENCE_METHODS) - program.method_names
             if missing:
                 raise ValueError(f"{pte}: not a mobizo inference program (missing {sorted(missing)})")

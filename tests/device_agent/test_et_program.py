@@ -59,3 +59,30 @@ def test_a_training_session_steps_as_a_full_one_and_refuses_evaluate(
     rows = np.zeros((8, 16), np.int64)
     with pytest.raises(RuntimeError, match="training only"):
         session.evaluate(rows, rows, rows[:, :2])
+
+
+@pytest.mark.slow  # uses the session's program export
+def test_an_agent_process_runs_a_program_without_importing_the_exporter(tiny_program: Program) -> None:
+    """``device_agent.et_runtime``: a process that only runs programs never imports ``executorch.exir`` (the whole
+    exporter, seconds at every agent start), runs the program all the same, and can still import the exporter
+    afterwards."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import numpy as np
+from device_agent.et_program import ProgramSession
+session = ProgramSession(sys.argv[1], sys.argv[2])
+session.set_b(np.full(int(sys.argv[3]), 0.25, dtype=np.float32))
+assert (session.get_b() == np.float32(0.25)).all()
+print(sorted(m for m in sys.modules if m.startswith("executorch.exir")))
+import executorch.exir
+print(executorch.exir.EdgeCompileConfig.__name__)
+"""
+    pte, ptd = tiny_program.files
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(pte), str(ptd), str(tiny_program.d)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["['executorch.exir._warnings']", "EdgeCompileConfig"]
