@@ -20,22 +20,12 @@ import httpx
 
 from tests.server.factories import ADMIN_TOKEN, bearer
 from tests.server.live import REPO
+from tests.utils.programs import TINY_Q4_JOB
 
 # Every job has the program config TINY_Q4 (q=4, E=2, 16 columns, SST-2 trained as classification), the suite's
 # shared program.
-SPEC = {
-    "model": "tiny",
-    "task": "sst2",
-    "q": 4,
-    "batch_size": 8,
-    "seq_len": 16,
-    "rank": 4,
-    "alpha": 8.0,
-    "lr": 0.5,
-    "eps": 0.05,
-    "seed": 3,
-    "eval_examples": 0,  # no held-out measurement (its own test asks for one): the agent loads no evaluator
-}
+# no held-out measurement (its own test asks for one): the agent loads no evaluator
+SPEC = {**TINY_Q4_JOB, "eval_examples": 0}
 AGENT_FLAGS = ["--checkpoint-every", "7", "--heartbeat-s", "0.5", "--poll-s", "0.2", "--retry-cap-s", "1"]
 
 

@@ -1,10 +1,14 @@
 """The whole flow against a real server process (uvicorn, loopback sockets, httpx) with a tiny model.
 
-Admin creates a user and registers the model; the user submits a job that compiles in a worker process; a device
+Admin creates a user and registers the model; the user submits a job, which the server finds compiled; a device
 enrolls, leases, downloads the program (checking sha256), trains with the ExecuTorch runtime, posts heartbeats
 and the result; the user downloads the adapter, ``peft`` loads it onto the base model and its logits are those of
-the device's B. Runs on SQLite and, when configured, on PostgreSQL; both share one artifact directory, so the
-second run finds the program compiled (the cache path).
+the device's B. Runs on SQLite and, when configured, on PostgreSQL; both share one artifact directory.
+
+The artifact directory's compile cache is seeded with the suite's ``TINY_Q4`` program (``SPEC`` is its job), as a
+server that compiled it before would have it: a real compile of a training program in a server's worker process is
+the subject of ``tests/test_demo.py`` (and of ``tests/server/test_celery.py``'s export killed mid-compile), and
+saving an export here keeps the suite within its time.
 """
 
 from __future__ import annotations
@@ -24,28 +28,20 @@ from transformers import AutoConfig
 from tests.server.conftest import pg_schema
 from tests.server.factories import ADMIN_TOKEN, bearer
 from tests.server.live import server_process
+from tests.utils.program_cache import seed_server_program
+from tests.utils.programs import TINY_Q4, TINY_Q4_JOB
 from tests.utils.tolerance import loss_rtol
 
 pytestmark = pytest.mark.slow
 
-SPEC = {
-    "model": "tiny",
-    "task": "sst2",
-    "q": 2,
-    "batch_size": 4,
-    "steps": 4,
-    "lr": 0.5,
-    "eps": 0.05,
-    "rank": 4,
-    "alpha": 8.0,
-    "seq_len": 48,
-    "seed": 3,
-}
+SPEC = {**TINY_Q4_JOB, "steps": 4}
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("artifacts")
+def artifacts(tmp_path_factory, tiny_model_dir, program_factory) -> Path:
+    folder = tmp_path_factory.mktemp("artifacts")
+    assert seed_server_program(folder, tiny_model_dir, SPEC, program_factory) == TINY_Q4
+    return folder
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

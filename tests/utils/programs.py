@@ -18,6 +18,20 @@ TINY_Q4 = ProgramConfig(
     objective="classification",
     candidates=(392, 373),
 )
+# A job (``JobCreate`` fields, without its steps) whose program a server resolves to ``TINY_Q4``: the end-to-end
+# tests' servers find it compiled (``tests.utils.program_cache.seed_server_program``), so one export serves them all.
+TINY_Q4_JOB = {
+    "model": "tiny",
+    "task": "sst2",
+    "q": 4,
+    "batch_size": 8,
+    "seq_len": 16,
+    "rank": 4,
+    "alpha": 8.0,
+    "lr": 0.5,
+    "eps": 0.05,
+    "seed": 3,
+}
 # The same four-query program with 4-bit groupwise base linears and int8 dynamic activations (shared.quantize).
 TINY_Q4_8DA4W = TINY_Q4.model_copy(update={"quantize": "8da4w"})
 
