@@ -83,6 +83,30 @@ def smollm2_dir(smollm2_import: Path, tmp_path_factory: pytest.TempPathFactory) 
     return Path(shutil.copytree(smollm2_import / "model", tmp_path_factory.mktemp("smollm2") / "model"))
 
 
+def _program_factory(model_dir: Path, store: Path):
+    """``make(cfg) -> (pte_path, manifest)``: programs of the model in ``model_dir``, exported once per machine
+    (``tests/utils/program_cache.py``), their weights files in ``store`` as on a server."""
+    from shared.manifest import ProgramConfig, ProgramManifest, read_manifest
+    from shared.program import export_program
+    from tests.utils.program_cache import cached_export
+
+    made: dict[ProgramConfig, tuple[Path, ProgramManifest]] = {}
+
+    def make(cfg: ProgramConfig) -> tuple[Path, ProgramManifest]:
+        if cfg not in made:
+            pte = cached_export(
+                "program",
+                model_dir,
+                cfg,
+                store,
+                lambda out, to: export_program(model_dir, cfg, out, to, progress=lambda _: None),
+            )
+            made[cfg] = (pte, read_manifest(pte))
+        return made[cfg]
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def program_factory(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """``make(cfg) -> (pte_path, manifest)``: programs of the tiny model, exported once per machine.
@@ -91,26 +115,28 @@ def program_factory(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     (``tests/utils/program_cache.py``; the configs the suite shares are in ``tests/utils/programs.py``). Weights
     files land in one store, as on the server.
     """
-    from shared.manifest import ProgramConfig, ProgramManifest, read_manifest
-    from shared.program import export_program
-    from tests.utils.program_cache import cached_export
+    return _program_factory(tiny_model_dir, tmp_path_factory.mktemp("programs"))
 
-    store = tmp_path_factory.mktemp("programs")
-    made: dict[ProgramConfig, tuple[Path, ProgramManifest]] = {}
 
-    def make(cfg: ProgramConfig) -> tuple[Path, ProgramManifest]:
-        if cfg not in made:
-            pte = cached_export(
-                "program",
-                tiny_model_dir,
-                cfg,
-                store,
-                lambda out, to: export_program(tiny_model_dir, cfg, out, to, progress=lambda _: None),
-            )
-            made[cfg] = (pte, read_manifest(pte))
-        return made[cfg]
+@pytest.fixture(scope="session")
+def one_layer_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with one layer, for tests whose subject is the graph of one step rather than the model: its
+    exports cost about 0.7x the two-layer model's (``TINY_Q1`` on XNNPACK: 28 s against 40 s, alone on a 2-core x86
+    VM). Built once per machine and copied for the session."""
+    import shutil
 
-    return make
+    from shared.tiny_model import corpus_files, make_tiny_model
+    from tests.utils.program_cache import cached_model
+
+    recipe = "make_tiny_model(seed=0, layers=1)"
+    built = cached_model(recipe, lambda out: make_tiny_model(out, seed=0, layers=1), corpus_files())
+    return Path(shutil.copytree(built, tmp_path_factory.mktemp("one-layer") / "model"))
+
+
+@pytest.fixture(scope="session")
+def one_layer_program_factory(one_layer_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``program_factory`` for ``one_layer_model_dir``."""
+    return _program_factory(one_layer_model_dir, tmp_path_factory.mktemp("one-layer-programs"))
 
 
 @pytest.fixture(scope="session")

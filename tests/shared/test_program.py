@@ -122,22 +122,23 @@ def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir
 
 
 @pytest.mark.parametrize("parallel", ["outer", "inner", "none"])
-def test_every_schedule_takes_the_same_step_in_a_pte(programs, program_factory, tiny_model_dir, parallel):
+def test_every_schedule_takes_the_same_step_in_a_pte(one_layer_program_factory, one_layer_model_dir, parallel):
     """A program of each schedule and the eager ``both`` step, from the same B on the same batch and seed: one
     mathematics, so they differ only by float32 rounding (the eager schedules: tests/shared/test_zo.py).
 
     The schedule is the graph's grouping of its 2q paths, which the lowering does not touch: these programs run on
     the portable kernels, a third of an XNNPACK export (one delegate per base linear of every pass); XNNPACK's
     lowering of the step is the ``both`` programs' subject above. q = 2: each schedule already groups its paths
-    its own way, and ``none`` unrolls 2q passes."""
-    folder, by_q = programs
+    its own way, and ``none`` unrolls 2q passes. The model has one layer (``one_layer_model_dir``): the grouping is
+    the same in every layer."""
     cfg = TINY_Q4.model_copy(update={"q": 2, "batch_size": 4, "parallel": parallel, "backend": "portable"})
-    pte, manifest = program_factory(cfg)
+    pte, manifest = one_layer_program_factory(cfg)
     assert manifest.config.parallel == parallel
-    eager = _eager(tiny_model_dir, cfg.model_copy(update={"parallel": "both"}))
+    eager = _eager(one_layer_model_dir, cfg.model_copy(update={"parallel": "both"}))
+    assert eager.model.config.num_hidden_layers == 1
     b0 = torch.randn(manifest.lora_size, generator=torch.Generator().manual_seed(5)) * 0.05
     batch = _batches(cfg, eager.model.config.vocab_size)[0]
-    device = Device(manifest, pte.parent, store=folder)
+    device = Device(manifest, pte.parent)
     device.set_b(b0)
     losses, g = device.step(batch, seed=3)
     with torch.no_grad():

@@ -38,8 +38,8 @@ TINY_Q4_8DA4W = TINY_Q4.model_copy(update={"quantize": "8da4w"})
 
 def weights_files(folder: Path) -> tuple[set[str], set[str]]:
     """(every .ptd in ``folder``, the .ptd files its float32 XNNPACK programs' manifests name). The session's program
-    folder also holds 8da4w programs, whose quantized weights are a file of their own, and portable ones (the
-    schedule tests'), whose weights are stored under other keys than XNNPACK's, so in a file of their own too."""
+    folder also holds 8da4w programs, whose quantized weights are a file of their own, and may hold portable ones,
+    whose weights are stored under other keys than XNNPACK's, so in a file of their own too."""
     import json
 
     named: set[str] = set()
