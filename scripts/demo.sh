@@ -52,7 +52,8 @@ say "the device: enroll with a one-time code; its private data stays in $WORK/de
 mkdir -p "$WORK/device-data/sst2"
 head -n 2000 "$DATA/sst2/train.jsonl" > "$WORK/device-data/sst2/train.jsonl"
 CODE=$(mobizo enroll-code --json | json '["code"]')
-mobizo agent enroll --server "$MOBIZO_SERVER" --code "$CODE" --name demo-device --config "$WORK/agent.json"
+# the code on standard input, not on the command line (where the process list would show it)
+printf '%s\n' "$CODE" | mobizo agent enroll --server "$MOBIZO_SERVER" --name demo-device --config "$WORK/agent.json"
 
 say "the user: submit an SST-2 job (q=4 queries x E=4 examples, $STEPS steps)"
 JOB=$(mobizo jobs submit --model demo-model --task sst2 --q 4 --batch-size 16 --steps "$STEPS" ${RATE[@]+"${RATE[@]}"} \

@@ -48,7 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     enroll = sub.add_parser("enroll", help="register this device with a one-time code; stores its token")
     enroll.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:8000")
-    enroll.add_argument("--code", required=True, help="a one-time enrollment code (mobizo enroll-code)")
+    enroll.add_argument(
+        "--code",
+        help="the one-time enrollment code (mobizo enroll-code); without it, $MOBIZO_ENROLLMENT_CODE or a line of "
+        "standard input (asked for on a terminal), which the process list does not show",
+    )
     enroll.add_argument("--name", help="this device's name (default: the host name)")
     enroll.add_argument("--backend", choices=DEVICE_BACKENDS, default="executorch", help="how this device trains")
     enroll.add_argument("--config", type=Path, help="where to keep the token (default: ~/.config/mobizo/agent.json)")
@@ -157,6 +161,24 @@ def _memory_mb(args: argparse.Namespace) -> int | None:
     return free_memory_mb()
 
 
+def _enrollment_code(given: str | None) -> str:
+    """``--code``, else ``$MOBIZO_ENROLLMENT_CODE``, else a line of standard input (a prompt without echo on a
+    terminal): a code on the command line shows in the process list while it is being used."""
+    import getpass
+    import os
+    import sys
+
+    from shared.errors import UsageError
+
+    code = given or os.environ.get("MOBIZO_ENROLLMENT_CODE")
+    if not code:
+        code = getpass.getpass("enrollment code: ") if sys.stdin.isatty() else sys.stdin.readline()
+    code = code.strip()
+    if not code:
+        raise UsageError("code", "no enrollment code: give --code, MOBIZO_ENROLLMENT_CODE or a line on standard input")
+    return code
+
+
 def _enroll(args: argparse.Namespace) -> int:
     import platform
     import socket
@@ -170,7 +192,7 @@ def _enroll(args: argparse.Namespace) -> int:
 
     system = "android (adb)" if args.backend == "adb" else platform.platform(terse=True)
     body = DeviceCreate(
-        code=args.code,
+        code=_enrollment_code(args.code),
         name=args.name or socket.gethostname(),
         platform=system[:128],
         backend=args.backend,

@@ -96,8 +96,6 @@ class Stack:
                 "enroll",
                 "--server",
                 self.url,
-                "--code",
-                code,
                 "--backend",
                 backend,
                 "--name",
@@ -105,6 +103,7 @@ class Stack:
                 "--config",
                 str(config),
             ],
+            input=f"{code}\n",  # on standard input, as a careful user gives it: not in the process list
             env=agent_env(env),
             capture_output=True,
             text=True,

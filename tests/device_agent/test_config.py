@@ -68,3 +68,24 @@ def test_bad_values_are_refused() -> None:
         AgentConfig("http://x", "d", "t", backend="tpu")
     with pytest.raises(MobizoError, match="http"):
         AgentConfig("ftp://x", "d", "t")
+
+
+def test_enroll_without_a_code_names_the_flag_and_sends_nothing(monkeypatch, capsys) -> None:
+    """No --code, no MOBIZO_ENROLLMENT_CODE and an empty standard input: a usage error naming --code, before any
+    request (the server's address is one where nothing listens)."""
+    import io
+
+    from mobizo.cli import main
+
+    monkeypatch.delenv("MOBIZO_ENROLLMENT_CODE", raising=False)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["agent", "enroll", "--server", "http://127.0.0.1:9", "--config", "/nonexistent/agent.json"]) == 2
+    assert "argument --code: no enrollment code" in capsys.readouterr().err
+
+
+def test_enroll_takes_the_code_from_the_environment(monkeypatch) -> None:
+    from device_agent.commands.agent import _enrollment_code
+
+    monkeypatch.setenv("MOBIZO_ENROLLMENT_CODE", " ABCD-EFGH-JKLM\n")
+    assert _enrollment_code(None) == "ABCD-EFGH-JKLM"
+    assert _enrollment_code("WXYZ") == "WXYZ"  # --code first
