@@ -204,6 +204,9 @@ class SharedOwnerLimit:
         self._redis = redis.Redis.from_url(redis_url)
         self._per_owner, self._ttl_s = per_owner, ttl_s
 
+    def full(self, owner: Hashable) -> bool:
+        return int(self._redis.get(f"mobizo:verifying:{owner}") or 0) >= self._per_owner
+
     @contextmanager
     def hold(self, owner: Hashable | None) -> Iterator[None]:
         if owner is None:
@@ -260,6 +263,9 @@ class CeleryVerifyPool:
             finally:
                 if spool:
                     self._shared.delete_prefix(spool)
+
+    def owner_full(self, owner: Hashable) -> bool:
+        return self._owners.full(owner)
 
     def _wait(self, result: AsyncResult, timeout: float | None) -> dict[str, Any]:
         """Poll the result backend (thread-safe, unlike the backend's push consumer shared by request threads)."""

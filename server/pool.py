@@ -128,6 +128,11 @@ class OwnerLimit:
         with self._lock:
             return sum(self._owners.values()) if owner is None else self._owners.get(owner, 0)
 
+    def full(self, owner: Hashable) -> bool:
+        """Whether every one of ``owner``'s places is taken now (a ``hold`` would raise ``OwnerBusy``)."""
+        with self._lock:
+            return self._per_owner is not None and self._owners.get(owner, 0) >= self._per_owner
+
     @contextmanager
     def hold(self, owner: Hashable | None) -> Iterator[None]:
         """One of ``owner``'s places for the length of the block; ``OwnerBusy`` at once when none is free."""
@@ -180,6 +185,10 @@ class WorkerPool:
         """
         with self._owners.hold(owner):
             return self._run(fn, args, timeout, key)
+
+    def owner_full(self, owner: Hashable) -> bool:
+        """Whether ``owner`` has ``per_owner`` tasks running or waiting now (a ``run`` would raise ``OwnerBusy``)."""
+        return self._owners.full(owner)
 
     def _run(self, fn: Callable[..., T], args: tuple, timeout: float | None, key: Hashable | None) -> T:
         worker = self._free.get()

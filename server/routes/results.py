@@ -34,7 +34,7 @@ from server.router import Router
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program
-from server.uploads import BodyPace, received_parts, run_verification, spool_part
+from server.uploads import BodyPace, received_parts, refuse_while_verifying, run_verification, spool_part
 from server.verify import (
     METRICS_LIMIT,
     ResultRejected,
@@ -231,6 +231,7 @@ def upload_result(
     ctx = _context(session, job, device)
     init = store.adapter_b(session.get_one(Adapter, job.init_adapter_id).b_sha256) if job.init_adapter_id else None
     session.commit()  # no transaction (and on SQLite no write lock) while receiving and replaying
+    refuse_while_verifying(pool, device.user_id)
     slot = partial(slots.hold, device.id, device.user_id)  # taken when the body starts to arrive
     receiving = received_parts(
         request, store, upload_limit(ctx), RESULT_PARTS, ("b_flat",), BodyPace.of(settings), slot

@@ -34,7 +34,7 @@ from server.limits import ROUND_UPLOAD, upload_body_limit
 from server.responses import FILE_RESPONSE, IfNoneMatch, errors, field_error, not_found, serve_file
 from server.router import Router
 from server.tables import Job, Program, Round, RoundClient, utcnow
-from server.uploads import BodyPace, received_parts, run_verification, spool_part
+from server.uploads import BodyPace, received_parts, refuse_while_verifying, run_verification, spool_part
 from server.verify import METRICS_LIMIT, ResultRejected, check_step_count, log_limit, parse_metrics, replay_log_only
 from shared.manifest import ProgramManifest
 from shared.schemas import (
@@ -191,6 +191,7 @@ def upload_log(
     init = store.adapter_b(round_.b_sha256)
     spec_limit = log_limit(federation.client_spec(job, client))
     session.commit()
+    refuse_while_verifying(pool, client.user_id)
     slot = partial(slots.hold, client.device_id, client.user_id)  # taken when the body starts to arrive
     limit = upload_body_limit(spec_limit, METRICS_LIMIT)
     with received_parts(request, store, limit, LOG_PARTS, (), BodyPace.of(settings), slot) as (parts, tmp):

@@ -2,8 +2,9 @@
 
 A real server on loopback with real verify worker processes (the compile queue is the fake one: programs are
 instant). User A uploads a long log whose B the log does not give; while it replays, A's second upload is told to
-wait (429 Retry-After), user B's small valid uploads go through, and when A's replay runs past the timeout it is
-stopped (503 Retry-After, its worker killed and replaced) and B's next upload still succeeds.
+wait (429 Retry-After) before any of its body is read, user B's small valid uploads go through, and when A's
+replay runs past the timeout it is stopped (503 Retry-After, its worker killed and replaced) and B's next upload
+still succeeds.
 """
 
 from __future__ import annotations
@@ -88,6 +89,31 @@ def _upload(device: httpx.Client, job_id: int, b: bytes, log: str) -> httpx.Resp
     return device.post(f"/v1/jobs/{job_id}/result", files=files)
 
 
+def _withheld_upload(url: str, device: httpx.Client, job_id: int) -> tuple[str, int]:
+    """An upload's head announcing a 1 MB body, of which nothing is sent → (the answer's status line, its
+    Retry-After). Within 5 s, or ``TimeoutError``: a server that reads the body first waits for it far longer."""
+    import socket
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    head = (
+        f"POST /v1/jobs/{job_id}/result HTTP/1.1\r\nHost: {address.netloc}\r\n"
+        f"Authorization: {device.headers['authorization']}\r\n"
+        "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 1000000\r\n\r\n"
+    )
+    with socket.create_connection((address.hostname, address.port), timeout=5) as sock:
+        sock.sendall(head.encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    lines = answer.decode(errors="replace").split("\r\n")
+    retry = [line.split(":", 1)[1] for line in lines if line.lower().startswith("retry-after:")]
+    return lines[0], int(retry[0]) if retry else 0
+
+
 def _valid_upload(user: dict) -> tuple[httpx.Response, float]:
     lease = _lease(user, 0, SMALL)
     b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
@@ -120,6 +146,8 @@ def test_a_noisy_tenant_is_limited_stopped_and_starves_no_one(live):
         time.sleep(0.05)
 
     second = _lease(alice, 1, SMALL)
+    status_line, retry_after = _withheld_upload(live["url"], alice["devices"][1], second["job_id"])
+    assert status_line.startswith("HTTP/1.1 429") and retry_after > 0  # refused before any of the body was read
     b, log = fake_training(second["spec"], second["manifest"]["lora_size"])
     r = _upload(alice["devices"][1], second["job_id"], b_flat_bytes(b), log)
     assert r.status_code == 429 and int(r.headers["retry-after"]) > 0, r.text
