@@ -121,6 +121,9 @@ class InlinePool:
     def run(self, fn, *args, timeout=None, key=None, owner=None):
         return fn(*args)
 
+    def owner_full(self, owner) -> bool:
+        return False  # no task waits: each runs in the request that asked for it
+
     def close(self) -> None:
         pass
 

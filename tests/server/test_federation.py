@@ -218,7 +218,7 @@ def test_a_round_short_of_m_clients_is_reopened_once_then_the_job_fails(client: 
     assert rounds(client, job["id"])[0]["status"] == "failed"
 
 
-class _PackagingDiesOnce:
+class _PackagingDiesOnce(InlinePool):
     """A verify pool whose first packaging task's worker dies (as an OOM kill would); every other task runs in the
     test process."""
 
