@@ -35,17 +35,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: a module's tests keep their order
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A seeded tiny Llama (2 layers, hidden 64, vocab 512) in Hugging Face layout, built once per machine
+def _tiny_model(tmp_path_factory: pytest.TempPathFactory, recipe: str, **kwargs) -> Path:
+    """``make_tiny_model(out, seed=0, **kwargs)`` (``recipe`` names it), built once per machine
     (``tests/utils/program_cache.py``) and copied for the session."""
     import shutil
 
     from shared.tiny_model import corpus_files, make_tiny_model
     from tests.utils.program_cache import cached_model
 
-    built = cached_model("make_tiny_model(seed=0)", lambda out: make_tiny_model(out, seed=0), corpus_files())
+    built = cached_model(recipe, lambda out: make_tiny_model(out, seed=0, **kwargs), corpus_files())
     return Path(shutil.copytree(built, tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A seeded tiny Llama (2 layers, hidden 64, vocab 512) in Hugging Face layout."""
+    return _tiny_model(tmp_path_factory, "make_tiny_model(seed=0)")
 
 
 @pytest.fixture(scope="session")
@@ -122,15 +127,8 @@ def program_factory(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 def one_layer_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama with one layer, for tests whose subject is the graph of one step rather than the model: its
     exports cost about 0.7x the two-layer model's (``TINY_Q1`` on XNNPACK: 28 s against 40 s, alone on a 2-core x86
-    VM). Built once per machine and copied for the session."""
-    import shutil
-
-    from shared.tiny_model import corpus_files, make_tiny_model
-    from tests.utils.program_cache import cached_model
-
-    recipe = "make_tiny_model(seed=0, layers=1)"
-    built = cached_model(recipe, lambda out: make_tiny_model(out, seed=0, layers=1), corpus_files())
-    return Path(shutil.copytree(built, tmp_path_factory.mktemp("one-layer") / "model"))
+    VM)."""
+    return _tiny_model(tmp_path_factory, "make_tiny_model(seed=0, layers=1)", layers=1)
 
 
 @pytest.fixture(scope="session")
