@@ -66,8 +66,13 @@ class Tenant:
             self.devices.append(httpx.Client(base_url=url, headers=bearer(token), timeout=600))
 
     def lease(self, device: int, spec: dict) -> dict:
-        self.http.post("/v1/jobs", json=spec).raise_for_status()
-        return self.devices[device].post("/v1/leases").raise_for_status().json()
+        return submit_and_lease(self.http, self.devices[device], spec)
+
+
+def submit_and_lease(user: httpx.Client, device: httpx.Client, spec: dict) -> dict:
+    """The user submits a job of ``spec`` (compiled at once) and the device leases it → the lease."""
+    user.post("/v1/jobs", json=spec).raise_for_status()
+    return device.post("/v1/leases").raise_for_status().json()
 
 
 def upload(device: httpx.Client, job_id: int, b: np.ndarray, log: str, steps: int) -> httpx.Response:
@@ -104,8 +109,7 @@ def _attack(url: str, key: str, token: str, spec: dict, stop, answers, ready) ->
     device = httpx.Client(base_url=url, headers=bearer(token), timeout=600)
 
     def lease() -> tuple[dict, np.ndarray, str]:
-        user.post("/v1/jobs", json=spec).raise_for_status()
-        leased = device.post("/v1/leases").raise_for_status().json()
+        leased = submit_and_lease(user, device, spec)
         return (leased, *forged(leased["spec"], leased["manifest"]["lora_size"]))
 
     leased, b, log = lease()
