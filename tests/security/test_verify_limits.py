@@ -34,8 +34,25 @@ from tests.server.factories import (
 from tests.server.live import app_in_thread
 
 TIMEOUT_S = 8.0
-NOISY = {"model": "tiny", "task": "sst2", "q": 1, "batch_size": 1, "steps": 30_000, "rank": 256}  # D = 6144
+NOISY = {"model": "tiny", "task": "sst2", "q": 1, "batch_size": 1, "rank": 256}  # D = 6144; steps: noisy_steps()
 SMALL = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 3, "rank": 2}
+
+
+def noisy_steps(d: int = 6144) -> int:
+    """Steps whose replay takes about four verify timeouts on this machine, measured here (a replay step at D = 6144
+    took 0.22 ms on an idle 2-core VM and over 0.3 ms on a slower one: a fixed count ran past the timeout on one
+    machine and not on the other); at least 30,000."""
+    import math
+
+    import torch
+
+    from shared.replay import replay
+
+    log = [{"seed": step_seed(3, k), "lr": 1e-3, "g": [0.5]} for k in range(500)]
+    start = time.perf_counter()
+    replay(torch.zeros(d), log)
+    per_step = (time.perf_counter() - start) / len(log)
+    return min(1_000_000, max(30_000, math.ceil(4 * TIMEOUT_S / per_step)))
 
 
 def noisy_log(spec: dict) -> str:
@@ -128,7 +145,7 @@ def test_a_noisy_tenant_is_limited_stopped_and_starves_no_one(live):
         r, _ = _valid_upload(bob)
         assert r.status_code == 201, r.text
 
-    noisy = _lease(alice, 0, NOISY)
+    noisy = _lease(alice, 0, {**NOISY, "steps": noisy_steps()})
     noisy_b = b_flat_bytes(np.zeros(noisy["manifest"]["lora_size"], np.float32))
     outcome: dict = {}
 
