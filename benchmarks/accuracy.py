@@ -14,8 +14,11 @@ from the same start and on the same batches; the learning rate whose pilot ends 
 wins (over a short pilot the loss separates learning rates long before the accuracy does), and the winning pilot is
 simply continued to ``--steps`` (its checkpoint is a valid start, see ``shared.checkpoint``). Validation accuracy
 and loss are recorded every ``--eval-every`` K steps; the table's figure is the TEST accuracy of the adapter at the
-best validation accuracy. Training is the eager loop of ``mobizo train`` (``shared.train.train``, the same
-mathematics as the device program, which the suite checks), not the ExecuTorch program.
+best validation accuracy. Training is the loop of ``mobizo train`` (``shared.train.train``); its step is the eager
+one (``--runner eager``, the same mathematics as the device program, which the suite checks) or, with ``--runner
+program``, the ExecuTorch training program a user's job runs on a device (exported once per configuration into
+``OUT/programs/``, run in the ExecuTorch runtime: ``device_agent.et_program.ProgramStep``), for the LoRA ZO methods.
+Evaluation scores the adapter's B eagerly either way (the scoring of ``mobizo eval``).
 
 Everything is resumable: data samples, pilots, runs and results are files under ``--out``; runs checkpoint every
 K steps (atomically); a finished piece is read back instead of recomputed, so a killed run continues where it
@@ -23,6 +26,8 @@ stopped when the same command is run again. Outputs: the table on stdout, ``OUT/
 and ``OUT/curves.png``.
 
     python -m benchmarks.accuracy --model DIR --tasks sst2,rte,boolq --steps 20000 --device cuda --out runs/acc
+    python -m benchmarks.accuracy --model DIR --runner program --methods zero-shot,mobizo-q4 --lr mobizo-q4=1e-2 \
+        --tasks sst2 --steps 200 --out runs/acc-program
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from shared.files import atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame
 from shared.lora import inject_lora
 from shared.tasks import SAMPLES_DIR, TASK_DATA_ENV, get_task, task_data_dir, with_chat
-from shared.train import METRICS_FILE, TrainConfig, train
+from shared.train import METRICS_FILE, StepFactory, TrainConfig, train
 
 TASK_FILES = {  # task → (file the train/validation samples come from, test file or None: the rest of the pool)
     "sst2": ("sst2/train.jsonl", "sst2/validation.jsonl"),
@@ -79,6 +84,8 @@ METHODS: dict[str, Method | None] = {
     "mezo": Method("mezo", eps=1e-3, lrs=(1e-6, 5e-7, 1e-7)),  # the paper's MeZO full grid
 }
 DEFAULT_METHODS = "zero-shot,fo-lora,mezo-lora,mobizo-q1,mobizo-q4,mobizo-q16"
+RUNNERS = ("eager", "program")
+PROGRAM_METHODS = ("zero-shot", "mezo-lora", "mobizo-q1", "mobizo-q4", "mobizo-q16")  # what --runner program runs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,10 +100,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--eval-every", type=int, default=100, metavar="K", help="validation (and checkpoint) every K steps")
     add("--lr", action="append", default=[], metavar="METHOD=LR,LR", help="a method's learning-rate grid")
     add("--batch-size", type=int, default=16, help="examples per step (q·E)")
+    add("--rank", type=int, default=defaults.RANK, help="LoRA rank")
+    add("--alpha", type=float, default=defaults.ALPHA, help="LoRA alpha")
     add("--n-train", type=int, default=1000)
     add("--n-val", type=int, default=500)
     add("--n-test", type=int, default=1000)
-    add("--seq-len", type=int, help="cut prompts from the left to this many tokens (default: no cut)")
+    add(
+        "--seq-len",
+        type=int,
+        help="cut prompts from the left to this many tokens (default: no cut; the program's "
+        f"length with --runner program, default {defaults.SEQ_LEN})",
+    )
+    add(
+        "--runner",
+        choices=RUNNERS,
+        default="eager",
+        help="the training step: eager (shared.zo) or program (the device's ExecuTorch program, exported once into "
+        f"OUT/programs; methods {', '.join(PROGRAM_METHODS)})",
+    )
     add("--sample-seed", type=int, default=0, help="seeds the train/validation/test samples")
     add("--seed", type=int, default=defaults.SEED, help="run seed (batch order and step seeds)")
     add("--device", default="cpu", help="cpu or cuda")
@@ -191,6 +212,8 @@ def run_config(
         dtype=args.dtype,
         device=args.device,
         seq_len=args.seq_len,
+        rank=args.rank,
+        alpha=args.alpha,
         eval_every=args.eval_every,
         checkpoint_every=None if method.method == "mezo" else args.eval_every,
         chat_template=args.chat_template,
@@ -208,13 +231,13 @@ def finished(out: Path, steps: int) -> dict[str, Any] | None:
     return None
 
 
-def train_once(config: TrainConfig) -> dict[str, Any]:
+def train_once(config: TrainConfig, step_factory: StepFactory | None = None) -> dict[str, Any]:
     """Train (resuming from a checkpoint) unless a finished run is there; prints one line per run."""
     done = finished(Path(config.out), config.steps)
     if done is not None:
         return done
     begin = time.perf_counter()
-    metrics = train(config, progress=False)
+    metrics = train(config, progress=False, step_factory=step_factory)
     print(f"  {config.out}: {config.steps} steps in {time.perf_counter() - begin:.0f} s", file=sys.stderr, flush=True)
     return metrics
 
@@ -227,7 +250,8 @@ def pick_lr(
     steps = min(args.pilot_steps, args.steps)
     pilots = []
     for lr in grid:
-        metrics = train_once(run_config(args, task, files, method, lr, base / f"pilot-lr{lr:g}", steps))
+        config = run_config(args, task, files, method, lr, base / f"pilot-lr{lr:g}", steps)
+        metrics = train_once(config, program_steps(args, config))
         pilots.append({"lr": lr, "steps": steps, "eval": metrics["eval"]})
     best = min(pilots, key=lambda p: p["eval"][-1]["loss"])
     return best["lr"], pilots
@@ -238,7 +262,7 @@ def train_method(
 ) -> dict[str, Any]:
     """Pilots, then the winning pilot continued to ``--steps``; returns the run's summary (no test yet)."""
     method = METHODS[name]
-    base = args.out / "runs" / task / name
+    base = args.out / "runs" / task / (name if args.runner == "eager" else f"{name}-program")
     if len(grid) == 1:
         lr, pilots = grid[0], []
     else:
@@ -247,8 +271,56 @@ def train_method(
     pilot = base / f"pilot-lr{lr:g}" / CHECKPOINT_DIR
     if pilots and not (main / CHECKPOINT_DIR).exists() and pilot.is_dir():
         shutil.copytree(pilot, main / CHECKPOINT_DIR)  # continue the winning pilot
-    metrics = train_once(run_config(args, task, files, method, lr, main, args.steps))
+    config = run_config(args, task, files, method, lr, main, args.steps)
+    metrics = train_once(config, program_steps(args, config))
     return {"lr": lr, "pilots": pilots, "metrics": metrics, "out": main}
+
+
+def program_steps(args: argparse.Namespace, config: TrainConfig) -> StepFactory | None:
+    """With ``--runner program``: the run's step taken by its exported program in the ExecuTorch runtime (exported
+    on first use into ``OUT/programs/<key>``, reused by every run of that configuration)."""
+    if args.runner == "eager":
+        return None
+
+    def make(program, lora, pad_id: int):
+        from device_agent.et_program import ProgramStep
+        from shared.manifest import read_manifest
+
+        pte = exported_program(args.model, program, args.out / "programs")
+        manifest = read_manifest(pte)
+        if manifest.lora_size != lora.size:
+            raise SystemExit(f"{pte}: B of {manifest.lora_size} floats, the run's LoRA has {lora.size}")
+        return ProgramStep(pte, pte.parent / manifest.ptd.file, program, config.eps, pad_id, manifest.lora_size)
+
+    return make
+
+
+def program_entry(model: Path, program, folder: Path) -> Path:
+    """The folder in ``folder`` that holds the export of ``program`` (a ``ProgramConfig``) for ``model``."""
+    import hashlib
+
+    from shared.manifest import FORMAT_VERSION
+    from shared.model_files import model_sha256
+
+    blob = json.dumps({"model": model_sha256(model), "config": program.model_dump(mode="json"), "v": FORMAT_VERSION})
+    return folder / hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def exported_program(model: Path, program, folder: Path) -> Path:
+    """The ``.pte`` of ``program`` (a ``ProgramConfig``) for ``model`` in ``folder``, exported there the first time
+    (atomically: a killed export leaves nothing) → its path. Prints the export's seconds."""
+    from shared.files import publish_once
+    from shared.program import export_program
+
+    entry = program_entry(model, program, folder)
+    if not (entry / "program.pte").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        begin = time.perf_counter()
+        say = partial(print, file=sys.stderr, flush=True)
+        publish_once(entry, lambda tmp: export_program(model, program, tmp / "program.pte", tmp, progress=say))
+        atomic_write_bytes(entry / "export_s.txt", f"{time.perf_counter() - begin:.1f}\n".encode())
+        say(f"  exported {entry} in {time.perf_counter() - begin:.0f} s")
+    return entry / "program.pte"
 
 
 class Scorer:
@@ -256,7 +328,7 @@ class Scorer:
 
     def __init__(self, args: argparse.Namespace, task: str) -> None:
         self.model, self.tokenizer = load_model(args.model, args.dtype, args.device)
-        self.lora = inject_lora(self.model, defaults.TARGETS, defaults.RANK, defaults.ALPHA, defaults.A_SEED)
+        self.lora = inject_lora(self.model, defaults.TARGETS, args.rank, args.alpha, defaults.A_SEED)
         frame = model_chat_frame(args.model) if args.chat_template else None
         self.task, self.seq_len = with_chat(get_task(task), frame), args.seq_len
 
@@ -358,7 +430,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes[1][col].set_title(f"{task}: validation loss (nats, answer token)")
         axes[1][col].set_xlabel("step")
         axes[0][col].legend(fontsize=8)
-    title = f"{Path(results['model']).name}: batch {results['batch_size']}, eager training ({results['device']})"
+    how = "eager training" if results.get("runner", "eager") == "eager" else "training through the device program"
+    title = f"{Path(results['model']).name}: batch {results['batch_size']}, {how} ({results['device']})"
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     buffer = path.with_suffix(".tmp.png")
@@ -375,6 +448,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown task or method: {', '.join(unknown)}")
     grids = lr_grids(args)
+    if args.runner == "program":
+        off = [m for m in methods if m not in PROGRAM_METHODS]
+        if off:
+            raise SystemExit(
+                f"--runner program: {', '.join(off)} has no device program (use {', '.join(PROGRAM_METHODS)})"
+            )
+        if args.device != "cpu" or args.dtype != "float32":
+            raise SystemExit("--runner program: the program runs float32 on the CPU (--device cpu --dtype float32)")
+        args.seq_len = args.seq_len or defaults.SEQ_LEN
     args.data_dir = args.data_dir or task_data_dir()
     check_pools(args.data_dir, tasks, args)
     results = {
@@ -382,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "batch_size": args.batch_size,
         "steps": args.steps,
-        "training": "eager (shared.train)",
+        "training": "eager (shared.train)" if args.runner == "eager" else "program (ExecuTorch runtime)",
+        "runner": args.runner,
         "chat_template": args.chat_template,
         "tasks": {task: run_task(args, task, methods, grids) for task in tasks},
     }

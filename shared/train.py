@@ -21,6 +21,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from shared.evaluate import evaluate
 from shared.files import atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame, resolve_dtype
 from shared.lora import MPLoRA, inject_lora
-from shared.manifest import examples_per_query
+from shared.manifest import ProgramConfig, examples_per_query
 from shared.memory import peak_rss_mb
 from shared.noise import MAX_SEED, step_seed
 from shared.schedule import check_schedule, lr_at
@@ -287,10 +288,47 @@ class _Run:
     eval: list[Rendered] | None
     objective: str
     candidates: torch.Tensor | None  # the classification objective's candidate ids, on the model's device
+    answer_len: int | None  # the objective's answer columns (None: the longest answer of each batch)
 
 
-def _prepare(config: TrainConfig, task: Task) -> _Run:
-    """Load data first (a bad file fails fast), then the model; inject LoRA for the LoRA methods."""
+# Another implementation of a run's step, in MethodStep's place: ``factory(program, lora, pad_id) -> step`` with
+# MethodStep's ``b``, ``device`` and ``step(batch, seed, lr) -> (losses, g)``, given the program config of the run
+# (``program_config``), its LoRA layout and the tokenizer's pad id. benchmarks/accuracy.py's ``--runner program``
+# passes the exported program in the ExecuTorch runtime: the device's step inside this loop, its data, evaluation and
+# checkpoints.
+StepFactory = Callable[[ProgramConfig, MPLoRA, int], Any]
+
+
+def program_config(config: TrainConfig, objective: str, candidates: tuple[int, ...], answer_len: int | None):
+    """The device program that takes a LoRA run's step: ``config``'s q, batch and adapter, its objective resolved
+    (``shared.data.resolve_objective``); ``mezo-lora`` is the one-query program whose two paths run one after the
+    other (``parallel`` none). ``UsageError`` naming the field a program cannot have."""
+    if config.method not in ("mobizo", "mezo-lora"):
+        raise UsageError("method", f"{config.method} has no device program (mobizo and mezo-lora have)")
+    if config.seq_len is None:
+        raise UsageError("seq_len", "a program has a fixed length: give seq_len")
+    if answer_len is None:
+        raise UsageError("answer_len", "the task's answers come from the data: a program needs their length")
+    one_query = config.method == "mezo-lora"
+    return ProgramConfig(
+        q=1 if one_query else config.q,
+        batch_size=config.batch_size,
+        seq_len=config.seq_len,
+        answer_len=answer_len,
+        rank=config.rank,
+        alpha=config.alpha,
+        targets=tuple(config.targets),
+        a_seed=config.a_seed,
+        parallel="none" if one_query else config.parallel,
+        chat=model_chat_frame(config.model) if config.chat_template else None,
+        objective=objective,
+        candidates=tuple(candidates),
+    )
+
+
+def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None = None) -> _Run:
+    """Load data first (a bad file fails fast), then the model; inject LoRA for the LoRA methods; the step is
+    ``MethodStep``, or what ``step_factory`` makes."""
     rendered = load_examples(task, config.train, config.limit_train)
     held_out = load_examples(task, config.eval, config.limit_eval) if config.eval is not None else None
     device = resolve_device(config.device)
@@ -298,14 +336,17 @@ def _prepare(config: TrainConfig, task: Task) -> _Run:
     lora = None
     if config.method != "mezo":
         lora = inject_lora(model, config.targets, config.rank, config.alpha, config.a_seed)
-    step = MethodStep(config.method, model, lora, config.q, config.parallel, config.lr, config.eps)
-    objective, ids, _ = resolve_objective(task, tokenizer, config.objective)
+    objective, ids, answer_len = resolve_objective(task, tokenizer, config.objective)
+    if step_factory is None:
+        step = MethodStep(config.method, model, lora, config.q, config.parallel, config.lr, config.eps)
+    else:
+        step = step_factory(program_config(config, objective, ids, answer_len), lora, pad_token_id(tokenizer))
     train_set = encode(rendered, tokenizer, config.seq_len)
     candidates = None
     if objective == "classification":
         check_candidates(train_set, ids)
         candidates = torch.tensor(ids, dtype=torch.long, device=device)
-    return _Run(config, task, model, tokenizer, lora, step, train_set, held_out, objective, candidates)
+    return _Run(config, task, model, tokenizer, lora, step, train_set, held_out, objective, candidates, answer_len)
 
 
 def _evaluate(run: _Run, steps_done: int) -> dict[str, Any]:
@@ -458,11 +499,12 @@ def _write_outputs(run: _Run, history: dict[str, list], metrics: dict[str, Any])
     atomic_write_bytes(out / METRICS_FILE, (json.dumps(metrics, indent=2) + "\n").encode())
 
 
-def train(config: TrainConfig, progress: bool = True) -> dict[str, Any]:
-    """Validate, train, write OUT/metrics.json (+ adapter, + log) and return the metrics."""
+def train(config: TrainConfig, progress: bool = True, step_factory: StepFactory | None = None) -> dict[str, Any]:
+    """Validate, train, write OUT/metrics.json (+ adapter, + log) and return the metrics. ``step_factory``: the
+    step taken by something else than the eager ``MethodStep`` (``StepFactory``)."""
     config = with_defaults(config)
     task = validate(config)
-    run = _prepare(config, task)
+    run = _prepare(config, task, step_factory)
     state = _loop(run, progress)
     metrics = _metrics(run, state.history) | {"best_eval": state.best}
     _write_outputs(run, state.history, metrics)

@@ -12,7 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks.accuracy import main, sample_task
+from shared import defaults
 from shared.data import read_jsonl
 from shared.tasks import task_data_dir
 
@@ -98,3 +101,92 @@ def test_the_objective_flag_reaches_each_run(tmp_path: Path) -> None:
     for extra, objective in ((["--objective", "lm"], "lm"), ([], None)):
         args = parse_args(["--model", "m", "--out", str(tmp_path), *extra])
         assert run_config(args, "sst2", files, METHODS["mobizo-q4"], 1e-2, tmp_path, 10).objective == objective
+
+
+def test_the_program_runner_trains_through_the_devices_program(
+    tiny_model_dir: Path, program_factory, tmp_path: Path, monkeypatch
+) -> None:
+    """``--runner program``: every step is the exported program's, on the batches a device builds from the same
+    data (``device_agent.local_data.step_batches``): the run's losses and g are the program's on those batches, bit
+    for bit; its log replays to its B; a run stopped after a checkpoint resumes to the very same B.
+
+    The program is the suite's ``TINY_Q4`` (the run's config, resolved as a device program): the benchmark finds it
+    exported in its folder, as a run that exported it before would."""
+    import shutil
+
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    import device_agent.et_program as et_program
+    from benchmarks.accuracy import program_entry
+    from device_agent.local_data import program_shape, step_batches
+    from shared.checkpoint import load_checkpoint
+    from shared.data import load_examples
+    from shared.manifest import manifest_path
+    from shared.replay import replay
+    from shared.tasks import get_task
+    from shared.train_log import read_log
+    from tests.utils.programs import TINY_Q4
+
+    pte, manifest = program_factory(TINY_Q4)
+    steps, lr = 12, 0.5
+    args = ["--model", str(tiny_model_dir), "--runner", "program", "--tasks", "sst2", "--methods"]
+    args += ["zero-shot,mobizo-q4", "--lr", f"mobizo-q4={lr}", "--seq-len", "16", "--rank", "4", "--alpha", "8"]
+    args += ["--batch-size", "8", "--n-train", "32", "--n-val", "16", "--n-test", "16", "--eval-every", "4"]
+    args += ["--steps", str(steps), "--threads", "1", "--no-plot"]
+
+    def seeded(out: Path) -> Path:
+        entry = program_entry(tiny_model_dir, TINY_Q4, out / "programs")
+        entry.mkdir(parents=True)
+        shutil.copyfile(pte, entry / "program.pte")
+        manifest_path(entry / "program.pte").write_bytes(manifest.to_json())
+        for name in (manifest.ptd.file, manifest.tokenizer.file):
+            shutil.copyfile(pte.parent / name, entry / name)
+        return out
+
+    out = seeded(tmp_path / "whole")
+    assert main([*args, "--out", str(out)]) == 0
+    assert [p.name for p in (out / "programs").iterdir()] == [program_entry(tiny_model_dir, TINY_Q4, out).name]
+    results = json.loads((out / "results.json").read_text())
+    assert results["runner"] == "program"
+    row = results["tasks"]["sst2"]["mobizo-q4"]
+    assert row["steps"] == steps and [e["step"] for e in row["curve"]] == [0, 4, 8, 12]
+    run = out / "runs" / "sst2" / "mobizo-q4-program" / "main"
+    log, final = read_log(run / "train_log.jsonl"), load_checkpoint(run)
+    assert final.step == steps and final.b.abs().max() > 0
+    assert torch.equal(replay(torch.zeros_like(final.b), log), final.b)
+
+    # the device's batches of the same data, through the same program: the very losses and g of the run's log
+    task = get_task("sst2")
+    examples = load_examples(task, out / "data" / "sst2" / "train.jsonl")
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    session = et_program.ProgramSession(pte, pte.parent / manifest.ptd.file, evaluate=False)
+    session.set_b(np.zeros(manifest.lora_size, np.float32))
+    eps = np.float32(log[0]["eps"])
+    for record, batch in zip(
+        log, step_batches(examples, tokenizer, program_shape(TINY_Q4), defaults.SEED, steps, lr), strict=True
+    ):
+        losses, g = session.step(batch, batch.lr, float(eps))
+        assert (batch.seed, np.float32(batch.lr)) == (record["seed"], np.float32(record["lr"]))
+        assert np.array_equal(losses, np.float32(record["losses"])) and np.array_equal(g, np.float32(record["g"]))
+    assert np.array_equal(session.get_b(), final.b.numpy())
+
+    # stopped at step 6 (its checkpoint is step 4's), then run again: the same B, bit for bit
+    calls, step = [], et_program.ProgramStep.__call__
+
+    def stopping(self, batch, seed, lr):
+        calls.append(seed)
+        if len(calls) == 7:
+            raise KeyboardInterrupt("stopped mid-run")
+        return step(self, batch, seed, lr)
+
+    resumed = seeded(tmp_path / "resumed")
+    monkeypatch.setattr(et_program.ProgramStep, "__call__", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--out", str(resumed)])
+    monkeypatch.setattr(et_program.ProgramStep, "__call__", step)
+    assert main([*args, "--out", str(resumed)]) == 0
+    again = load_checkpoint(resumed / "runs" / "sst2" / "mobizo-q4-program" / "main")
+    assert torch.equal(again.b, final.b)
+    assert _without_times(json.loads((resumed / "results.json").read_text())) == _without_times(results)
