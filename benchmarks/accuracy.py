@@ -53,6 +53,7 @@ from shared.evaluate import evaluate
 from shared.files import atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame
 from shared.lora import inject_lora
+from shared.schedule import SCHEDULES
 from shared.tasks import SAMPLES_DIR, TASK_DATA_ENV, get_task, task_data_dir, with_chat
 from shared.train import METRICS_FILE, StepFactory, TrainConfig, train
 
@@ -100,6 +101,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--eval-every", type=int, default=100, metavar="K", help="validation (and checkpoint) every K steps")
     add("--lr", action="append", default=[], metavar="METHOD=LR,LR", help="a method's learning-rate grid")
     add("--batch-size", type=int, default=16, help="examples per step (q·E)")
+    add(
+        "--lr-schedule",
+        choices=SCHEDULES,
+        default=defaults.LR_SCHEDULE,
+        help="lr over each run's steps after warm-up (shared.schedule; a pilot's over its pilot steps)",
+    )
+    add("--warmup-steps", type=int, default=defaults.WARMUP_STEPS, metavar="W", help="linear warm-up steps")
+    add("--lr-floor", type=float, default=defaults.LR_FLOOR, metavar="F", help="decay's end, a fraction of lr")
     add("--rank", type=int, default=defaults.RANK, help="LoRA rank")
     add("--alpha", type=float, default=defaults.ALPHA, help="LoRA alpha")
     add("--n-train", type=int, default=1000)
@@ -207,6 +216,9 @@ def run_config(
         batch_size=args.batch_size,
         steps=steps,
         lr=lr,
+        lr_schedule=args.lr_schedule,
+        warmup_steps=args.warmup_steps,
+        lr_floor=args.lr_floor,
         eps=method.eps,
         seed=args.seed,
         dtype=args.dtype,
@@ -466,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "training": "eager (shared.train)" if args.runner == "eager" else "program (ExecuTorch runtime)",
         "runner": args.runner,
+        "lr_schedule": {"shape": args.lr_schedule, "warmup_steps": args.warmup_steps, "floor": args.lr_floor},
         "chat_template": args.chat_template,
         "tasks": {task: run_task(args, task, methods, grids) for task in tasks},
     }

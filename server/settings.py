@@ -77,6 +77,13 @@ class Settings(BaseSettings):
     upload_min_bytes_per_s: float = Field(
         default=4096.0, gt=0, description="the slowest average pace an upload's body may arrive at"
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="a connection must send a request's whole head (request line and headers) this soon after it "
+        "opens or after its previous answer; else the server closes it (server.http_protocol)",
+    )
     verify_timeout_s: float = Field(
         default=600.0, gt=0, description="a replay running longer is stopped (its worker killed); the upload gets 503"
     )

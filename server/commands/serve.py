@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     import uvicorn
 
     from server.app import create_app
+    from server.http_protocol import HeaderTimeoutProtocol
     from server.settings import get_settings
     from shared.errors import UsageError
 
@@ -43,7 +44,13 @@ def run(args: argparse.Namespace) -> ExitCode:
     if settings.admin_token is None:
         logging.warning("MOBIZO_ADMIN_TOKEN is not set: admin endpoints (users, models) will refuse every request")
     if args.workers == 1:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(
+            create_app(settings),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            http=HeaderTimeoutProtocol,
+        )
     else:  # each process builds its own app from the same environment, and logs as this one does
         from uvicorn.config import LOGGING_CONFIG
 
@@ -51,6 +58,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         uvicorn.run(
             "server.app:create_app",
             factory=True,
+            http=HeaderTimeoutProtocol,
             workers=args.workers,
             host=args.host,
             port=args.port,
