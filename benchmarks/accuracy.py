@@ -439,7 +439,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 else:
                     ax.plot(steps, [e[key] for e in row["curve"]], marker=".", label=f"{name} (lr {row['lr']:g})")
         axes[0][col].set_title(f"{task}: validation accuracy")
-        axes[1][col].set_title(f"{task}: validation loss (nats, answer token)")
+        axes[1][col].set_title(f"{task}: validation loss (nats)")
         axes[1][col].set_xlabel("step")
         axes[0][col].legend(fontsize=8)
     how = "eager training" if results.get("runner", "eager") == "eager" else "training through the device program"

@@ -115,7 +115,10 @@ def _attack(url: str, key: str, token: str, spec: dict, stop, answers, ready) ->
     leased, b, log = lease()
     ready.append(token[:8])
     while not stop.is_set():
-        status = upload(device, leased["job_id"], b, log, spec["steps"]).status_code
+        try:
+            status = upload(device, leased["job_id"], b, log, spec["steps"]).status_code
+        except httpx.TransportError:  # refused and closed while the body was still being sent: try again at once
+            status = 429
         answers[status] = answers.get(status, 0) + 1
         if status != 429:
             leased, b, log = lease()

@@ -6,7 +6,7 @@
 #   bash scripts/demo.sh                      # tiny model (a few minutes on 2 cores)
 #   MOBIZO_DEMO_MODEL=smollm2 bash scripts/demo.sh   # SmolLM2-135M-Instruct (export alone takes minutes)
 #
-# Everything is written under runs/demo/ (override with MOBIZO_DEMO_DIR); MOBIZO_DEMO_STEPS (150; SmolLM2 100) and
+# Everything is written under runs/demo/ (override with MOBIZO_DEMO_DIR); MOBIZO_DEMO_STEPS (150; SmolLM2 200) and
 # MOBIZO_DEMO_EVAL_LIMIT (400 validation examples) shorten it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,8 +15,9 @@ source scripts/setup.sh
 WORK=$(realpath -m "${MOBIZO_DEMO_DIR:-runs/demo}")
 # The task data: the samples shipped in data/ (data/README.md), or the folder MOBIZO_TASK_DATA_DIR names.
 DATA=$(realpath "${MOBIZO_TASK_DATA_DIR:-data}")
-# SmolLM2: 100 steps (~2.6 s each through the program on 2 idle cores) keep the whole demo near 15 minutes.
-STEPS=${MOBIZO_DEMO_STEPS:-$([ "${MOBIZO_DEMO_MODEL:-tiny}" = smollm2 ] && echo 100 || echo 150)}
+# SmolLM2: a job's default 200 steps (1.4 s each through the program on an idle 2-core x86-64 VM, after a 4-minute
+# compile).
+STEPS=${MOBIZO_DEMO_STEPS:-$([ "${MOBIZO_DEMO_MODEL:-tiny}" = smollm2 ] && echo 200 || echo 150)}
 EVAL_LIMIT=${MOBIZO_DEMO_EVAL_LIMIT:-400}
 rm -rf "$WORK" && mkdir -p "$WORK"
 export MOBIZO_DATA_DIR="$WORK/server" MOBIZO_ADMIN_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')

@@ -29,7 +29,7 @@ from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
 from server.db import make_engine, make_sessionmaker, migrate, startup_lock
 from server.inference_builds import InferenceBuilds
-from server.limits import BodyLimits, UploadSlots
+from server.limits import BodyLimits, RefusedUploads, UploadSlots
 from server.lru import LRUCache
 from server.object_store import shared_objects
 from server.pool import WorkerPool
@@ -185,4 +185,5 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_middleware(BodyLimits, upload_limit=int(settings.max_upload_mb * 1024 * 1024))
+    app.add_middleware(RefusedUploads, delay_s=settings.upload_refusal_delay_s)  # outermost: sees every 429
     return app

@@ -17,10 +17,14 @@ limits of its parts by ``upload_body_limit``, the one home of that rule, and is 
 request over any bound answers 429 with ``Retry-After``. A slot is taken once the body starts to arrive and given
 back when the body stops arriving at the required pace (``server.uploads.BodyPace``: 408), so that uploads that
 send their head and stall hold nothing for long.
+
+``RefusedUploads`` answers an upload refused with 429 only after a pause and with ``Connection: close``: the server
+reads none of the body it refused, and a device that retries at once is held to one try per pause and connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -143,3 +147,30 @@ class UploadSlots:
                     counter[key] -= 1
                     if not counter[key]:
                         del counter[key]
+
+
+class RefusedUploads:
+    """An upload answered 429 (its user's verification places or upload slots are all taken) is answered after
+    ``delay_s`` and with ``Connection: close``.
+
+    Without it uvicorn keeps such a connection and reads, to discard it, the whole body the route refused unread
+    (2.4 MB for a forged 20,000-step log), and a client that retries at once makes the next one at once: six of one
+    tenant's devices doing so slowed another tenant's requests 5–11x on 2 cores (``benchmarks/fairness.py``). The
+    pause is awaited in the event loop (no thread is held; the route has returned), while TCP's flow control stops
+    the client's sending; an honest agent waits ``Retry-After`` anyway, which is longer.
+    """
+
+    def __init__(self, app: ASGIApp, delay_s: float) -> None:
+        self.app, self.delay_s = app, delay_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not UPLOAD_PATH.match(scope["path"]):
+            return await self.app(scope, receive, send)
+
+        async def refusing(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == status.HTTP_429_TOO_MANY_REQUESTS:
+                await asyncio.sleep(self.delay_s)
+                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, refusing)

@@ -84,6 +84,13 @@ class Settings(BaseSettings):
         description="a connection must send a request's whole head (request line and headers) this soon after it "
         "opens or after its previous answer; else the server closes it (server.http_protocol)",
     )
+    upload_refusal_delay_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="an upload refused with 429 is answered after this pause, closing its connection, so that a "
+        "device retrying at once is held to one try per pause (server.limits.RefusedUploads)",
+    )
     verify_timeout_s: float = Field(
         default=600.0, gt=0, description="a replay running longer is stopped (its worker killed); the upload gets 503"
     )

@@ -108,7 +108,8 @@ def _upload(device: httpx.Client, job_id: int, b: bytes, log: str) -> httpx.Resp
 
 def _withheld_upload(url: str, device: httpx.Client, job_id: int) -> tuple[str, int]:
     """An upload's head announcing a 1 MB body, of which nothing is sent → (the answer's status line, its
-    Retry-After). Within 5 s, or ``TimeoutError``: a server that reads the body first waits for it far longer."""
+    Retry-After). Within 5 s, or ``TimeoutError``: a server that reads the body first waits for it far longer. A
+    429 comes after the server's refusal pause (1 s by default) and closes the connection: nothing more is read."""
     import socket
     from urllib.parse import urlsplit
 
@@ -119,14 +120,15 @@ def _withheld_upload(url: str, device: httpx.Client, job_id: int) -> tuple[str, 
         "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 1000000\r\n\r\n"
     )
     with socket.create_connection((address.hostname, address.port), timeout=5) as sock:
+        start = time.monotonic()
         sock.sendall(head.encode())
         answer = b""
-        while b"\r\n\r\n" not in answer:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
+        while chunk := sock.recv(4096):  # to the end: the server closes the connection after a refusal
             answer += chunk
+        seconds = time.monotonic() - start
     lines = answer.decode(errors="replace").split("\r\n")
+    if lines[0].startswith("HTTP/1.1 429"):
+        assert "connection: close" in (line.lower() for line in lines) and seconds >= 1.0, (lines, seconds)
     retry = [line.split(":", 1)[1] for line in lines if line.lower().startswith("retry-after:")]
     return lines[0], int(retry[0]) if retry else 0
 
