@@ -200,3 +200,29 @@ def test_a_federation_of_real_agents(artifacts: Path, local_data: Path, tiny_mod
         for stranger in (outsider, users["lefty"]):
             assert stranger.get(f"/v1/adapters/{last}").status_code == 404
             assert stranger.get(f"/v1/adapters/{last}/download").status_code == 404
+
+
+def test_a_real_agents_round_part_of_2000_steps_reports(stack: Stack, local_data: Path):
+    """A round part whose log is far over the 64 KB JSON cap (2,000 steps at the suite's q = 4, about 0.5 MB),
+    trained and uploaded by a real agent on the session's server, is replayed and accepted, and closes its round (a
+    300-step part used to be refused 413 and expire). The log the server stored is the part's, step for step."""
+    import uuid
+
+    from server.limits import JSON_LIMIT
+    from shared.train_log import read_log
+
+    admin = httpx.Client(base_url=stack.url, headers=bearer(ADMIN_TOKEN), timeout=60)
+    name = f"long-{uuid.uuid4().hex[:8]}"
+    cohort = ok(admin.post("/v1/cohorts", json={"name": name, "model": "tiny", "task": "sst2"}), 201)["id"]
+    ok(stack.user.post(f"/v1/cohorts/{cohort}/join"))
+    agent = Agent(stack.enroll(), stack.tmp / "work", local_data, stack.tmp / "agent.log")
+    hyper = {k: v for k, v in SPEC.items() if k not in ("model", "task", "eval_examples")}
+    body = {**hyper, "lr": 0.01, "steps": 2000, "rounds": 1, "clients_per_round": 1, "min_clients": 1}
+    job = ok(admin.post(f"/v1/cohorts/{cohort}/jobs", json=body), 202)
+    assert agent.start(once=True).wait(600) == 0, agent.tail()
+    done = wait_for(lambda: (j := ok(admin.get(f"/v1/jobs/{job['id']}")))["status"] != "running" and j, 120, "the job")
+    assert done["status"] == "succeeded", done["error"]
+    ((part,),) = [r["clients"] for r in ok(admin.get(f"/v1/jobs/{job['id']}/rounds"))["data"]]
+    assert part["status"] == "reported" and part["log_bytes"] > 5 * JSON_LIMIT, part
+    log = read_log(stack.artifacts / "logs" / f"{part['log_sha256']}.jsonl")
+    assert [record["step"] for record in log] == list(range(2000)) and all(len(r["g"]) == 4 for r in log)
