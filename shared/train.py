@@ -310,20 +310,11 @@ def program_config(config: TrainConfig, objective: str, candidates: tuple[int, .
     if answer_len is None:
         raise UsageError("answer_len", "the task's answers come from the data: a program needs their length")
     one_query = config.method == "mezo-lora"
-    return ProgramConfig(
-        q=1 if one_query else config.q,
-        batch_size=config.batch_size,
-        seq_len=config.seq_len,
-        answer_len=answer_len,
-        rank=config.rank,
-        alpha=config.alpha,
-        targets=tuple(config.targets),
-        a_seed=config.a_seed,
-        parallel="none" if one_query else config.parallel,
-        chat=model_chat_frame(config.model) if config.chat_template else None,
-        objective=objective,
-        candidates=tuple(candidates),
-    )
+    spec = {name: getattr(config, name) for name in ("batch_size", "seq_len", "rank", "alpha", "targets", "a_seed")}
+    spec |= {"q": 1 if one_query else config.q, "parallel": "none" if one_query else config.parallel}
+    spec |= {"program_backend": defaults.PROGRAM_BACKEND, "quantize": None, "group_size": None}
+    chat = model_chat_frame(config.model) if config.chat_template else None
+    return ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates)
 
 
 def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None = None) -> _Run:

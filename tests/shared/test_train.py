@@ -347,3 +347,25 @@ def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp
         with pytest.raises(SystemExit):
             main([*command, "--help"])
         assert "benchmarks/accuracy.py" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_runs_device_program_is_resolved_from_its_config(tmp_path: Path) -> None:
+    """``program_config``: the program that takes a run's step (``--runner program``), built by the one rule for a
+    job's program (``ProgramConfig.from_spec``); mezo-lora is the one-query program with its paths one after the
+    other; what has no program is refused naming the field."""
+    from dataclasses import replace
+
+    from shared.errors import UsageError
+    from shared.train import program_config
+    from tests.utils.programs import TINY_Q4
+
+    run = TrainConfig(tmp_path, "sst2", tmp_path, tmp_path, q=4, batch_size=8, seq_len=16, rank=4, alpha=8.0)
+    assert program_config(run, "classification", (392, 373), 1) == TINY_Q4
+    mezo = program_config(replace(run, method="mezo-lora", q=1), "lm", (), 2)
+    assert (mezo.q, mezo.parallel, mezo.objective, mezo.answer_len) == (1, "none", "lm", 2)
+    for change, field in (({"method": "fo-lora", "q": 1}, "method"), ({"seq_len": None}, "seq_len")):
+        with pytest.raises(UsageError) as refused:
+            program_config(replace(run, **change), "classification", (392, 373), 1)
+        assert refused.value.field == field
+    with pytest.raises(UsageError, match="answer-len"):
+        program_config(run, "lm", (), None)
