@@ -13,11 +13,14 @@ from tests.device_agent.test_eligibility import fake_sysfs
 
 pytestmark = pytest.mark.slow
 
-STEPS = 60  # the agent reads the charger every 0.1 s: it pauses a step or two after the unplugging, mid-job
+# About a second of tiny steps: the agent reads the charger every 0.02 s and the test watches its log every 5 ms, so
+# it pauses a few steps after the unplugging, mid-job (60 steps, read every 0.1 s, all ran before the pause on a
+# fast machine: the job finished first).
+STEPS = 400
 
 
 def _agent(stack: Stack, local_data: Path, name: str, sysfs: Path) -> Agent:
-    flags = ["--sysfs-root", str(sysfs), "--policy-check-s", "0.1"]
+    flags = ["--sysfs-root", str(sysfs), "--policy-check-s", "0.02"]
     return Agent(stack.enroll(), stack.tmp / f"work-{name}", local_data, stack.tmp / f"agent-{name}.log", flags)
 
 
@@ -32,7 +35,7 @@ def test_unplugging_pauses_and_plugging_in_resumes_bit_identically(stack: Stack,
     wait_for(lambda: any(e["event"] == "ineligible" for e in agent.events()), 120, "the agent to refuse work")
     assert stack.job(plain)["status"] == "ready"  # unplugged: no lease taken
     _plug(sysfs, "Charging")
-    wait_for(lambda: agent.steps_logged(plain) >= 3, 300, "training to start")
+    wait_for(lambda: agent.steps_logged(plain) >= 3, 300, "training to start", every=0.005)
     _plug(sysfs, "Discharging")
     wait_for(lambda: any(e["event"] == "paused" for e in agent.events()), 60, "the pause")
     paused_at = agent.steps_logged(plain)
