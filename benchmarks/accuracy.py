@@ -295,7 +295,7 @@ def program_steps(args: argparse.Namespace, config: TrainConfig) -> StepFactory 
     if args.runner == "eager":
         return None
 
-    def make(program, lora, pad_id: int):
+    def make(program, lora):
         from device_agent.et_program import ProgramStep
         from shared.manifest import read_manifest
 
@@ -303,7 +303,7 @@ def program_steps(args: argparse.Namespace, config: TrainConfig) -> StepFactory 
         manifest = read_manifest(pte)
         if manifest.lora_size != lora.size:
             raise SystemExit(f"{pte}: B of {manifest.lora_size} floats, the run's LoRA has {lora.size}")
-        return ProgramStep(pte, pte.parent / manifest.ptd.file, program, config.eps, pad_id, manifest.lora_size)
+        return ProgramStep(pte, pte.parent / manifest.ptd.file, config.eps, manifest.lora_size)
 
     return make
 

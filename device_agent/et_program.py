@@ -82,19 +82,15 @@ class ProgramSession:
 class ProgramStep:
     """The program's step behind ``shared.train.MethodStep``'s interface (``b``, ``device``, ``step(batch, seed,
     lr) -> (losses, g)``), so that ``shared.train.train`` trains through the very program a device runs
-    (``benchmarks/accuracy.py --runner program``; ``shared.train.StepFactory``).
-
-    Each step widens the loop's batch (left-padded to its longest row) to the program's fixed shape, as the agent's
-    batches are (``device_agent.local_data.step_batches``: the same rows, padded to ``seq_len`` on the left, targets
-    to ``answer_len``), puts ``b`` into the program, runs ``forward`` and reads B back: a resumed run's ``b``, set
-    from its checkpoint, is what the next step starts from.
+    (``benchmarks/accuracy.py --runner program``; ``shared.train.StepFactory``). The loop builds its batches at the
+    program's fixed shape, as the agent's are. Each step puts ``b`` into the program, runs ``forward`` and reads B
+    back: a resumed run's ``b``, set from its checkpoint, is what the next step starts from.
     """
 
-    def __init__(self, pte: Path, ptd: Path, config, eps: float, pad_id: int, lora_size: int) -> None:
+    def __init__(self, pte: Path, ptd: Path, eps: float, lora_size: int) -> None:
         import torch
 
         self.session = ProgramSession(pte, ptd, evaluate=False)
-        self.seq_len, self.answer_len, self.pad_id = config.seq_len, config.answer_len, pad_id
         self.eps = float(np.float32(eps))
         self.device = torch.device("cpu")
         self.b = torch.zeros(lora_size, dtype=torch.float32)
@@ -102,17 +98,9 @@ class ProgramStep:
     def __call__(self, batch, seed: int, lr: float):
         import torch
 
-        from shared.data import IGNORE_INDEX
-
         ids, mask, targets = (t.cpu().numpy() for t in (batch.input_ids, batch.attention_mask, batch.targets))
-        left = self.seq_len - ids.shape[1]
-        if left < 0 or targets.shape[1] > self.answer_len:
-            raise ValueError(f"a batch of {list(ids.shape)} does not fit the program's seq_len {self.seq_len}")
-        wide = np.pad(ids, ((0, 0), (left, 0)), constant_values=self.pad_id)
-        wide_mask = np.pad(mask, ((0, 0), (left, 0)), constant_values=0)
-        wide_targets = np.pad(targets, ((0, 0), (self.answer_len - targets.shape[1], 0)), constant_values=IGNORE_INDEX)
         lr32 = float(np.float32(lr))
         self.session.set_b(self.b.numpy())
-        losses, g = self.session.step(StepBatch(seed, lr32, wide, wide_mask, wide_targets), lr32, self.eps)
+        losses, g = self.session.step(StepBatch(seed, lr32, ids, mask, targets), lr32, self.eps)
         self.b = torch.from_numpy(self.session.get_b())
         return torch.from_numpy(losses), torch.from_numpy(g)

@@ -289,14 +289,15 @@ class _Run:
     objective: str
     candidates: torch.Tensor | None  # the classification objective's candidate ids, on the model's device
     answer_len: int | None  # the objective's answer columns (None: the longest answer of each batch)
+    widths: tuple[int | None, int | None] = (None, None)  # a program's fixed (seq_len, answer_len); None: the batch's
 
 
-# Another implementation of a run's step, in MethodStep's place: ``factory(program, lora, pad_id) -> step`` with
+# Another implementation of a run's step, in MethodStep's place: ``factory(program, lora) -> step`` with
 # MethodStep's ``b``, ``device`` and ``step(batch, seed, lr) -> (losses, g)``, given the program config of the run
-# (``program_config``), its LoRA layout and the tokenizer's pad id. benchmarks/accuracy.py's ``--runner program``
-# passes the exported program in the ExecuTorch runtime: the device's step inside this loop, its data, evaluation and
-# checkpoints.
-StepFactory = Callable[[ProgramConfig, MPLoRA, int], Any]
+# (``program_config``) and its LoRA layout; the loop then builds its batches at the program's shape.
+# benchmarks/accuracy.py's ``--runner program`` passes the exported program in the ExecuTorch runtime: the device's
+# step inside this loop, its data, evaluation and checkpoints.
+StepFactory = Callable[[ProgramConfig, MPLoRA], Any]
 
 
 def program_config(config: TrainConfig, objective: str, candidates: tuple[int, ...], answer_len: int | None):
@@ -328,16 +329,20 @@ def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None =
     if config.method != "mezo":
         lora = inject_lora(model, config.targets, config.rank, config.alpha, config.a_seed)
     objective, ids, answer_len = resolve_objective(task, tokenizer, config.objective)
+    widths: tuple[int | None, int | None] = (None, None)
     if step_factory is None:
         step = MethodStep(config.method, model, lora, config.q, config.parallel, config.lr, config.eps)
-    else:
-        step = step_factory(program_config(config, objective, ids, answer_len), lora, pad_token_id(tokenizer))
+    else:  # the program's batches have its fixed shape, as the agent's (device_agent.local_data.step_batches)
+        program = program_config(config, objective, ids, answer_len)
+        step, widths = step_factory(program, lora), (program.seq_len, program.answer_len)
     train_set = encode(rendered, tokenizer, config.seq_len)
     candidates = None
     if objective == "classification":
         check_candidates(train_set, ids)
         candidates = torch.tensor(ids, dtype=torch.long, device=device)
-    return _Run(config, task, model, tokenizer, lora, step, train_set, held_out, objective, candidates, answer_len)
+    return _Run(
+        config, task, model, tokenizer, lora, step, train_set, held_out, objective, candidates, answer_len, widths
+    )
 
 
 def _evaluate(run: _Run, steps_done: int) -> dict[str, Any]:
@@ -364,7 +369,7 @@ def _due_for_eval(run: _Run, steps_done: int) -> bool:
 def _step_batch(run: _Run, k: int) -> Batch:
     cfg = run.config
     examples = [run.train[i] for i in batch_indices(len(run.train), cfg.batch_size, cfg.seed, k)]
-    batch = to_device(training_batch(examples, pad_token_id(run.tokenizer)), run.step.device)
+    batch = to_device(training_batch(examples, pad_token_id(run.tokenizer), *run.widths), run.step.device)
     batch.candidates = run.candidates
     return batch
 
