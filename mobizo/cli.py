@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "users": "server.commands.users",
     "enroll-code": "server.commands.enroll_code",
     "jobs": "server.commands.jobs",
+    "devices": "server.commands.devices",
     "adapters": "server.commands.adapters",
     "cohorts": "server.commands.cohorts",
     "agent": "device_agent.commands.agent",

@@ -1,6 +1,10 @@
 """Request dependencies: a DB session, the settings, the store and worker pools, who is calling (admin, user or
 device), and the job a device names in the path.
 
+A revoked device's token is refused (401) by every route that takes a device: ``get_current_device`` reads the
+row; the two routes on the token cache (``get_device_identity``: lease and heartbeat) test the row in the
+transaction they run anyway.
+
 Routes declare only what they need: ``session: SessionDep``, ``user: CurrentUser``, ``device: CurrentDevice``,
 ``job: DeviceJob``, ``_: AdminDep``. A bad or missing token is 401; a valid token of the wrong kind is 403.
 
@@ -140,12 +144,19 @@ def get_current_device(credentials: Credentials, session: SessionDep, settings: 
     device_id, secret = _device_token(credentials, settings)
     device = session.get(Device, device_id)
     valid = secret_matches(secret, None if device is None else device.token_hash)  # the same work for an unknown id
-    if valid and seen_is_due(device.last_seen_at):
+    if valid and device.revoked_at is None and seen_is_due(device.last_seen_at):
         device.last_seen_at = utcnow()
     session.commit()  # see the module docstring
     if not valid:
         raise _unauthorized("invalid token")
+    if device.revoked_at is not None:
+        raise revoked(device_id)
     return device
+
+
+def revoked(device_id: int) -> HTTPException:
+    """401 for a revoked device's token: the agent stops asking (``device_agent``) and says why."""
+    return _unauthorized(f"device {device_id} was revoked; enroll it again with a new code")
 
 
 _DEVICE = select(Device.token_hash, Device.user_id).where(Device.id == bindparam("id"))  # built once

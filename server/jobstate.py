@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Update, and_, bindparam, case, or_, select, true, update
+from sqlalchemy import Connection, Update, and_, bindparam, case, exists, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -165,6 +165,31 @@ def cancel(session: Session, job: Job) -> bool:
     return bool(moved)
 
 
+def revoke_device(session: Session, device_id: int) -> bool:
+    """live → revoked, its leases released in the same transaction: its running jobs go back to ready (the attempt
+    stays counted) and its round parts expire (their slots are free again). Commits; → whether it was live.
+
+    Every device route reads the row (or, for a heartbeat, tests it in its UPDATE), so the token is refused from
+    the next request on, by every API process: the processes' token caches hold only what never changes."""
+    now = utcnow()
+    revoked = session.execute(
+        update(Device).where(Device.id == device_id, Device.revoked_at.is_(None)).values(revoked_at=now)
+    ).rowcount
+    if revoked:
+        session.execute(
+            update(Job)
+            .where(Job.status == "running", Job.leased_device_id == device_id)
+            .values(status="ready", leased_device_id=None, lease_expires_at=None, updated_at=now)
+        )
+        session.execute(
+            update(RoundClient)
+            .where(RoundClient.status == "leased", RoundClient.device_id == device_id)
+            .values(status="expired", lease_expires_at=None)
+        )
+    session.commit()
+    return bool(revoked)
+
+
 def _expire(scope: Any) -> Update:
     exhausted = Job.attempts >= bindparam("max_attempts")
     return (
@@ -231,6 +256,7 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
     return job
 
 
+_REVOKED = exists().where(Device.id == bindparam("holder"), Device.revoked_at.is_not(None))
 _HEARTBEAT = (
     update(Job)
     .where(
@@ -239,6 +265,7 @@ _HEARTBEAT = (
         Job.leased_device_id == bindparam("holder"),
         Job.lease_expires_at >= bindparam("now"),
         Job.spec["steps"].as_integer() >= bindparam("step"),
+        ~_REVOKED,  # a lease granted while its device was being revoked ends at the first heartbeat
     )
     .values(
         lease_expires_at=bindparam("expires"),

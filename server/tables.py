@@ -76,11 +76,14 @@ class Device(Base):
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]  # set once by its user or the admin: its token is refused from then on
 
 
 class DeviceIdentity(NamedTuple):
     """Who a device token names: fixed at enrollment (devices are never re-keyed or deleted), so each API process
-    keeps it in memory (``server.lru``) and a heartbeat's token check reads no row."""
+    keeps it in memory (``server.lru``) and a heartbeat's token check reads no row. Revocation is not part of it:
+    it is a state of the row, which every device route reads in the transaction it runs anyway
+    (``server.deps.get_current_device``, the lease's ``_as_reported``, a refused heartbeat's explanation)."""
 
     id: int
     user_id: int

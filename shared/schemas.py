@@ -121,6 +121,7 @@ class DevicePublic(BaseModel):
     memory_mb: int | None
     created_at: datetime
     last_seen_at: datetime | None
+    revoked_at: datetime | None = None
 
 
 class DevicesPublic(BaseModel):

@@ -1,12 +1,15 @@
-"""``POST /v1/devices`` (enrollment-code holder) enrolls a device; ``GET /v1/devices`` (user) lists them."""
+"""``POST /v1/devices`` (enrollment-code holder) enrolls a device; ``GET /v1/devices`` (user) lists them;
+``POST /v1/devices/{id}/revoke`` (its user or the admin) revokes one: its token is refused from the next request
+on, by every API process, and its leases are released (``jobstate.revoke_device``)."""
 
 from __future__ import annotations
 
 from fastapi import HTTPException, status
 from sqlalchemy import select, update
 
-from server.deps import CurrentUser, SessionDep
-from server.responses import errors
+from server import jobstate
+from server.deps import CurrentUser, ObjectId, SessionDep, UserOrAdmin
+from server.responses import errors, not_found
 from server.router import Router
 from server.security import DEVICE_TOKEN, hash_secret, make_token, new_secret, normalize_code
 from server.tables import Device, EnrollmentCode, utcnow
@@ -60,3 +63,21 @@ def public(device: Device) -> DevicePublic:
 def list_devices(user: CurrentUser, session: SessionDep) -> DevicesPublic:
     devices = session.scalars(select(Device).where(Device.user_id == user.id).order_by(Device.id)).all()
     return DevicesPublic(data=[public(d) for d in devices], count=len(devices))
+
+
+@router.post(
+    "/{device_id}/revoke",
+    response_model=DevicePublic,
+    responses=errors(401, 403, 404, e404="no such device of yours"),
+)
+def revoke(device_id: ObjectId, caller: UserOrAdmin, session: SessionDep) -> DevicePublic:
+    """Revoke a device (a lost or sold phone): its token is refused from now on and the work it held goes back to
+    the queue. Revoking a revoked device changes nothing. A user revokes their own devices; the admin any."""
+    device = session.get(Device, device_id)
+    session.commit()
+    if device is None or (caller is not None and device.user_id != caller.id):
+        raise not_found("device")
+    jobstate.revoke_device(session, device_id)
+    session.refresh(device)
+    session.commit()
+    return public(device)

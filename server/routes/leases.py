@@ -29,6 +29,7 @@ from server.deps import (
     SettingsDep,
     StoreDep,
     record_seen,
+    revoked,
 )
 from server.lru import LRUCache
 from server.responses import errors, field_error, not_found
@@ -150,7 +151,11 @@ def lease(
 def _as_reported(session: Session, device: DeviceIdentity, body: LeaseCreate | None) -> LeasingDevice:
     """The device with the backend and free memory it reports now (stored when they changed), else as stored."""
     conn = session.connection()
-    stored = conn.execute(select(Device.backend, Device.memory_mb).where(Device.id == device.id)).one()
+    stored = conn.execute(
+        select(Device.backend, Device.memory_mb, Device.revoked_at).where(Device.id == device.id)
+    ).one()
+    if stored.revoked_at is not None:
+        raise revoked(device.id)
     backend, memory_mb = stored.backend, stored.memory_mb
     if body is not None:
         backend = body.backend or backend
@@ -188,6 +193,9 @@ def heartbeat(
         job = conn.execute(
             select(Job.status, Job.user_id, Job.leased_device_id, Job.spec).where(Job.id == job_id)
         ).first()
+        gone = conn.execute(select(Device.revoked_at).where(Device.id == device.id)).scalar_one_or_none()
+    if gone is not None:
+        raise revoked(device.id)
     if job is None or job.user_id != device.user_id:
         raise not_found("job")
     mine = job.leased_device_id == device.id

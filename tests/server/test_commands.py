@@ -101,6 +101,14 @@ def test_user_job_and_adapter_commands(server_url, capsys, tmp_path):
     code, _, err = _run(capsys, "jobs", "cancel", str(job["id"]), *conn)
     assert code == 1 and "HTTP 409" in err
 
+    code, out, _ = _run(capsys, "devices", "list", *conn)
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["1", "phone"] and out.splitlines()[1].endswith("-")
+    code, out, _ = _run(capsys, "devices", "revoke", "1", *conn)
+    assert code == 0 and json.loads(out)["revoked_at"] is not None
+    assert httpx.post(f"{server_url}/v1/leases", headers=device).status_code == 401
+    code, _, err = _run(capsys, "devices", "revoke", "2", *conn)
+    assert code == 1 and "device not found" in err
+
 
 def test_errors_from_the_server_exit_1_with_the_reason(server_url, capsys):
     code, _, err = _run(capsys, "users", "create", "alice", "--server", server_url, "--token", "wrong")

@@ -393,3 +393,18 @@ def test_a_personal_job_with_upload_log_stores_the_replay(client: TestClient, wo
     stored = load((settings.data_dir / "adapters" / f"{adapter['b_sha256']}.safetensors").read_bytes())["b_flat"]
     assert np.array_equal(stored.view(np.int32), b.view(np.int32))
     assert client.post(f"/v1/jobs/{job['id']}/result", files=files, headers=headers).status_code == 200  # a repeat
+
+
+def test_a_revoked_device_frees_its_slot_in_the_round(client: TestClient, world: dict):
+    join(client, world, "a", "b")
+    submit(client, world, rounds=1, clients_per_round=1, min_clients=1, round_timeout_s=600)
+    part = lease(client, world, "a")
+    assert part is not None and lease(client, world, "b") is None  # K = 1: the slot is a's
+    r = client.post(f"/v1/devices/{world['devices']['a']['id']}/revoke", headers=world["users"]["a"])
+    assert r.status_code == 200, r.text
+    taken = lease(client, world, "b")
+    assert taken is not None and taken["round"]["index"] == 0  # a's part expired with its device
+    reported, _ = report(client, world, "b", taken, 1)
+    assert reported.status_code == 201, reported.text
+    r = client.get(part["init"]["url"], headers=world["devices"]["a"]["headers"])
+    assert r.status_code == 401 and "revoked" in r.json()["detail"]
