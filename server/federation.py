@@ -54,18 +54,6 @@ def federation(job: Job) -> FederationSpec:
     return FederationSpec.model_validate(job.federation)
 
 
-def is_member(session: Session, cohort_id: int, user_id: int) -> bool:
-    """Whether the user is opted in to the cohort now (joined and not left)."""
-    return (
-        session.scalar(
-            select(CohortMember.id).where(
-                CohortMember.cohort_id == cohort_id, CohortMember.user_id == user_id, CohortMember.left_at.is_(None)
-            )
-        )
-        is not None
-    )
-
-
 def store_b(store: ArtifactStore, b: np.ndarray) -> str:
     """Publish a B file in the store's ``adapters/`` by content → its sha256."""
     tmp = store.tmp_dir()
@@ -340,16 +328,14 @@ def progress(session: Session, job: Job) -> FederationProgress:
     )
 
 
-def cohort_adapter_visible(session: Session, adapter: Adapter, user_id: int) -> bool:
-    """A cohort's adapter is visible to the cohort's members only (a user who left no longer sees it)."""
-    return adapter.cohort_id is not None and is_member(session, adapter.cohort_id, user_id)
+def visible_to(user_id: int):
+    """SQL condition, the one rule of who sees an adapter: its user, and while they are in its cohort (joined and
+    not left), a cohort's members. Used by the user's registry (list, show, download), their devices' inference
+    (``/v1/device/adapters``) and a job's starting adapter."""
+    cohorts = select(CohortMember.cohort_id).where(CohortMember.user_id == user_id, CohortMember.left_at.is_(None))
+    return or_(Adapter.user_id == user_id, Adapter.cohort_id.in_(cohorts))
 
 
 def visible_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter | None:
-    """The adapter if the user may see it (their own, or a cohort's they are in now), else None: the one rule of
-    the user's registry (``/v1/adapters``), their devices' inference (``/v1/device/adapters``) and a job's
-    starting adapter."""
-    adapter = session.get(Adapter, adapter_id)
-    if adapter is None or not (adapter.user_id == user_id or cohort_adapter_visible(session, adapter, user_id)):
-        return None
-    return adapter
+    """The adapter if the user may see it (``visible_to``), else None."""
+    return session.scalar(select(Adapter).where(Adapter.id == adapter_id, visible_to(user_id)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import Query, Response
 from fastapi.responses import FileResponse
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server import federation
@@ -13,7 +13,7 @@ from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
 from server.registry import adapter_public as public
 from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
 from server.router import Router
-from server.tables import Adapter, CohortMember, Model
+from server.tables import Adapter, Model
 from shared.schemas import MAX_DB_INT, AdapterPublic, AdaptersPublic
 
 router = Router(prefix="/v1/adapters", tags=["adapters"])
@@ -37,9 +37,7 @@ def list_adapters(
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> AdaptersPublic:
-    cohorts = select(CohortMember.cohort_id).where(CohortMember.user_id == user.id, CohortMember.left_at.is_(None))
-    visible = or_(Adapter.user_id == user.id, Adapter.cohort_id.in_(cohorts))
-    query = select(Adapter, Model.name).join(Model, Model.id == Adapter.model_id).where(visible)
+    query = select(Adapter, Model.name).join(Model, Model.id == Adapter.model_id).where(federation.visible_to(user.id))
     if model is not None:
         query = query.where(Model.name == model)
     if task is not None:

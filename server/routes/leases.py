@@ -12,6 +12,8 @@ finish reports it (``POST /v1/jobs/{id}/fail``) and the job fails with its reaso
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import HTTPException, Response, status
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -50,16 +52,9 @@ from shared.schemas import (
 router = Router(tags=["leases"])
 
 
-def _init_ref(session: Session, store: ArtifactStore, job: Job) -> FileRef | None:
-    if job.init_adapter_id is None:
-        return None
-    b_sha = session.get_one(Adapter, job.init_adapter_id).b_sha256
-    size = store.adapter_b(b_sha).stat().st_size
-    return FileRef(url=f"/v1/jobs/{job.id}/init", size=size, sha256=b_sha)
-
-
-def _file_ref(job: Job, file: ProgramFile, path: str) -> FileRef:
-    return FileRef(url=f"/v1/jobs/{job.id}/{path}", size=file.size, sha256=file.sha256)
+def _init_ref(store: ArtifactStore, base: str, b_sha256: str) -> FileRef:
+    """The starting B a work item's device downloads at ``{base}/init``."""
+    return FileRef(url=f"{base}/init", size=store.adapter_b(b_sha256).stat().st_size, sha256=b_sha256)
 
 
 def _device_manifest(session: Session, manifests: LRUCache[int, ProgramManifest], program_id: int) -> ProgramManifest:
@@ -73,18 +68,34 @@ def _device_manifest(session: Session, manifests: LRUCache[int, ProgramManifest]
     return manifest
 
 
+def _work_lease(manifest: ProgramManifest, base: str, init: FileRef | None, **fields: Any) -> LeasePublic:
+    """The one lease builder: a work item (a job, or a client's part in a round) whose files are under ``base``."""
+
+    def ref(file: ProgramFile, path: str) -> FileRef:
+        return FileRef(url=f"{base}/{path}", size=file.size, sha256=file.sha256)
+
+    program, weights, tokenizer = (
+        ref(manifest.pte, "program"),
+        ref(manifest.ptd, "weights"),
+        ref(manifest.tokenizer, "tokenizer"),
+    )
+    return LeasePublic(manifest=manifest, program=program, weights=weights, tokenizer=tokenizer, init=init, **fields)
+
+
 def _lease(
     session: Session, store: ArtifactStore, manifest: ProgramManifest, job: Job, heartbeat_s: int
 ) -> LeasePublic:
-    return LeasePublic(
+    base = f"/v1/jobs/{job.id}"
+    init = None
+    if job.init_adapter_id is not None:
+        init = _init_ref(store, base, session.get_one(Adapter, job.init_adapter_id).b_sha256)
+    return _work_lease(
+        manifest,
+        base,
+        init,
         job_id=job.id,
         attempt=job.attempts,
         spec=jobstate.device_spec(job),
-        manifest=manifest,
-        program=_file_ref(job, manifest.pte, "program"),
-        weights=_file_ref(job, manifest.ptd, "weights"),
-        tokenizer=_file_ref(job, manifest.tokenizer, "tokenizer"),
-        init=_init_ref(session, store, job),
         expires_at=job.lease_expires_at,
         heartbeat_s=heartbeat_s,
     )
@@ -99,22 +110,14 @@ def _round_lease(
 ) -> LeasePublic:
     round_ = session.get_one(Round, client.round_id)
     job = session.get_one(Job, round_.job_id)
-    manifest = _device_manifest(session, manifests, job.program_id)
     base = f"/v1/round-clients/{client.id}"
-
-    def ref(file: ProgramFile, path: str) -> FileRef:
-        return FileRef(url=f"{base}/{path}", size=file.size, sha256=file.sha256)
-
-    init_size = store.adapter_b(round_.b_sha256).stat().st_size
-    return LeasePublic(
+    return _work_lease(
+        _device_manifest(session, manifests, job.program_id),
+        base,
+        _init_ref(store, base, round_.b_sha256),
         job_id=job.id,
         attempt=1,
         spec=federation.client_spec(job, client),
-        manifest=manifest,
-        program=ref(manifest.pte, "program"),
-        weights=ref(manifest.ptd, "weights"),
-        tokenizer=ref(manifest.tokenizer, "tokenizer"),
-        init=FileRef(url=f"{base}/init", size=init_size, sha256=round_.b_sha256),
         expires_at=client.lease_expires_at,
         heartbeat_s=heartbeat_s,
         round=RoundLeasePublic(client_id=client.id, index=round_.index, deadline_at=round_.deadline_at),
