@@ -17,15 +17,15 @@ getters are ``async`` so that they need no thread at all.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import Connection, Engine, bindparam, or_, select, update
+from sqlalchemy import Engine, bindparam, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from server.accounts import seen_is_due
 from server.compile_queue import CompileQueue
 from server.db import read_only
 from server.limits import UploadSlots
@@ -39,7 +39,6 @@ from server.tables import Device, DeviceIdentity, Job, User, utcnow
 from shared.manifest import ProgramManifest
 from shared.schemas import MAX_DB_INT
 
-LAST_SEEN_EVERY = timedelta(seconds=30)
 _bearer = HTTPBearer(auto_error=False, description="admin token, user API key or device token")
 
 
@@ -188,29 +187,6 @@ async def get_device_identity(request: Request, credentials: Credentials, settin
     if not secret_matches(secret, None if row is None else row[0]):
         raise _unauthorized("invalid token")
     return DeviceIdentity(device_id, row[1])
-
-
-def seen_is_due(last_seen_at: datetime | None) -> bool:
-    """Whether to record that a device was heard from: at most every 30 s (a heartbeat should not cost two
-    writes)."""
-    return last_seen_at is None or utcnow() - last_seen_at > LAST_SEEN_EVERY
-
-
-_SEEN = (
-    update(Device)
-    .where(
-        Device.id == bindparam("device"),
-        or_(Device.last_seen_at.is_(None), Device.last_seen_at < bindparam("due")),
-    )
-    .values(last_seen_at=bindparam("now"))
-)  # built once
-
-
-def record_seen(conn: Connection, device: DeviceIdentity) -> None:
-    """``last_seen_at`` of the device, if it is over 30 s old, in the caller's write transaction: one UPDATE that
-    mostly changes nothing, instead of reading the row first."""
-    now = utcnow()
-    conn.execute(_SEEN, {"device": device.id, "due": now - LAST_SEEN_EVERY, "now": now})
 
 
 def require_any(credentials: Credentials, session: SessionDep, settings: SettingsDep) -> None:

@@ -83,7 +83,7 @@ class DeviceIdentity(NamedTuple):
     """Who a device token names: fixed at enrollment (devices are never re-keyed or deleted), so each API process
     keeps it in memory (``server.lru``) and a heartbeat's token check reads no row. Revocation is not part of it:
     it is a state of the row, which every device route reads in the transaction it runs anyway
-    (``server.deps.get_current_device``, the lease's ``_as_reported``, a refused heartbeat's explanation)."""
+    (``server.deps.get_current_device``, the lease's ``accounts.as_reported``, a refused heartbeat's explanation)."""
 
     id: int
     user_id: int

@@ -12,11 +12,11 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server import jobstate
+from server import accounts, jobstate
 from server.deps import AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, UserOrAdmin
 from server.responses import errors, field_error, not_found
 from server.router import Router
-from server.tables import Cohort, CohortMember, Model, User, utcnow
+from server.tables import Cohort, CohortMember, Model, User
 from server.views import job_public
 from shared.errors import UsageError
 from shared.schemas import (
@@ -38,16 +38,10 @@ def _members(session: Session, cohort_id: int) -> int:
     return session.scalar(select(func.count(CohortMember.id)).where(*active)) or 0
 
 
-def _membership(session: Session, cohort_id: int, user_id: int) -> CohortMember | None:
-    return session.scalar(
-        select(CohortMember).where(CohortMember.cohort_id == cohort_id, CohortMember.user_id == user_id)
-    )
-
-
 def public(session: Session, cohort: Cohort, user: User | None) -> CohortPublic:
     member = None
     if user is not None:
-        row = _membership(session, cohort.id, user.id)
+        row = accounts.membership(session, cohort.id, user.id)
         member = row is not None and row.left_at is None
     return CohortPublic(
         id=cohort.id,
@@ -77,11 +71,10 @@ def create(body: CohortCreate, _: AdminDep, session: SessionDep) -> CohortPublic
     model = session.scalar(select(Model).where(Model.name == body.model))
     if model is None:
         raise field_error("model", "must name a registered model")
-    if session.scalar(select(Cohort.id).where(Cohort.name == body.name)) is not None:
-        raise HTTPException(status.HTTP_409_CONFLICT, "name: a cohort of this name exists")
-    cohort = Cohort(name=body.name, model_id=model.id, task=body.task)
-    session.add(cohort)
-    session.commit()
+    try:
+        cohort = accounts.create_cohort(session, body.name, model.id, body.task)
+    except accounts.Taken:
+        raise HTTPException(status.HTTP_409_CONFLICT, "name: a cohort of this name exists") from None
     return public(session, cohort, None)
 
 
@@ -96,12 +89,7 @@ def list_cohorts(user: UserOrAdmin, session: SessionDep) -> CohortsPublic:
 def join(cohort_id: ObjectId, user: CurrentUser, session: SessionDep) -> CohortPublic:
     """Opt in: from now on this user's devices may receive the cohort's round work (joining twice is a no-op)."""
     cohort = _cohort(session, cohort_id)
-    row = _membership(session, cohort.id, user.id)
-    if row is None:
-        session.add(CohortMember(cohort_id=cohort.id, user_id=user.id))
-    elif row.left_at is not None:
-        row.left_at, row.joined_at = None, utcnow()
-    session.commit()
+    accounts.join_cohort(session, cohort.id, user.id)
     return public(session, cohort, user)
 
 
@@ -110,10 +98,7 @@ def leave(cohort_id: ObjectId, user: CurrentUser, session: SessionDep) -> Cohort
     """Opt out: no further round work for this user's devices, and the cohort's adapters are no longer visible to
     them (leaving twice, or without having joined, is a no-op)."""
     cohort = _cohort(session, cohort_id)
-    row = _membership(session, cohort.id, user.id)
-    if row is not None and row.left_at is None:
-        row.left_at = utcnow()
-    session.commit()
+    accounts.leave_cohort(session, cohort.id, user.id)
     return public(session, cohort, user)
 
 

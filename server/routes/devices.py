@@ -5,32 +5,17 @@ on, by every API process, and its leases are released (``jobstate.revoke_device`
 from __future__ import annotations
 
 from fastapi import HTTPException, status
-from sqlalchemy import select, update
+from sqlalchemy import select
 
-from server import jobstate
+from server import accounts, jobstate
 from server.deps import CurrentUser, ObjectId, SessionDep, UserOrAdmin
 from server.responses import errors, not_found
 from server.router import Router
 from server.security import DEVICE_TOKEN, hash_secret, make_token, new_secret, normalize_code
-from server.tables import Device, EnrollmentCode, utcnow
+from server.tables import Device
 from shared.schemas import DeviceCreate, DeviceEnrolled, DevicePublic, DevicesPublic
 
 router = Router(prefix="/v1/devices", tags=["devices"])
-
-
-def _redeem(session, code: str) -> int:
-    """Mark the code used and return its user; one conditional UPDATE, so a code enrolls exactly one device."""
-    now = utcnow()
-    code_hash = hash_secret(normalize_code(code))
-    row = session.scalar(select(EnrollmentCode).where(EnrollmentCode.code_hash == code_hash))
-    used = session.execute(
-        update(EnrollmentCode)
-        .where(EnrollmentCode.code_hash == code_hash, EnrollmentCode.used_at.is_(None), EnrollmentCode.expires_at > now)
-        .values(used_at=now)
-    ).rowcount
-    if row is None or not used:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "code: unknown, expired or already used")
-    return row.user_id
 
 
 @router.post(
@@ -40,18 +25,18 @@ def _redeem(session, code: str) -> int:
     responses=errors(400, 401, 413, 422, e401="the enrollment code is unknown, expired or used"),
 )
 def enroll(body: DeviceCreate, session: SessionDep) -> DeviceEnrolled:
-    user_id = _redeem(session, body.code)
     secret = new_secret()
-    device = Device(
-        user_id=user_id,
+    device = accounts.enroll_device(
+        session,
+        hash_secret(normalize_code(body.code)),
+        hash_secret(secret),
         name=body.name,
         platform=body.platform,
         backend=body.backend,
         memory_mb=body.memory_mb,
-        token_hash=hash_secret(secret),
     )
-    session.add(device)
-    session.commit()
+    if device is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "code: unknown, expired or already used")
     return DeviceEnrolled(device_id=device.id, token=make_token(DEVICE_TOKEN, device.id, secret))
 
 

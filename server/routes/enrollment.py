@@ -7,12 +7,12 @@ from datetime import timedelta
 
 from fastapi import status
 
-from server import quotas
+from server import accounts, quotas
 from server.deps import CurrentUser, SessionDep, SettingsDep
 from server.responses import errors
 from server.router import Router
 from server.security import hash_secret, new_enrollment_code
-from server.tables import EnrollmentCode, utcnow
+from server.tables import utcnow
 from shared.schemas import EnrollmentCodeCreate, EnrollmentCodePublic
 
 router = Router(prefix="/v1/enrollment-codes", tags=["devices"])
@@ -31,7 +31,5 @@ def create_code(
     body = body or EnrollmentCodeCreate()
     code = new_enrollment_code()
     expires_at = utcnow() + timedelta(seconds=body.ttl_s)
-    row = EnrollmentCode(user_id=user.id, code_hash=hash_secret(code), expires_at=expires_at)
-    session.add(row)
-    session.commit()
+    row = accounts.create_enrollment_code(session, user.id, hash_secret(code), expires_at)
     return EnrollmentCodePublic(code=code, expires_at=row.expires_at)

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import HTTPException, Response, status
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate
+from server import accounts, federation, jobstate
 from server.db import read_only
 from server.deps import (
     CurrentDevice,
@@ -30,14 +30,13 @@ from server.deps import (
     SessionDep,
     SettingsDep,
     StoreDep,
-    record_seen,
     revoked,
 )
 from server.lru import LRUCache
 from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.store import ArtifactStore
-from server.tables import Adapter, Device, DeviceIdentity, Job, LeasingDevice, Program, Round, RoundClient, utcnow
+from server.tables import Adapter, Device, Job, Program, Round, RoundClient, utcnow
 from shared.manifest import ProgramFile, ProgramManifest
 from shared.schemas import (
     FileRef,
@@ -137,8 +136,11 @@ def lease(
     manifests: ProgramManifestsDep,
     body: LeaseCreate | None = None,
 ) -> LeasePublic | Response:
-    asking = _as_reported(session, device, body)  # what the device reports now replaces what it reported before
-    record_seen(session.connection(), device)
+    reported = (None, None) if body is None else (body.backend, body.memory_mb)
+    asking, revoked_at = accounts.as_reported(session, device, *reported)  # replaces what it reported before
+    if revoked_at is not None:
+        raise revoked(device.id)
+    accounts.record_seen(session.connection(), device)
     jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
     job = jobstate.lease_next(session, asking, settings.lease_s)
     if job is not None:
@@ -149,23 +151,6 @@ def lease(
         if client is not None:
             return _round_lease(session, store, manifests, client, settings.heartbeat_s)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
-def _as_reported(session: Session, device: DeviceIdentity, body: LeaseCreate | None) -> LeasingDevice:
-    """The device with the backend and free memory it reports now (stored when they changed), else as stored."""
-    conn = session.connection()
-    stored = conn.execute(
-        select(Device.backend, Device.memory_mb, Device.revoked_at).where(Device.id == device.id)
-    ).one()
-    if stored.revoked_at is not None:
-        raise revoked(device.id)
-    backend, memory_mb = stored.backend, stored.memory_mb
-    if body is not None:
-        backend = body.backend or backend
-        memory_mb = body.memory_mb if body.memory_mb is not None else memory_mb
-        if (backend, memory_mb) != (stored.backend, stored.memory_mb):
-            conn.execute(update(Device).where(Device.id == device.id).values(backend=backend, memory_mb=memory_mb))
-    return LeasingDevice(device.id, device.user_id, backend, memory_mb)
 
 
 @router.post(
@@ -189,7 +174,7 @@ def heartbeat(
 ) -> HeartbeatPublic:
     with engine.begin() as conn:
         expires = jobstate.heartbeat(conn, job_id, device.id, settings.lease_s, body)
-        record_seen(conn, device)
+        accounts.record_seen(conn, device)
     if expires is not None:
         return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
     with read_only(engine) as conn:  # it did not apply: say why

@@ -7,6 +7,7 @@ from pathlib import Path
 from fastapi import HTTPException, status
 from sqlalchemy import select
 
+from server import accounts
 from server.deps import AdminDep, AnyAuth, SessionDep
 from server.responses import errors, field_error
 from server.router import Router
@@ -54,11 +55,12 @@ def register_model(body: ModelCreate, _: AdminDep, session: SessionDep) -> Model
         raise field_error("path", str(exc)) from None
     except OSError as exc:  # a file in it unreadable, or its path longer than the system allows (ENAMETOOLONG)
         raise field_error("path", f"the directory's files cannot be read ({exc.strerror or 'error'})") from None
-    if session.scalar(select(Model.id).where(Model.name == body.name)) is not None:
-        raise HTTPException(status.HTTP_409_CONFLICT, "name: a model of this name exists")
-    model = Model(name=body.name, path=str(path.resolve()), sha256=sha256, architecture=architecture, modules=modules)
-    session.add(model)
-    session.commit()
+    try:
+        model = accounts.register_model(
+            session, name=body.name, path=str(path.resolve()), sha256=sha256, architecture=architecture, modules=modules
+        )
+    except accounts.Taken:
+        raise HTTPException(status.HTTP_409_CONFLICT, "name: a model of this name exists") from None
     return public(model)
 
 

@@ -1,4 +1,5 @@
-"""The server's structure stays as designed: one module writes a job's state, and routes never import routes."""
+"""The server's structure stays as designed: one module writes a job's state, routes write nothing themselves (the
+state layer does: ``server.jobstate``, ``server.accounts``), and routes never import routes."""
 
 from __future__ import annotations
 
@@ -61,3 +62,34 @@ def test_no_route_module_imports_another():
         for stem in routes
     }
     assert {stem: found for stem, found in crossings.items() if found} == {}
+
+
+WRITES = {"add", "add_all", "delete", "merge", "update", "insert"}  # session methods and SQL statement builders
+
+
+def _writes(tree: ast.AST) -> list[str]:
+    """``session.add(...)``-style calls, ``update(...)``/``insert(...)``/``delete(...)`` statements, and assignments
+    to attributes of loaded rows (``row.left_at = ...``: any attribute but a response's ``status_code``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in WRITES:
+                found.append(f"{node.lineno}: {name}()")
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(t, ast.Attribute) and t.attr != "status_code":
+                        found.append(f"{node.lineno}: .{t.attr} =")
+    return found
+
+
+def test_routes_write_nothing_themselves():
+    assert _writes(ast.parse((SERVER / "accounts.py").read_text())), "the scan no longer sees the state layer's writes"
+    writes = {
+        path.name: found
+        for path in sorted((SERVER / "routes").glob("*.py"))
+        if (found := _writes(ast.parse(path.read_text())))
+    }
+    assert writes == {}, f"route modules write outside the state layer (server.jobstate, server.accounts): {writes}"

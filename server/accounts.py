@@ -1,0 +1,151 @@
+"""Who and what the service knows: users, enrollment codes, devices, base models, cohorts and their members. With
+``server.jobstate`` (jobs and rounds) this is the server's state layer: routes call these functions and write
+nothing themselves (``tests/server/test_structure.py``).
+
+Transaction rule: each function here is one transaction and commits it, so a route's write is all or nothing; the
+two that are steps of a device's lease request (``as_reported``, ``record_seen``) say so and leave the commit to
+the lease, which writes the device's report and its lease together. A name taken by a concurrent request is a
+``Taken`` (the unique index decides, not a read before the insert), which routes answer with 409.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server.tables import (
+    Cohort,
+    CohortMember,
+    Device,
+    DeviceIdentity,
+    EnrollmentCode,
+    LeasingDevice,
+    Model,
+    User,
+    utcnow,
+)
+
+LAST_SEEN_EVERY = timedelta(seconds=30)
+
+
+class Taken(Exception):
+    """The name is taken."""
+
+
+def _insert(session: Session, row: Any) -> Any:
+    """Add ``row`` and commit; ``Taken`` when a unique name is in use (also by a request that raced this one)."""
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise Taken from None
+    return row
+
+
+def create_user(session: Session, name: str, key_hash: str) -> User:
+    return _insert(session, User(name=name, key_hash=key_hash))
+
+
+def create_enrollment_code(session: Session, user_id: int, code_hash: str, expires_at: datetime) -> EnrollmentCode:
+    return _insert(session, EnrollmentCode(user_id=user_id, code_hash=code_hash, expires_at=expires_at))
+
+
+def enroll_device(session: Session, code_hash: str, token_hash: str, **device: Any) -> Device | None:
+    """A new device of the code's user, the code marked used in the same transaction; None (nothing written) when
+    the code is unknown, expired or used. One conditional UPDATE takes the code, so a code enrolls exactly one
+    device."""
+    now = utcnow()
+    user_id = session.scalar(
+        update(EnrollmentCode)
+        .where(EnrollmentCode.code_hash == code_hash, EnrollmentCode.used_at.is_(None), EnrollmentCode.expires_at > now)
+        .values(used_at=now)
+        .returning(EnrollmentCode.user_id)
+    )
+    if user_id is None:
+        session.rollback()
+        return None
+    return _insert(session, Device(user_id=user_id, token_hash=token_hash, **device))
+
+
+def as_reported(
+    session: Session, device: DeviceIdentity, backend: str | None, memory_mb: int | None
+) -> tuple[LeasingDevice, datetime | None]:
+    """The device with the backend and free memory it reports now (stored when they changed), else as stored; a
+    step of the lease's transaction (the caller commits). Its revocation time comes back as well, for the caller
+    to refuse a revoked device: ``(device, revoked_at)``."""
+    conn = session.connection()
+    stored = conn.execute(
+        select(Device.backend, Device.memory_mb, Device.revoked_at).where(Device.id == device.id)
+    ).one()
+    backend = backend or stored.backend
+    memory_mb = memory_mb if memory_mb is not None else stored.memory_mb
+    if stored.revoked_at is None and (backend, memory_mb) != (stored.backend, stored.memory_mb):
+        conn.execute(update(Device).where(Device.id == device.id).values(backend=backend, memory_mb=memory_mb))
+    return LeasingDevice(device.id, device.user_id, backend, memory_mb), stored.revoked_at
+
+
+_SEEN = (
+    update(Device)
+    .where(
+        Device.id == bindparam("device"),
+        or_(Device.last_seen_at.is_(None), Device.last_seen_at < bindparam("due")),
+    )
+    .values(last_seen_at=bindparam("now"))
+)  # built once
+
+
+def record_seen(conn: Connection, device: DeviceIdentity) -> None:
+    """``last_seen_at`` of the device, if it is over 30 s old, in the caller's write transaction (a step of a
+    lease or a heartbeat): one UPDATE that mostly changes nothing, instead of reading the row first."""
+    now = utcnow()
+    conn.execute(_SEEN, {"device": device.id, "due": now - LAST_SEEN_EVERY, "now": now})
+
+
+def seen_is_due(last_seen_at: datetime | None) -> bool:
+    """Whether to record that a device was heard from: at most every 30 s (a heartbeat should not cost two
+    writes)."""
+    return last_seen_at is None or utcnow() - last_seen_at > LAST_SEEN_EVERY
+
+
+def register_model(session: Session, **model: Any) -> Model:
+    return _insert(session, Model(**model))
+
+
+def create_cohort(session: Session, name: str, model_id: int, task: str) -> Cohort:
+    return _insert(session, Cohort(name=name, model_id=model_id, task=task))
+
+
+def membership(session: Session, cohort_id: int, user_id: int) -> CohortMember | None:
+    return session.scalar(
+        select(CohortMember).where(CohortMember.cohort_id == cohort_id, CohortMember.user_id == user_id)
+    )
+
+
+def join_cohort(session: Session, cohort_id: int, user_id: int) -> None:
+    """Opt the user in (again); already in: nothing changes. Two joins racing: the unique index keeps one row."""
+    row = membership(session, cohort_id, user_id)
+    if row is None:
+        try:
+            _insert(session, CohortMember(cohort_id=cohort_id, user_id=user_id))
+        except Taken:  # joined by a request that raced this one
+            pass
+        return
+    if row.left_at is not None:
+        row.left_at, row.joined_at = None, utcnow()
+    session.commit()
+
+
+def leave_cohort(session: Session, cohort_id: int, user_id: int) -> None:
+    """Opt the user out; not in: nothing changes."""
+    session.execute(
+        update(CohortMember)
+        .where(CohortMember.cohort_id == cohort_id, CohortMember.user_id == user_id, CohortMember.left_at.is_(None))
+        .values(left_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
