@@ -30,7 +30,17 @@ from server.pool import OwnerBusy, WorkerDied, WorkerPool, WorkTimedOut
 from server.responses import field_error, try_later
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.verify import ResultRejected
+from server.verify import (
+    METRICS_LIMIT,
+    ResultRejected,
+    b_limit,
+    check_b,
+    check_step_count,
+    log_limit,
+    parse_metrics,
+)
+from shared.files import sha256_file
+from shared.schemas import JobSpec
 
 log = logging.getLogger(__name__)
 Slot = Callable[[], AbstractContextManager[object]]
@@ -193,6 +203,38 @@ def spool_part(store: ArtifactStore, tmp: Path, part: UploadFile, limit: int, na
     if not store.spool(part.file, limit, tmp / name):
         raise field_error(name, f"larger than {limit} bytes allowed for this job", status.HTTP_413_CONTENT_TOO_LARGE)
     return tmp / name
+
+
+@dataclass
+class Upload:
+    """The spooled, checked parts of one upload."""
+
+    b_path: Path | None  # None: a log-only upload
+    log_path: Path
+    b_sha256: str | None
+    log_sha256: str
+    metrics: dict[str, Any]
+
+
+def receive(store: ArtifactStore, tmp: Path, spec: JobSpec, d: int, parts: dict[str, UploadFile]) -> Upload:
+    """Spool the parts of a job's result or a round client's log under their limits and run the checks that need no
+    torch: B's form (when the job takes one), the log's line count against the steps, the metrics object."""
+    if spec.upload == "log" and "b_flat" in parts:
+        raise field_error("b_flat", "this job takes the log alone (upload: log); the server replays it")
+    if spec.upload == "full" and "b_flat" not in parts:
+        raise field_error("b_flat", "missing file part")
+    b_path = spool_part(store, tmp, parts["b_flat"], b_limit(d), "b_flat") if "b_flat" in parts else None
+    log_path = spool_part(store, tmp, parts["log"], log_limit(spec), "log")
+    metrics_path = spool_part(store, tmp, parts["metrics"], METRICS_LIMIT, "metrics")
+    try:
+        if b_path is not None:
+            check_b(b_path, d)
+        check_step_count(log_path, spec)
+        metrics = parse_metrics(metrics_path.read_bytes())
+    except ResultRejected as exc:
+        raise field_error(exc.field, exc.message) from None
+    b_sha = None if b_path is None else sha256_file(b_path)
+    return Upload(b_path, log_path, b_sha, sha256_file(log_path), metrics)
 
 
 def _verifying() -> HTTPException:

@@ -53,7 +53,7 @@ def list_devices(user: CurrentUser, session: SessionDep) -> DevicesPublic:
 @router.post(
     "/{device_id}/revoke",
     response_model=DevicePublic,
-    responses=errors(401, 403, 404, e404="no such device of yours"),
+    responses=errors(401, 403, 404, 413, 422, e404="no such device of yours"),
 )
 def revoke(device_id: ObjectId, caller: UserOrAdmin, session: SessionDep) -> DevicePublic:
     """Revoke a device (a lost or sold phone): its token is refused from now on and the work it held goes back to

@@ -15,7 +15,6 @@ after success is 409.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,28 +22,23 @@ from typing import Any, NoReturn
 from fastapi import HTTPException, Request, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from starlette.datastructures import UploadFile
 
 from server import jobstate, registry
 from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, UploadSlotsDep, VerifyPoolDep
 from server.limits import RESULT_UPLOAD, upload_body_limit
 from server.pool import WorkerPool
-from server.responses import errors, field_error
+from server.responses import errors
 from server.router import Router
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program
-from server.uploads import BodyPace, received_parts, refuse_while_verifying, run_verification, spool_part
+from server.uploads import BodyPace, Upload, receive, received_parts, refuse_while_verifying, run_verification
 from server.verify import (
     METRICS_LIMIT,
-    ResultRejected,
     b_limit,
     b_size,
-    check_b,
-    check_step_count,
     exact_replay,
     log_limit,
-    parse_metrics,
     verify_and_package,
 )
 from shared.files import sha256_file
@@ -73,17 +67,6 @@ RESULT_BODY = {
 }
 
 
-@dataclass
-class Upload:
-    """The spooled, checked parts of one upload."""
-
-    b_path: Path | None  # None: a log-only upload
-    log_path: Path
-    b_sha256: str | None
-    log_sha256: str
-    metrics: dict[str, Any]
-
-
 def _context(session: Session, job: Job, device: Device) -> dict[str, Any]:
     """What checking and packaging need to know about the job and the device (plain data, for the worker)."""
     program = session.get_one(Program, job.program_id)
@@ -100,27 +83,6 @@ def upload_limit(ctx: dict) -> int:
     """The largest multipart body a result of this job can need: its parts' limits and the multipart framing."""
     spec = JobSpec.model_validate(ctx["spec"])
     return upload_body_limit(b_limit(ctx["d"]), log_limit(spec), METRICS_LIMIT)
-
-
-def _receive(store: ArtifactStore, tmp: Path, ctx: dict, parts: dict[str, UploadFile]) -> Upload:
-    """Spool the parts under their limits and run the checks that need no torch."""
-    spec = JobSpec.model_validate(ctx["spec"])
-    if spec.upload == "log" and "b_flat" in parts:
-        raise field_error("b_flat", "this job takes the log alone (upload: log); the server replays it")
-    if spec.upload == "full" and "b_flat" not in parts:
-        raise field_error("b_flat", "missing file part")
-    b_path = spool_part(store, tmp, parts["b_flat"], b_limit(ctx["d"]), "b_flat") if "b_flat" in parts else None
-    log_path = spool_part(store, tmp, parts["log"], log_limit(spec), "log")
-    metrics_path = spool_part(store, tmp, parts["metrics"], METRICS_LIMIT, "metrics")
-    try:
-        if b_path is not None:
-            check_b(b_path, ctx["d"])
-        check_step_count(log_path, spec)
-        metrics = parse_metrics(metrics_path.read_bytes())
-    except ResultRejected as exc:
-        raise field_error(exc.field, exc.message) from None
-    b_sha = None if b_path is None else sha256_file(b_path)
-    return Upload(b_path, log_path, b_sha, sha256_file(log_path), metrics)
 
 
 def _repeat(session: Session, job: Job, upload: Upload) -> ResultPublic | None:
@@ -237,7 +199,7 @@ def upload_result(
         request, store, upload_limit(ctx), RESULT_PARTS, ("b_flat",), BodyPace.of(settings), slot
     )
     with receiving as (parts, tmp):
-        upload = _receive(store, tmp, ctx, parts)
+        upload = receive(store, tmp, JobSpec.model_validate(ctx["spec"]), ctx["d"], parts)
         repeated = _repeat(session, job, upload)
         if repeated is not None:
             response.status_code = status.HTTP_200_OK

@@ -31,11 +31,11 @@ from server.deps import (
     VerifyPoolDep,
 )
 from server.limits import ROUND_UPLOAD, upload_body_limit
-from server.responses import FILE_RESPONSE, IfNoneMatch, errors, field_error, not_found, serve_file
+from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
 from server.router import Router
 from server.tables import Job, Program, Round, RoundClient, utcnow
-from server.uploads import BodyPace, received_parts, refuse_while_verifying, run_verification, spool_part
-from server.verify import METRICS_LIMIT, ResultRejected, check_step_count, log_limit, parse_metrics, replay_log_only
+from server.uploads import BodyPace, receive, received_parts, refuse_while_verifying, run_verification
+from server.verify import METRICS_LIMIT, log_limit, replay_log_only
 from shared.manifest import ProgramManifest
 from shared.schemas import (
     HeartbeatCreate,
@@ -189,19 +189,13 @@ def upload_log(
         raise _late(client)
     ctx = federation.replay_context(session, job, client)
     init = store.adapter_b(round_.b_sha256)
-    spec_limit = log_limit(federation.client_spec(job, client))
+    spec = federation.client_spec(job, client)  # upload: log, as every round part
     session.commit()
     refuse_while_verifying(pool, client.user_id)
     slot = partial(slots.hold, client.device_id, client.user_id)  # taken when the body starts to arrive
-    limit = upload_body_limit(spec_limit, METRICS_LIMIT)
+    limit = upload_body_limit(log_limit(spec), METRICS_LIMIT)
     with received_parts(request, store, limit, LOG_PARTS, (), BodyPace.of(settings), slot) as (parts, tmp):
-        log_path = spool_part(store, tmp, parts["log"], spec_limit, "log")
-        metrics_path = spool_part(store, tmp, parts["metrics"], METRICS_LIMIT, "metrics")
-        try:
-            check_step_count(log_path, federation.client_spec(job, client))
-            parse_metrics(metrics_path.read_bytes())
-        except ResultRejected as exc:
-            raise field_error(exc.field, exc.message) from None
+        log_path = receive(store, tmp, spec, 0, parts).log_path
         outcome = run_verification(
             pool, settings, client.user_id, replay_log_only, ctx, str(log_path), str(init), str(tmp)
         )
