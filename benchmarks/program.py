@@ -53,12 +53,13 @@ class PlainForward(nn.Module):
     def example_inputs(self, cfg) -> dict[str, tuple]:
         rows = 2 * cfg.batch_size
         ids = torch.zeros(rows, cfg.seq_len, dtype=torch.long)
-        return {"forward": (ids, torch.ones_like(ids), torch.zeros(rows, cfg.answer_len, dtype=torch.long))}
+        return {"forward": ((ids, torch.ones_like(ids), torch.zeros(rows, cfg.answer_len, dtype=torch.long)), None)}
 
 
 def _export_child(model_dir: str, cfg, out: str, kind: str, queue) -> None:
     from shared.files import atomic_write
-    from shared.program import WEIGHTS_TAG, export_program, lower
+    from shared.program import export_program, lower
+    from shared.ptd import WEIGHTS_TAG
 
     started = time.perf_counter()
     if kind == INFERENCE:

@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from shared import lowering
 from shared.lora import MPLoRA, inject_lora
+from shared.lowering import is_frozen_weight
 from shared.manifest import (
     INFERENCE_FORMAT_VERSION,
     INFERENCE_METHODS,
@@ -27,8 +29,7 @@ from shared.manifest import (
     InferenceManifest,
     manifest_path,
 )
-from shared.program import MethodModule, edge_config, is_frozen_weight, program_file, store_tokenizer
-from shared.ptd import WEIGHTS_TAG, store_weights
+from shared.ptd import WEIGHTS_TAG
 
 CACHE = "kv_cache"  # prefix of the KV cache buffers: mutable, zero-initialised, never in the .ptd
 
@@ -99,49 +100,13 @@ def _method_inputs(module: InferenceModule) -> dict[str, tuple[tuple, tuple | No
     }
 
 
-def lower(module: InferenceModule, backend: str):
-    """torch.export both methods → edge (XNNPACK for the matmuls) → ExecuTorch program manager."""
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
-    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
-    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
-
-    programs = {}
-    with torch.no_grad():
-        for method, (inputs, dynamic) in _method_inputs(module).items():
-            # MethodModule takes *args, so its dynamic shapes nest once more than the unlifted module's.
-            exported = torch.export.export(
-                MethodModule(module, method), inputs, dynamic_shapes=(dynamic,) if dynamic else None, strict=False
-            )
-            if backend == "xnnpack":
-                unlifted = exported.module()
-                delegate_external_constants_pass_unlifted(unlifted, _weights_tag)
-                exported = torch.export.export(unlifted, inputs, dynamic_shapes=dynamic, strict=False)
-            programs[method] = exported
-    partitioner = []
-    if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        partitioner = [XnnpackPartitioner()]
-    edge = to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
-    return edge.to_executorch(
-        ExecutorchBackendConfig(
-            # B and the cache start from zeros, not from whatever memory the runtime hands out.
-            passes=[InitializedMutableBufferPass(["lora_b", CACHE])],
-            emit_mutable_buffer_names=True,
-            memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
-            external_constants=_weights_tag,
-        )
-    )
-
-
 def export_inference_program(
     model_dir: Path, cfg: InferenceConfig, out_pte: Path, store: Path | None = None, progress=print
 ) -> InferenceManifest:
     """Compile the inference program of the model in ``model_dir``: ``out_pte``, its manifest beside it, and the
     weights ``.ptd`` and tokenizer content-addressed in ``store`` (default: beside the program) — the same files
     the model's training programs of the same LoRA layout use."""
-    from shared.files import atomic_write, atomic_write_bytes
+    from shared.files import atomic_write_bytes
     from shared.generation import stop_token_ids
     from shared.hf_models import load_model
 
@@ -152,10 +117,8 @@ def export_inference_program(
     model, tokenizer = load_model(model_dir, "float32")
     module = build_inference_module(model, cfg)
     progress(f"exporting inference, context {cfg.max_context}, backend {cfg.backend} ...")
-    manager = lower(module, cfg.backend)
-    atomic_write(out_pte, manager.write_to_file)
-    ptd_path, ptd_sha = store_weights(manager, store)
-    tok_path, tok_sha = store_tokenizer(tokenizer, store)
+    manager = lowering.lower(module, _method_inputs(module), cfg.backend, _weights_tag, zero_buffers=("lora_b", CACHE))
+    emitted = lowering.store(manager, out_pte, store, tokenizer)
     manifest = InferenceManifest(
         format=INFERENCE_FORMAT_VERSION,
         model=str(Path(model_dir).resolve()),
@@ -165,11 +128,11 @@ def export_inference_program(
         lora_size=module.lora.size,
         vocab_size=model.config.vocab_size,
         stop_token_ids=sorted(stop_token_ids(tokenizer, model.generation_config.eos_token_id)),
-        pte=program_file(out_pte),
-        ptd=program_file(ptd_path, ptd_sha),
-        tokenizer=program_file(tok_path, tok_sha),
+        pte=emitted.pte,
+        ptd=emitted.ptd,
+        tokenizer=emitted.tokenizer,
         export_seconds=round(time.perf_counter() - started, 2),
     )
     atomic_write_bytes(manifest_path(out_pte), manifest.to_json())
-    progress(f"wrote {out_pte} ({manifest.pte.size} B), {ptd_path.name} ({manifest.ptd.size} B)")
+    progress(f"wrote {out_pte} ({manifest.pte.size} B), {manifest.ptd.file} ({manifest.ptd.size} B)")
     return manifest

@@ -9,23 +9,24 @@ device always sets B with ``set_lora_b`` before step 1 — zeros, a previous ada
 no program holds copies of a starting B, and one program serves every starting point. The methods are listed in
 docs/contracts.md; the program's config and manifest (torch-free) in ``shared.manifest``.
 
-Export pipeline: ``torch.export`` per method → ``to_edge_transform_and_lower`` (XNNPACK takes the frozen matmuls;
-the integer noise and B stay in portable kernels) → ``to_executorch`` with the frozen weights tagged into a
-separate ``.ptd``. That data file depends only on the base model and A, so it is byte-identical across q, E and
-users: it is stored once, content-addressed, and every program of the model shares it.
+Export: the one pipeline of ``shared.lowering`` (XNNPACK takes the frozen matmuls; the integer noise and B stay
+in portable kernels; the frozen weights go to a separate ``.ptd``). That data file depends only on the base model
+and A, so it is byte-identical across q, E and users: it is stored once, content-addressed, and every program of
+the model shares it.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from shared import lowering
 from shared.batch import Batch, position_ids
 from shared.lora import MPLoRA
+from shared.lowering import Methods, program_file
 from shared.manifest import (
     FORMAT_VERSION,
     PROGRAM_METHODS,
@@ -37,7 +38,6 @@ from shared.manifest import (
     manifest_path,
     read_manifest,
 )
-from shared.ptd import WEIGHTS_TAG, store_weights
 from shared.zo import candidate_scores, forward_losses, zo_step
 
 
@@ -92,34 +92,18 @@ class MobileMPLoRA(nn.Module):
         finally:
             self.lora.apply(None)
 
-    def example_inputs(self, cfg: ProgramConfig) -> dict[str, tuple]:
-        """Inputs that fix each method's shapes (one program = one shape)."""
+    def example_inputs(self, cfg: ProgramConfig) -> Methods:
+        """Inputs that fix each method's shapes (one program = one shape: no dynamic dimension)."""
         rows = cfg.examples_per_query * cfg.q
         ids = torch.zeros(rows, cfg.seq_len, dtype=torch.long)
         mask = torch.ones(rows, cfg.seq_len, dtype=torch.long)
         targets = torch.zeros(rows, cfg.answer_len, dtype=torch.long)
         return {
-            "forward": (ids, mask, targets, torch.tensor([1]), torch.tensor([1e-4]), torch.tensor([1e-2])),
-            "get_lora_b": (),
-            "set_lora_b": (torch.zeros(self.lora.size),),
-            "evaluate": (ids, mask, targets),
+            "forward": ((ids, mask, targets, torch.tensor([1]), torch.tensor([1e-4]), torch.tensor([1e-2])), None),
+            "get_lora_b": ((), None),
+            "set_lora_b": ((torch.zeros(self.lora.size),), None),
+            "evaluate": ((ids, mask, targets), None),
         }
-
-
-class MethodModule(nn.Module):
-    """Exposes one method of the step module as ``forward`` so that torch.export can trace it.
-
-    Every method is traced through the same attribute name (``program``), so the B buffer has the same name in
-    all of them and ``share_mutable_buffers`` gives them one allocation.
-    """
-
-    def __init__(self, program: MobileMPLoRA, method: str) -> None:
-        super().__init__()
-        self.program = program
-        self.method = method
-
-    def forward(self, *args):
-        return getattr(self.program, self.method)(*args)
 
 
 def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor | None = None) -> MobileMPLoRA:
@@ -134,98 +118,10 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates)
 
 
-def is_frozen_weight(node: torch.fx.Node) -> bool:
-    """Everything constant goes to the shared .ptd — base weights and the frozen A (the same for every program
-    of a model with the default rank, targets and A seed); the mutable B is neither: it has no value in any file
-    (the device sets it before step 1).
-
-    Without this, each method that uses A carries its own copy in the .pte (SmolLM2: 2 x 2.2 MB). The
-    classification objective's candidate ids stay in the .pte too: they are the task's, and the .ptd the model's.
-    """
-    name = str(node.target if node.op == "get_attr" else node.name)
-    return "lora_b" not in name and "candidate_ids" not in name
-
-
-def _weights_tag(node: torch.fx.Node) -> str | None:
-    return WEIGHTS_TAG if is_frozen_weight(node) else None
-
-
-def _tag_delegate_constants(module: nn.Module) -> None:
-    """Tag what XNNPACK serializes as constants of a quantized program so that it goes to the .ptd: the frozen
-    get_attr nodes, and every node computed from frozen nodes only. XNNPACK reads the tag on the node that feeds the
-    linear: for a quantized weight that is the ``dequantize_affine`` of (int weight, scales, zero points), not the
-    get_attr — without the second rule the 4-bit weights and their scales land in the .pte (SmolLM2: 64 MB).
-    Float32 programs tag the get_attr nodes alone (``lower``): computed values depend on the program's graph, and
-    tagging them would give each program its own .ptd instead of the model's shared one.
-    """
-    for graph_module in module.modules():
-        if not isinstance(graph_module, torch.fx.GraphModule):
-            continue
-        frozen: set[torch.fx.Node] = set()
-        for node in graph_module.graph.nodes:
-            computed = node.op == "call_function" and node.all_input_nodes
-            if (node.op == "get_attr" and is_frozen_weight(node)) or (
-                computed and all(n in frozen for n in node.all_input_nodes)
-            ):
-                node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
-                frozen.add(node)
-
-
-def edge_config():
-    """Edge compile settings of every export: no edge-IR validity check. It re-verifies the whole graph after each
-    stage and changes nothing in the program (the same .pte and .ptd bytes for the tiny four-query program); without
-    it that export took 68 and 76 s instead of 79 and 99 s on a 2-core x86 VM. A program with an op the runtime lacks
-    still fails, when the runtime loads it: the suite runs every exported program."""
-    from executorch.exir import EdgeCompileConfig
-
-    return EdgeCompileConfig(_check_ir_validity=False)
-
-
 def lower(step: nn.Module, cfg: ProgramConfig):
-    """torch.export each method → edge (XNNPACK for the frozen matmuls) → ExecuTorch program manager.
-
-    The methods are those of ``step.example_inputs(cfg)``: a step module's four, or a benchmark's plain forward."""
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
-    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
-
-    inputs = step.example_inputs(cfg)
-    programs = {}
-    with torch.no_grad():
-        for method, args in inputs.items():
-            exported = torch.export.export(MethodModule(step, method), args, strict=False)
-            if cfg.backend == "xnnpack":
-                # Weights that XNNPACK takes are tagged before lowering, so they too land in the .ptd.
-                unlifted = exported.module()
-                if cfg.quantize == "none":
-                    delegate_external_constants_pass_unlifted(unlifted, _weights_tag)
-                else:
-                    _tag_delegate_constants(unlifted)
-                exported = torch.export.export(unlifted, args, strict=False)
-            programs[method] = exported
-    partitioner = []
-    if cfg.backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        partitioner = [XnnpackPartitioner()]
-    edge = to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
-    return edge.to_executorch(
-        ExecutorchBackendConfig(
-            emit_mutable_buffer_names=True,
-            memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
-            external_constants=_weights_tag,
-        )
-    )
-
-
-def store_tokenizer(tokenizer, store: Path) -> tuple[Path, str]:
-    """The tokenizer as one JSON file in ``store``, named by its content (training and inference programs of a
-    model share it) → (path, sha256)."""
-    from shared.files import atomic_write_bytes, store_by_content
-    from shared.tokenizer_file import tokenizer_bytes
-
-    tmp = atomic_write_bytes(store / f".tokenizer.{os.getpid()}.tmp", tokenizer_bytes(tokenizer))
-    return store_by_content(tmp, store, "tokenizer-", ".json")
+    """A step module (or a benchmark's module with ``example_inputs``) through the one pipeline
+    (``shared.lowering``): quantized weights are tagged with the values computed from them."""
+    return lowering.lower(step, step.example_inputs(cfg), cfg.backend, tag_computed=cfg.quantize != "none")
 
 
 def _adapter_b(init_adapter: Path, cfg: ProgramConfig, lora: list) -> torch.Tensor:
@@ -271,7 +167,7 @@ def export_program(
     ``store`` (default: beside the program) as ``weights-<sha256>.ptd`` and ``tokenizer-<sha256>.json``, reused
     when present. Returns the manifest.
     """
-    from shared.files import atomic_write, atomic_write_bytes
+    from shared.files import atomic_write_bytes
     from shared.hf_models import load_model
 
     out_pte = Path(out_pte)
@@ -286,10 +182,7 @@ def export_program(
         f"exporting {cfg.q}x{cfg.examples_per_query} paths x2 ({cfg.parallel}), seq {cfg.seq_len}, "
         f"backend {cfg.backend}, base weights {cfg.quantize} ..."
     )
-    manager = lower(step, cfg)
-    atomic_write(out_pte, manager.write_to_file)
-    ptd_path, ptd_sha = store_weights(manager, store)
-    tok_path, tok_sha = store_tokenizer(tokenizer, store)
+    emitted = lowering.store(lower(step, cfg), out_pte, store, tokenizer)
     manifest = ProgramManifest(
         format=FORMAT_VERSION,
         model=str(Path(model_dir).resolve()),
@@ -298,17 +191,17 @@ def export_program(
         lora=step.lora.modules,
         lora_size=step.lora.size,
         inputs=_input_spec(cfg),
-        pte=program_file(out_pte),
-        ptd=program_file(ptd_path, ptd_sha),
-        tokenizer=program_file(tok_path, tok_sha),
-        memory_mb=memory_estimate_mb(model.config, cfg, ptd_path.stat().st_size + out_pte.stat().st_size),
+        pte=emitted.pte,
+        ptd=emitted.ptd,
+        tokenizer=emitted.tokenizer,
+        memory_mb=memory_estimate_mb(model.config, cfg, emitted.ptd.size + emitted.pte.size),
         export_seconds=round(time.perf_counter() - started, 2),
     )
     atomic_write_bytes(manifest_path(out_pte), manifest.to_json())
     if init_adapter is not None:
         manifest = start_from_adapter(out_pte, init_adapter)
     progress(
-        f"wrote {out_pte} ({manifest.pte.size} B), {ptd_path.name} ({manifest.ptd.size} B) "
+        f"wrote {out_pte} ({manifest.pte.size} B), {manifest.ptd.file} ({manifest.ptd.size} B) "
         f"in {manifest.export_seconds} s"
     )
     return manifest
@@ -321,13 +214,6 @@ def _init_b_file(out_pte: Path, init_b: torch.Tensor) -> ProgramFile:
 
     path = atomic_write_bytes(init_b_path(out_pte), b_file_bytes(init_b.numpy()))
     return program_file(path)
-
-
-def program_file(path: Path, sha256: str | None = None) -> ProgramFile:
-    """A manifest's reference to one of its files (``sha256`` when the caller already knows it)."""
-    from shared.files import sha256_file
-
-    return ProgramFile(file=path.name, sha256=sha256 or sha256_file(path), size=path.stat().st_size)
 
 
 def memory_estimate_mb(model_config, cfg: ProgramConfig, file_bytes: int) -> int:

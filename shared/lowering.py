@@ -1,0 +1,193 @@
+"""The one export pipeline of every ExecuTorch program the project builds: a training step (``shared.program``),
+the inference program (``shared.inference_program``) and the benchmarks' plain forward.
+
+    trace   torch.export each method (``Methods``: its example inputs and dynamic shapes) through ``MethodModule``
+    tag     mark the frozen constants (base weights, A) for the external ``.ptd`` (``weights_tag``)
+    lower   to_edge_transform_and_lower: XNNPACK takes the frozen matmuls, the rest stays in portable kernels
+    emit    to_executorch: memory planning (mutable buffers shared by the methods), buffers to zero
+    store   the ``.pte`` written atomically; the ``.ptd`` and the tokenizer content-addressed, shared by every
+            program of the model (``store``)
+
+A program kind differs only in its module, its methods and which tensors stay out of the ``.ptd``: everything else
+is this module's. ``Emitted.planned_bytes`` is what the emitted program's memory plan reserves (its mutable and
+activation buffers), read from the program itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from shared.manifest import ProgramFile
+from shared.ptd import WEIGHTS_TAG, store_weights
+
+# method name -> (example inputs, dynamic shapes of those inputs or None)
+Methods = dict[str, tuple[tuple, Any]]
+WeightsTag = Callable[[torch.fx.Node], str | None]
+
+
+class MethodModule(nn.Module):
+    """Exposes one method of a program module as ``forward`` so that torch.export can trace it.
+
+    Every method is traced through the same attribute name (``program``), so a mutable buffer (B, a KV cache) has
+    the same name in all of them and ``share_mutable_buffers`` gives them one allocation.
+    """
+
+    def __init__(self, program: nn.Module, method: str) -> None:
+        super().__init__()
+        self.program = program
+        self.method = method
+
+    def forward(self, *args):
+        return getattr(self.program, self.method)(*args)
+
+
+def is_frozen_weight(node: torch.fx.Node) -> bool:
+    """Everything constant goes to the shared .ptd — base weights and the frozen A (the same for every program
+    of a model with the default rank, targets and A seed); the mutable B is neither: it has no value in any file
+    (the device sets it before step 1).
+
+    Without this, each method that uses A carries its own copy in the .pte (SmolLM2: 2 x 2.2 MB). The
+    classification objective's candidate ids stay in the .pte too: they are the task's, and the .ptd the model's.
+    """
+    name = str(node.target if node.op == "get_attr" else node.name)
+    return "lora_b" not in name and "candidate_ids" not in name
+
+
+def frozen_weights_tag(node: torch.fx.Node) -> str | None:
+    """The training programs' rule: every frozen constant goes to the .ptd."""
+    return WEIGHTS_TAG if is_frozen_weight(node) else None
+
+
+def _tag_computed_constants(module: nn.Module, weights_tag: WeightsTag) -> None:
+    """Tag what XNNPACK serializes as constants of a quantized program so that it goes to the .ptd: the frozen
+    get_attr nodes, and every node computed from frozen nodes only. XNNPACK reads the tag on the node that feeds the
+    linear: for a quantized weight that is the ``dequantize_affine`` of (int weight, scales, zero points), not the
+    get_attr — without the second rule the 4-bit weights and their scales land in the .pte (SmolLM2: 64 MB).
+    Float32 programs tag the get_attr nodes alone: computed values depend on the program's graph, and tagging them
+    would give each program its own .ptd instead of the model's shared one.
+    """
+    for graph_module in module.modules():
+        if not isinstance(graph_module, torch.fx.GraphModule):
+            continue
+        frozen: set[torch.fx.Node] = set()
+        for node in graph_module.graph.nodes:
+            computed = node.op == "call_function" and node.all_input_nodes
+            if (node.op == "get_attr" and weights_tag(node)) or (
+                computed and all(n in frozen for n in node.all_input_nodes)
+            ):
+                node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
+                frozen.add(node)
+
+
+def edge_config():
+    """Edge compile settings of every export: no edge-IR validity check. It re-verifies the whole graph after each
+    stage and changes nothing in the program (the same .pte and .ptd bytes for the tiny four-query program); without
+    it that export took 68 and 76 s instead of 79 and 99 s on a 2-core x86 VM. A program with an op the runtime lacks
+    still fails, when the runtime loads it: the suite runs every exported program."""
+    from executorch.exir import EdgeCompileConfig
+
+    return EdgeCompileConfig(_check_ir_validity=False)
+
+
+def lower(
+    module: nn.Module,
+    methods: Methods,
+    backend: str,
+    weights_tag: WeightsTag = frozen_weights_tag,
+    tag_computed: bool = False,
+    zero_buffers: Iterable[str] = (),
+):
+    """trace → tag → lower → emit: the ExecuTorch program manager of ``module``'s ``methods``.
+
+    ``weights_tag`` names what goes to the .ptd; ``tag_computed`` also tags values computed from frozen constants
+    alone (quantized weights); ``zero_buffers`` (name substrings) are mutable buffers that start from zeros rather
+    than whatever memory the runtime hands out."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    programs = {}
+    with torch.no_grad():
+        for method, (args, dynamic) in methods.items():
+            # MethodModule takes *args, so its dynamic shapes nest once more than the unlifted module's.
+            exported = torch.export.export(
+                MethodModule(module, method), args, dynamic_shapes=(dynamic,) if dynamic else None, strict=False
+            )
+            if backend == "xnnpack":  # tagged before lowering, so that what XNNPACK takes lands in the .ptd too
+                unlifted = exported.module()
+                if tag_computed:
+                    _tag_computed_constants(unlifted, weights_tag)
+                else:
+                    delegate_external_constants_pass_unlifted(unlifted, weights_tag)
+                exported = torch.export.export(unlifted, args, dynamic_shapes=dynamic, strict=False)
+            programs[method] = exported
+    partitioner = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner = [XnnpackPartitioner()]
+    edge = to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
+    zero = list(zero_buffers)
+    return edge.to_executorch(
+        ExecutorchBackendConfig(
+            passes=[InitializedMutableBufferPass(zero)] if zero else [],
+            emit_mutable_buffer_names=True,
+            memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+            external_constants=weights_tag,
+        )
+    )
+
+
+def planned_bytes(manager) -> int:
+    """Bytes the emitted program's memory plan reserves: for each method, its planned buffers (activations,
+    mutable state), summed over the methods (a device may load them all)."""
+    plans = manager.executorch_program.execution_plan
+    return sum(sum(plan.non_const_buffer_sizes) for plan in plans)
+
+
+def program_file(path: Path, sha256: str | None = None) -> ProgramFile:
+    """A manifest's reference to one of its files (``sha256`` when the caller already knows it)."""
+    from shared.files import sha256_file
+
+    return ProgramFile(file=path.name, sha256=sha256 or sha256_file(path), size=path.stat().st_size)
+
+
+def store_tokenizer(tokenizer, store: Path) -> tuple[Path, str]:
+    """The tokenizer as one JSON file in ``store``, named by its content (training and inference programs of a
+    model share it) → (path, sha256)."""
+    from shared.files import atomic_write_bytes, store_by_content
+    from shared.tokenizer_file import tokenizer_bytes
+
+    tmp = atomic_write_bytes(store / f".tokenizer.{os.getpid()}.tmp", tokenizer_bytes(tokenizer))
+    return store_by_content(tmp, store, "tokenizer-", ".json")
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """What ``store`` wrote: the manifest's three file references and the memory plan's size."""
+
+    pte: ProgramFile
+    ptd: ProgramFile
+    tokenizer: ProgramFile
+    planned_bytes: int
+
+
+def store(manager, out_pte: Path, store_dir: Path, tokenizer) -> Emitted:
+    """The ``.pte`` written atomically at ``out_pte``; its ``.ptd`` and the tokenizer content-addressed in
+    ``store_dir`` (reused when present)."""
+    from shared.files import atomic_write
+
+    atomic_write(out_pte, manager.write_to_file)
+    ptd_path, ptd_sha = store_weights(manager, store_dir)
+    tok_path, tok_sha = store_tokenizer(tokenizer, store_dir)
+    return Emitted(
+        program_file(out_pte), program_file(ptd_path, ptd_sha), program_file(tok_path, tok_sha), planned_bytes(manager)
+    )
