@@ -126,3 +126,17 @@ def test_the_algorithm_does_not_load_data() -> None:
     graph = import_graph()
     for module in ("shared.zo", "shared.program", "shared.baselines", "shared.replay"):
         assert "shared.data" not in graph[module], module
+
+
+def test_one_export_pipeline():
+    """Only ``shared.lowering`` traces, lowers and emits ExecuTorch programs: a second ``lower`` would drift (each
+    program kind gives it only its module, methods and weight rule)."""
+    repo = SHARED.parent
+    stages = ("torch.export.export", "to_edge_transform_and_lower", "to_executorch", "ExecutorchBackendConfig")
+    found = {
+        str(path.relative_to(repo)): [stage for stage in stages if stage in path.read_text()]
+        for part in ("shared", "server", "device_agent", "benchmarks", "mobizo")
+        for path in sorted((repo / part).rglob("*.py"))
+    }
+    assert found.pop("shared/lowering.py") == list(stages), "the scan no longer sees the pipeline's own stages"
+    assert {path: hits for path, hits in found.items() if hits} == {}
