@@ -165,6 +165,19 @@ def cancel(session: Session, job: Job) -> bool:
     return bool(moved)
 
 
+def holds_lease(job: Job | Any, device_id: int) -> bool:
+    """The precondition of a device's work on a job, as loaded (a row or a Core result): running under its lease.
+    The writes that act on it test the same in their UPDATE (``heartbeat``, ``succeed``, ``device_failed``), so a
+    lease lost after this check changes nothing."""
+    return job.status == "running" and job.leased_device_id == device_id
+
+
+def client_is_open(client: RoundClient, round_: Round) -> bool:
+    """The precondition of a round client's upload, as loaded: it holds its part in a round still open (the
+    report's UPDATE tests it again: ``_client_is_live``)."""
+    return client.status == "leased" and round_.status == "open"
+
+
 def revoke_device(session: Session, device_id: int) -> bool:
     """live → revoked, its leases released in the same transaction: its running jobs go back to ready (the attempt
     stays counted) and its round parts expire (their slots are free again). Commits; → whether it was live.

@@ -186,10 +186,9 @@ def heartbeat(
         raise revoked(device.id)
     if job is None or job.user_id != device.user_id:
         raise not_found("job")
-    mine = job.leased_device_id == device.id
-    if job.status == "cancelled" and mine:
+    if job.status == "cancelled" and job.leased_device_id == device.id:
         return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
-    if job.status == "running" and mine and body.step > job.spec["steps"]:
+    if jobstate.holds_lease(job, device.id) and body.step > job.spec["steps"]:
         raise field_error("step", f"must not exceed the job's {job.spec['steps']} steps")
     raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device does not hold its lease (expired?)")
 

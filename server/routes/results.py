@@ -145,9 +145,7 @@ def _verify(
 
 def _admit(job: Job, device: Device) -> None:
     """Before the body is read: 409 unless the device holds the job's lease (or the job succeeded: a repeat?)."""
-    if job.program_id is None or (
-        job.status != "succeeded" and (job.status != "running" or job.leased_device_id != device.id)
-    ):
+    if job.program_id is None or (job.status != "succeeded" and not jobstate.holds_lease(job, device.id)):
         _lost(job)
 
 
@@ -205,7 +203,7 @@ def upload_result(
             response.status_code = status.HTTP_200_OK
             return repeated
         session.commit()  # again no transaction while a worker replays
-        if job.status != "running" or job.leased_device_id != device.id:
+        if not jobstate.holds_lease(job, device.id):
             _lost(job)
         outcome = _verify(pool, settings, device.user_id, ctx, upload, init, tmp)
         for _ in range(3):  # a concurrent result of the same (user, model, task) may take our version number

@@ -185,7 +185,7 @@ def upload_log(
 ) -> RoundReportPublic:
     """Multipart ``log`` and ``metrics``; the log is checked and replayed from B_r (no B is uploaded)."""
     round_, job = _job(session, client)
-    if client.status != "leased" or round_.status != "open":
+    if not jobstate.client_is_open(client, round_):
         raise _late(client)
     ctx = federation.replay_context(session, job, client)
     init = store.adapter_b(round_.b_sha256)
