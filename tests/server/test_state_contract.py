@@ -1,0 +1,161 @@
+"""The state layer's contract under races, on SQLite and on PostgreSQL: the transitions that two requests (or two
+API processes) may attempt at once are decided by the database, exactly one winning.
+
+Each race runs its two sides in threads that start together (a barrier) on sessions of their own, as two request
+threads or two processes would, and is repeated so that the sides really overlap on both databases: SQLite
+serializes writers (``BEGIN IMMEDIATE``), PostgreSQL decides by row locks and conditional UPDATEs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from server import jobstate
+from server.tables import Device, Job, LeasingDevice, Round
+from shared.schemas import HeartbeatCreate
+from tests.server.factories import (
+    ADMIN,
+    create_user,
+    enroll_device,
+    make_fake_model,
+    register_model,
+    submit_job,
+)
+
+REPEATS = 5
+
+
+def _race(*sides: Callable[[], Any]) -> list[Any]:
+    """Run the sides at once (each in its own thread, released together) → their results, in order."""
+    barrier = threading.Barrier(len(sides))
+
+    def run(side: Callable[[], Any]) -> Any:
+        barrier.wait()
+        return side()
+
+    with ThreadPoolExecutor(len(sides)) as pool:
+        return list(pool.map(run, sides))
+
+
+def _world(client: TestClient, tmp_path: Path) -> dict:
+    register_model(client, make_fake_model(tmp_path / "model"))
+    user = create_user(client)
+    return {
+        "user": user,
+        "phone": enroll_device(client, user, "phone"),
+        "tablet": enroll_device(client, user, "tablet"),
+    }
+
+
+def _job_owner(client: TestClient) -> int:
+    """The user id of the newest job (ids are not in the REST answers of a user's own calls)."""
+    with client.app.state.sessionmaker() as session:
+        return session.query(Job.user_id).order_by(Job.id.desc()).first()[0]
+
+
+def _lease(sessions, user_id: int, device_id: int) -> int | None:
+    with sessions() as session:
+        leased = jobstate.lease_next(session, LeasingDevice(device_id, user_id, "executorch", None), 60)
+        session.commit()
+        return None if leased is None else leased.id
+
+
+def _succeed(sessions, job_id: int, device_id: int) -> bool:
+    with sessions() as session:
+        moved = jobstate.succeed(session, session.get_one(Job, job_id), session.get_one(Device, device_id), 3)
+        session.commit()
+        return moved
+
+
+def _cancel(sessions, job_id: int) -> bool:
+    with sessions() as session:
+        return jobstate.cancel(session, session.get_one(Job, job_id))
+
+
+def _beat(engine, job_id: int, device_id: int) -> bool:
+    with engine.begin() as conn:
+        return jobstate.heartbeat(conn, job_id, device_id, 60, HeartbeatCreate(step=1)) is not None
+
+
+def _revoke(sessions, device_id: int) -> bool:
+    with sessions() as session:
+        return jobstate.revoke_device(session, device_id)
+
+
+def _begin_close(sessions, round_id: int) -> Any:
+    with sessions() as session:
+        return jobstate.begin_close(session, round_id)
+
+
+def test_two_devices_leasing_one_job_get_it_once(client: TestClient, tmp_path: Path):
+    world = _world(client, tmp_path)
+    sessions = client.app.state.sessionmaker
+    phone, tablet = world["phone"]["id"], world["tablet"]["id"]
+    for _ in range(REPEATS):
+        job = submit_job(client, world["user"])
+        user_id = _job_owner(client)
+        got = _race(partial(_lease, sessions, user_id, phone), partial(_lease, sessions, user_id, tablet))
+        assert sorted(got, key=str) == [job["id"], None], got
+        with sessions() as session:
+            row = session.get_one(Job, job["id"])
+            assert (row.status, row.leased_device_id, row.attempts) == ("running", phone if got[0] else tablet, 1)
+
+
+def test_a_result_racing_a_cancel_ends_the_job_once(client: TestClient, tmp_path: Path):
+    world = _world(client, tmp_path)
+    sessions = client.app.state.sessionmaker
+    for _ in range(REPEATS):
+        job = submit_job(client, world["user"])
+        assert client.post("/v1/leases", headers=world["phone"]["headers"]).json()["job_id"] == job["id"]
+        succeeded, cancelled = _race(
+            partial(_succeed, sessions, job["id"], world["phone"]["id"]), partial(_cancel, sessions, job["id"])
+        )
+        assert succeeded != cancelled, "exactly one of the two transitions applies"
+        status = client.get(f"/v1/jobs/{job['id']}", headers=world["user"]).json()["status"]
+        assert status == ("succeeded" if succeeded else "cancelled")
+
+
+def test_a_revocation_racing_a_heartbeat_leaves_no_lease(client: TestClient, tmp_path: Path):
+    world = _world(client, tmp_path)
+    sessions, engine = client.app.state.sessionmaker, client.app.state.engine
+    for _ in range(REPEATS):
+        device = enroll_device(client, world["user"], "watch")
+        job = submit_job(client, world["user"])
+        assert client.post("/v1/leases", headers=device["headers"]).json()["job_id"] == job["id"]
+        _, revoked = _race(partial(_beat, engine, job["id"], device["id"]), partial(_revoke, sessions, device["id"]))
+        assert revoked
+        with sessions() as session:
+            row = session.get_one(Job, job["id"])
+            assert (row.status, row.leased_device_id, row.lease_expires_at) == ("ready", None, None)
+        assert not _beat(engine, job["id"], device["id"]), "a revoked device's heartbeat extends nothing"
+        client.post(f"/v1/jobs/{job['id']}/cancel", headers=world["user"])  # out of the next round's way
+
+
+def test_two_closers_of_one_round_close_it_once(client: TestClient, tmp_path: Path):
+    world = _world(client, tmp_path)
+    sessions = client.app.state.sessionmaker
+    r = client.post("/v1/cohorts", json={"name": "keyboard", "model": "tiny", "task": "sst2"}, headers=ADMIN)
+    cohort = r.json()["id"]
+    assert client.post(f"/v1/cohorts/{cohort}/join", headers=world["user"]).status_code == 200
+    for _ in range(REPEATS):
+        body = {"q": 2, "batch_size": 4, "steps": 3, "rank": 2, "rounds": 1, "clients_per_round": 1}
+        job = client.post(f"/v1/cohorts/{cohort}/jobs", json=body, headers=ADMIN).json()
+        lease = client.post("/v1/leases", json={"eligible": True}, headers=world["phone"]["headers"]).json()
+        assert lease["job_id"] == job["id"]
+        with sessions() as session:
+            round_id = session.query(Round.id).filter(Round.job_id == job["id"]).one()[0]
+        stamps = _race(partial(_begin_close, sessions, round_id), partial(_begin_close, sessions, round_id))
+        assert sum(stamp is not None for stamp in stamps) == 1, stamps
+        with sessions() as session:
+            row = session.get_one(Round, round_id)
+            stamp = next(s for s in stamps if s is not None)
+            assert row.status == "closing" and row.closing_at == stamp
+            jobstate.abort_close(session, row, stamp, "test: ended by hand")  # the winner's stamp ends it
+        assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "failed"
