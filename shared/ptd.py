@@ -17,19 +17,41 @@ WEIGHTS_TAG = "weights"  # name of the external data file the frozen weights go 
 
 
 def canonical_ptd(data: bytes) -> bytes:
-    """The same named tensors, keys sorted, each segment aligned as ExecuTorch aligns them (128 B)."""
+    """The same named tensors, keys sorted, each segment aligned as ExecuTorch aligns them (128 B), and each distinct
+    content stored once: keys whose bytes are equal name one segment. A tied embedding is one tensor under two keys
+    (the lookup's, and XNNPACK's for ``lm_head``), 113 MB of SmolLM2's weights."""
+    import hashlib
+
     from executorch.exir._serialize._cord import Cord
     from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
     from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
 
     serializer = FlatTensorSerializer()
     payload = serializer.deserialize(Cord(data))
-    buffers, named = [], {}
+    buffers: list = []
+    index: dict[tuple[int, bytes], int] = {}  # (size, sha256) of a content -> its segment
+    named = {}
     for key in sorted(payload.named_data):
         entry = payload.named_data[key]
-        named[key] = DataEntry(buffer_index=len(buffers), alignment=1, tensor_layout=entry.tensor_layout)
-        buffers.append(payload.buffers[entry.buffer_index])
+        buffer = payload.buffers[entry.buffer_index]
+        content = bytes(buffer)
+        found = index.setdefault((len(content), hashlib.sha256(content).digest()), len(buffers))
+        if found == len(buffers):
+            buffers.append(buffer)
+        named[key] = DataEntry(buffer_index=found, alignment=1, tensor_layout=entry.tensor_layout)
     return bytes(serializer.serialize(DataPayload(buffers=buffers, named_data=named)))
+
+
+def ptd_contents(data: bytes) -> dict[str, tuple[int, int]]:
+    """key -> (segment index, size in bytes) of a ``.ptd``: which keys share a segment, and how large each is."""
+    from executorch.exir._serialize._cord import Cord
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    payload = FlatTensorSerializer().deserialize(Cord(data))
+    return {
+        key: (entry.buffer_index, len(bytes(payload.buffers[entry.buffer_index])))
+        for key, entry in payload.named_data.items()
+    }
 
 
 def store_weights(manager, store: Path) -> tuple[Path, str]:

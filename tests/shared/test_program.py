@@ -164,6 +164,22 @@ def test_programs_of_different_q_share_one_weights_file(programs):
     assert m1.lora == m4.lora and m1.tokenizer == m4.tokenizer
 
 
+def test_the_weights_file_stores_each_content_once(programs):
+    """Keys whose tensors are equal (a tied embedding under the lookup's and XNNPACK's keys, the layer norms'
+    ones, equal A's) name one segment: the .ptd holds every distinct frozen tensor once."""
+    from executorch.exir._serialize._cord import Cord
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    from shared.ptd import ptd_contents
+
+    folder, by_q = programs
+    data = (folder / by_q[1][1].ptd.file).read_bytes()
+    buffers = [bytes(b) for b in FlatTensorSerializer().deserialize(Cord(data)).buffers]
+    assert len(set(buffers)) == len(buffers), "two segments hold the same bytes"
+    contents = ptd_contents(data)
+    assert len({segment for segment, _ in contents.values()}) == len(buffers) < len(contents)
+
+
 def test_set_then_get_round_trips(programs):
     folder, by_q = programs
     device = Device(by_q[1][1], folder)
