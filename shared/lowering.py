@@ -9,8 +9,8 @@ the inference program (``shared.inference_program``) and the benchmarks' plain f
             program of the model (``store``)
 
 A program kind differs only in its module, its methods and which tensors stay out of the ``.ptd``: everything else
-is this module's. ``Emitted.planned_bytes`` is what the emitted program's memory plan reserves (its mutable and
-activation buffers), read from the program itself.
+is this module's. ``Emitted.planned`` is what the emitted program's memory plan reserves per method (its mutable
+and activation buffers), read from the program itself.
 """
 
 from __future__ import annotations
@@ -146,11 +146,10 @@ def lower(
     )
 
 
-def planned_bytes(manager) -> int:
-    """Bytes the emitted program's memory plan reserves: for each method, its planned buffers (activations,
-    mutable state), summed over the methods (a device may load them all)."""
-    plans = manager.executorch_program.execution_plan
-    return sum(sum(plan.non_const_buffer_sizes) for plan in plans)
+def planned_bytes(manager) -> dict[str, int]:
+    """Bytes the emitted program's memory plan reserves for each method (activations, mutable state): what loading
+    the method allocates."""
+    return {plan.name: sum(plan.non_const_buffer_sizes) for plan in manager.executorch_program.execution_plan}
 
 
 def program_file(path: Path, sha256: str | None = None) -> ProgramFile:
@@ -172,12 +171,12 @@ def store_tokenizer(tokenizer, store: Path) -> tuple[Path, str]:
 
 @dataclass(frozen=True)
 class Emitted:
-    """What ``store`` wrote: the manifest's three file references and the memory plan's size."""
+    """What ``store`` wrote: the manifest's three file references and the memory plan of each method."""
 
     pte: ProgramFile
     ptd: ProgramFile
     tokenizer: ProgramFile
-    planned_bytes: int
+    planned: dict[str, int]
 
 
 def store(manager, out_pte: Path, store_dir: Path, tokenizer) -> Emitted:

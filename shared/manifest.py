@@ -176,7 +176,10 @@ class ProgramManifest(_Manifest):
     init_b: ProgramFile | None = Field(
         default=None, description="the B file to set before step 1 (``export --adapter``); null: start from zeros"
     )
-    memory_mb: int = Field(description="RAM a device needs to run it (an estimate for the lease filter)")
+    memory_mb: int = Field(
+        description="RAM a device needs to train with it: files, XNNPACK's packed weights and the memory plan "
+        "(shared.program.memory_estimate_mb; an estimate for the lease filter)"
+    )
     export_seconds: float
 
     @field_validator("init_b", mode="before")

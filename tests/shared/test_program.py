@@ -180,6 +180,21 @@ def test_the_weights_file_stores_each_content_once(programs):
     assert len({segment for segment, _ in contents.values()}) == len(buffers) < len(contents)
 
 
+def test_the_memory_estimate_is_read_from_the_emitted_program(programs):
+    """The manifest's ``memory_mb``: the files, XNNPACK's packed copy of the weights and the memory plan of the
+    methods a training session loads, as the ``.pte`` itself states them (not a formula of the model's shapes)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    folder, by_q = programs
+    for _, manifest in by_q.values():
+        pte = deserialize_pte_binary((folder / manifest.pte.file).read_bytes())
+        plans = {p.name: sum(p.non_const_buffer_sizes) for p in getattr(pte, "program", pte).execution_plan}
+        training = sum(size for name, size in plans.items() if name != "evaluate")
+        assert 0 < plans["evaluate"] < training
+        total = manifest.pte.size + 2 * manifest.ptd.size + training
+        assert manifest.memory_mb == int(total / 2**20) + 1
+
+
 def test_set_then_get_round_trips(programs):
     folder, by_q = programs
     device = Device(by_q[1][1], folder)
