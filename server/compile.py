@@ -131,7 +131,7 @@ def build_inference(
 ) -> dict:
     """Compile (or find in the cache) a model's inference program → its manifest (JSON), like ``build_program``:
     cached under ``inference_key``, published by renaming a temporary folder, weights and tokenizer by content in
-    ``blobs_dir`` (the very ``.ptd`` of the model's training programs of the same LoRA layout)."""
+    ``blobs_dir`` (the very ``.ptd`` of the model's training programs)."""
     from shared.files import publish_once
     from shared.inference_program import export_inference_program
     from shared.manifest import InferenceConfig, manifest_path, read_inference_manifest

@@ -6,9 +6,9 @@ buffers and written with ``index_copy_`` (Hugging Face's ``StaticLayer``): stand
 runtime and the native runner have. LoRA is the one MP-LoRA layer of ``shared.lora`` with one path, its B a mutable
 buffer set through ``set_lora_b``, so swapping adapters never reloads the base.
 
-The module is traced under the same attribute names as the training programs (``program.model.…``), so its frozen
-tensors — base weights and the frozen A — carry the same keys, and ``shared.ptd`` writes them to the same canonical
-``weights-<sha256>.ptd``: a device holds one copy of the base for training and inference.
+The module is traced under the same attribute names as the training programs (``program.model.…``), so its base
+weights carry the same keys, and ``shared.ptd`` writes them to the same canonical ``weights-<sha256>.ptd``: a device
+holds one copy of the base for training and inference, whatever the adapters' ranks (A stays in each ``.pte``).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def export_inference_program(
 ) -> InferenceManifest:
     """Compile the inference program of the model in ``model_dir``: ``out_pte``, its manifest beside it, and the
     weights ``.ptd`` and tokenizer content-addressed in ``store`` (default: beside the program) — the same files
-    the model's training programs of the same LoRA layout use."""
+    the model's training programs use."""
     from shared.files import atomic_write_bytes
     from shared.generation import stop_token_ids
     from shared.hf_models import load_model

@@ -51,7 +51,7 @@ REDIS = ("127.0.0.1", 6379)
 VISIBILITY_S = 5  # short, so that the task of a killed worker comes back within the test
 # The suite's TINY_Q1 program: where a test's subject is not the export itself, the worker finds it compiled
 # (``seed``, from the suite's program cache) instead of exporting it again.
-SPEC = {"model": "tiny", "task": "sst2", "q": 1, "batch_size": 2, "steps": 2, "rank": 4, "alpha": 8.0, "seq_len": 16}
+SPEC = {"model": "tiny", "task": "sst2", "q": 1, "batch_size": 2, "steps": 2, "rank": 2, "alpha": 4.0, "seq_len": 16}
 SPEC["answer_len"] = 2
 
 

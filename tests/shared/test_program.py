@@ -154,19 +154,22 @@ def test_every_schedule_takes_the_same_step_in_a_pte(one_layer_program_factory, 
     assert not torch.equal(b, b0)
 
 
-def test_programs_of_different_q_share_one_weights_file(programs):
+def test_programs_of_different_q_and_rank_share_one_weights_file(programs):
+    """The .ptd holds the base model alone: q, the objective and the LoRA layout (rank 2 against 4: the frozen A
+    stays in each .pte) change the programs, not their weights file."""
     folder, by_q = programs
-    (_, m1), (_, m4) = by_q[1], by_q[4]
+    (c1, m1), (c4, m4) = by_q[1], by_q[4]
+    assert c1.rank != c4.rank
     assert m1.ptd == m4.ptd and m1.pte.sha256 != m4.pte.sha256
     every, float32 = weights_files(folder)
     assert float32 == {m1.ptd.file} and m1.ptd.file in every  # one weights file for the model's float32 programs
     assert m1.pte.size < 1_000_000 < m1.ptd.size * 1_000 and m1.ptd.size > m1.pte.size
-    assert m1.lora == m4.lora and m1.tokenizer == m4.tokenizer
+    assert m1.lora != m4.lora and m1.tokenizer == m4.tokenizer
 
 
 def test_the_weights_file_stores_each_content_once(programs):
     """Keys whose tensors are equal (a tied embedding under the lookup's and XNNPACK's keys, the layer norms'
-    ones, equal A's) name one segment: the .ptd holds every distinct frozen tensor once."""
+    ones) name one segment: the .ptd holds every distinct frozen tensor once."""
     from executorch.exir._serialize._cord import Cord
     from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
 
@@ -218,10 +221,11 @@ def test_program_started_from_an_adapter_continues_from_it(programs, tiny_model_
     assert manifest == read_manifest(pte) and manifest.pte == fresh.pte and fresh.init_b is None
     init_b = torch.from_numpy(read_b_file(tmp_path / manifest.init_b.file, manifest.lora_size))
     assert torch.equal(init_b, previous)
-    other = build_step_module(load_model(tiny_model_dir, "float32")[0], cfg.model_copy(update={"rank": 2})).lora
-    save_lora(tmp_path / "rank2", other, other.zeros(), str(tiny_model_dir))
-    with pytest.raises(UsageError, match="rank/targets 2/"):
-        start_from_adapter(pte, tmp_path / "rank2")
+    other = build_step_module(load_model(tiny_model_dir, "float32")[0], cfg.model_copy(update={"rank": 3})).lora
+    assert cfg.rank != 3
+    save_lora(tmp_path / "rank3", other, other.zeros(), str(tiny_model_dir))
+    with pytest.raises(UsageError, match="rank/targets 3/"):
+        start_from_adapter(pte, tmp_path / "rank3")
     device = Device(manifest, tmp_path, store=folder)
     device.set_b(init_b)
     assert torch.equal(device.b(), previous)

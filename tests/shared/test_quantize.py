@@ -37,13 +37,17 @@ def _step_module(tiny_model_dir, cfg: ProgramConfig):
     return build_step_module(model, cfg)
 
 
-def _pte_tensor_data(pte) -> tuple[int, int]:
-    """What tensor data the .pte itself carries: (bytes of constants, named entries — where XNNPACK puts weights)."""
+def _pte_tensor_data(pte) -> tuple[int, list[int]]:
+    """What tensor data the .pte itself carries: (bytes of constants, the size of each named entry — where XNNPACK
+    puts the weights it takes, named by their content's hash)."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     pte_file = deserialize_pte_binary(pte.read_bytes())
     constants = sum(len(buffer.storage) for buffer in pte_file.program.constant_buffer)
-    return constants, len(pte_file.named_data.pte_data) if pte_file.named_data is not None else 0
+    named = pte_file.named_data
+    if named is None:
+        return constants, []
+    return constants, [len(named.buffers[entry.buffer_index]) for entry in named.pte_data.values()]
 
 
 def test_quantized_program_runs_the_eager_quantized_step_and_replays_bit_exactly(quantized, tiny_model_dir):
@@ -97,13 +101,19 @@ def test_projected_gradients_keep_the_float32_signs(quantized, tiny_model_dir):
 
 
 def test_pte_holds_no_weight_and_the_ptd_is_smaller(quantized, program_factory):
-    """Every frozen tensor (4-bit weights, scales, zero points, embeddings, A) is in the shared .ptd."""
+    """Every frozen tensor of the base (4-bit weights, scales, zero points, embeddings) is in the shared .ptd; the
+    .pte holds the frozen A alone (the job's, not the model's: XNNPACK's copy as named entries, the portable ops'
+    as constants)."""
     folder, manifest = quantized
     float_pte, float_manifest = program_factory(TINY_Q4)
+    a_sizes = {4 * manifest.config.rank * m.in_features for m in manifest.lora}  # bytes of one module's A
+    a_bytes = 4 * manifest.config.rank * sum(m.in_features for m in manifest.lora)
     for pte in (folder / manifest.pte.file, float_pte):
         constants, named = _pte_tensor_data(pte)
-        # what is left are the noise generator's index constants and the like, a few bytes each
-        assert named == 0 and constants < 1024
+        assert set(named) <= a_sizes, (named, a_sizes)  # a base weight has another shape (out x in, or 4-bit)
+        # what is left beside A's copies (one per method and stage at most) are the noise generator's index
+        # constants and the like, a few bytes each
+        assert constants < 1024 + 2 * len(manifest.methods) * a_bytes
     assert manifest.ptd.sha256 != float_manifest.ptd.sha256
     # issue 11's target, which needs the embedding quantized too: 4-bit linears alone left 0.32x here
     assert manifest.ptd.size <= 0.3 * float_manifest.ptd.size
@@ -131,8 +141,9 @@ def test_int8_embedding_lookups_are_within_half_a_step_of_the_float_table(dim):
 
 
 def test_8da4w_programs_of_other_shapes_share_one_ptd(quantized, program_factory):
-    """q, batch size and the parallel schedule change the graph, not the frozen tensors: every 8da4w program of a
-    model with one (quantization, group size, rank, targets, A seed) names the same .ptd (as float32 ones do)."""
+    """q, batch size, the parallel schedule and the LoRA layout (TINY_Q1 is rank 2, TINY_Q4 rank 4) change the
+    programs, not the base: every 8da4w program of a model with one (quantization, group size) names the same .ptd
+    (as float32 ones do)."""
     _, manifest = quantized
     _, other = program_factory(TINY_Q1.model_copy(update={"quantize": "8da4w"}))
     assert (other.config.q, other.config.batch_size) != (manifest.config.q, manifest.config.batch_size)

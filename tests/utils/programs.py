@@ -5,9 +5,10 @@ from pathlib import Path
 from shared.manifest import ProgramConfig
 
 # The tiny model's device programs: one query with the language-modelling objective, 16 columns of which the last 2
-# are answers; four queries, E = 2, with the classification objective over SST-2's answers (" terrible", " great"
-# are the tiny tokenizer's tokens 392 and 373: the program a server compiles for an SST-2 job by default).
-TINY_Q1 = ProgramConfig(q=1, batch_size=2, seq_len=16, answer_len=2, rank=4, alpha=8.0)
+# are answers, rank 2 (another LoRA layout than the rest: programs of every layout share the model's .ptd); four
+# queries, E = 2, with the classification objective over SST-2's answers (" terrible", " great" are the tiny
+# tokenizer's tokens 392 and 373: the program a server compiles for an SST-2 job by default).
+TINY_Q1 = ProgramConfig(q=1, batch_size=2, seq_len=16, answer_len=2, rank=2, alpha=4.0)
 TINY_Q4 = ProgramConfig(
     q=4,
     batch_size=8,
