@@ -74,8 +74,8 @@ class Method:
     lrs: tuple[float, ...] = ()
 
 
-# The paper's MobiZO grid, widened at the top for SmolLM2: the classification objective learns at 1e-2 there
-ZO_LORA_LRS = (1e-2, 3e-3, 1e-3, 5e-4, 1e-4, 5e-5, 1e-5)
+# The paper's MobiZO grid, widened at the top for SmolLM2: the classification objective learns at 4e-2 there (rank 4)
+ZO_LORA_LRS = (4e-2, 2e-2, 1e-2, 3e-3, 1e-3, 5e-4, 1e-4, 5e-5, 1e-5)
 METHODS: dict[str, Method | None] = {
     "zero-shot": None,
     "fo-lora": Method("fo-lora", lrs=(1e-2, 1e-3, 1e-4)),
@@ -105,13 +105,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--lr-schedule",
         choices=SCHEDULES,
-        default=defaults.LR_SCHEDULE,
-        help="lr over each run's steps after warm-up (shared.schedule; a pilot's over its pilot steps)",
+        help="lr over each run's --steps after warm-up (shared.schedule; a pilot is the opening of that run, "
+        "continued as it is; default: the objective's, as a job's)",
     )
     add("--warmup-steps", type=int, default=defaults.WARMUP_STEPS, metavar="W", help="linear warm-up steps")
     add("--lr-floor", type=float, default=defaults.LR_FLOOR, metavar="F", help="decay's end, a fraction of lr")
-    add("--rank", type=int, default=defaults.RANK, help="LoRA rank")
-    add("--alpha", type=float, default=defaults.ALPHA, help="LoRA alpha")
+    add("--rank", type=int, help="LoRA rank (default: the objective's, as a job's)")
+    add("--alpha", type=float, help=f"LoRA alpha (default {defaults.SCALING:g} x rank)")
     add("--n-train", type=int, default=1000)
     add("--n-val", type=int, default=500)
     add("--n-test", type=int, default=1000)
@@ -216,6 +216,7 @@ def run_config(
         q=method.q,
         batch_size=args.batch_size,
         steps=steps,
+        schedule_steps=args.steps,  # a pilot is the opening of the whole run: the same lr at every step
         lr=lr,
         lr_schedule=args.lr_schedule,
         warmup_steps=args.warmup_steps,
@@ -461,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown task or method: {', '.join(unknown)}")
     grids = lr_grids(args)
+    # The tasks here all have single-token answers: their objective is classification unless --objective says lm.
+    chosen = defaults.for_method(defaults.METHOD, objective=args.objective or "classification")
+    args.rank = args.rank or chosen.rank
+    args.alpha = args.alpha or defaults.alpha_for(args.rank)
+    args.lr_schedule = args.lr_schedule or chosen.lr_schedule
     if args.runner == "program":
         off = [m for m in methods if m not in PROGRAM_METHODS]
         if off:

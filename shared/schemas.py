@@ -210,10 +210,11 @@ class HyperParams(BaseModel):
     lr: float | None = Field(
         default=None, gt=0, le=1, description="the base learning rate (peak of the schedule); default: the method's"
     )
-    lr_schedule: Schedule = Field(
-        default=defaults.LR_SCHEDULE,
+    lr_schedule: Schedule | None = Field(
+        default=None,
         description="lr over the steps after warm-up: constant, linear or cosine decay from lr to lr_floor*lr "
-        "(shared.schedule.lr_at); a federated job's schedule restarts in every round (each part is a run of steps)",
+        "(shared.schedule.lr_at); a federated job's schedule restarts in every round (each part is a run of steps); "
+        "default: the objective's",
     )
     warmup_steps: int = Field(
         default=defaults.WARMUP_STEPS,
@@ -225,8 +226,13 @@ class HyperParams(BaseModel):
         default=defaults.LR_FLOOR, ge=0, le=1, description="where linear and cosine decay end, as a fraction of lr"
     )
     eps: float | None = Field(default=None, gt=0, le=1, description="default: the method's")
-    rank: int = Field(default=defaults.RANK, ge=1, le=256)
-    alpha: float = Field(default=defaults.ALPHA, gt=0, le=4096)
+    rank: int | None = Field(default=None, ge=1, le=256, description="LoRA rank; default: the objective's")
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description=f"LoRA alpha (scaling alpha/rank); default: {defaults.SCALING:g} x rank",
+    )
     targets: list[str] = Field(default=list(defaults.TARGETS), min_length=1, max_length=16)
     seq_len: int = Field(default=defaults.SEQ_LEN, ge=8, le=4096)
     seed: int = Field(default=defaults.SEED, ge=0, le=_MAX_SEED)
@@ -246,8 +252,8 @@ class HyperParams(BaseModel):
         "task whose answers are single tokens with the model's tokenizer, lm otherwise or when answer_len > 1",
     )
 
-    # Which of steps, lr and eps took the defaults (not given): a federated job's spec is rebuilt with its cohort's
-    # task, whose objective the defaults depend on (``server.routes.cohorts``).
+    # Which of the tuned values (``defaults.TUNED``, and alpha) took the defaults (not given): a federated job's spec
+    # is rebuilt with its cohort's task, whose objective the defaults depend on (``server.routes.cohorts``).
     _defaulted: set[str] = PrivateAttr(default_factory=set)
 
     def task_kind(self) -> str | None:
@@ -264,9 +270,11 @@ class HyperParams(BaseModel):
         if self.objective is None and kind is not None:
             self.objective = defaults.default_objective(kind, getattr(self, "answer_len", None))
         chosen = defaults.for_method(self.method, self.quantize, self.objective)  # values shown to learn
-        self._defaulted = {name for name in ("steps", "lr", "eps") if getattr(self, name) is None}
-        for name in self._defaulted:
+        self._defaulted = {name for name in (*defaults.TUNED, "alpha") if getattr(self, name) is None}
+        for name in self._defaulted - {"alpha"}:
             setattr(self, name, getattr(chosen, name))
+        if self.alpha is None:
+            self.alpha = defaults.alpha_for(self.rank)
         examples_per_query(self.batch_size, self.q)
         try:
             check_schedule(self.steps, self.lr_schedule, self.warmup_steps, self.lr_floor)

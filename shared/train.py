@@ -77,14 +77,17 @@ class TrainConfig:
     method: str = defaults.METHOD
     q: int = defaults.Q
     batch_size: int = defaults.BATCH_SIZE
-    steps: int | None = None  # None: the method's default (shared.defaults.for_method), as lr and eps
+    steps: int | None = None  # None: the method's default for the objective (shared.defaults.TUNED)
     lr: float | None = None  # the base lr: the schedule's peak (shared.schedule)
-    lr_schedule: str = defaults.LR_SCHEDULE  # constant, linear or cosine (after the warm-up)
+    lr_schedule: str | None = None  # constant, linear or cosine (after the warm-up)
+    # The steps the schedule spans (None: steps). Fewer steps than that run the opening of the longer run, which the
+    # same --out continues bit for bit (the accuracy benchmark's learning-rate pilots).
+    schedule_steps: int | None = None
     warmup_steps: int = defaults.WARMUP_STEPS
     lr_floor: float = defaults.LR_FLOOR  # where linear and cosine decay end, a fraction of lr
     eps: float | None = None
-    rank: int = defaults.RANK
-    alpha: float = defaults.ALPHA
+    rank: int | None = None
+    alpha: float | None = None  # None: defaults.alpha_for(rank)
     targets: tuple[str, ...] = defaults.TARGETS
     seed: int = defaults.SEED
     a_seed: int = defaults.A_SEED  # seeds the frozen A (as in exported programs), independent of the run seed
@@ -110,11 +113,13 @@ class TrainConfig:
 
 def with_defaults(config: TrainConfig) -> TrainConfig:
     """``config`` with its objective (by default the task's, ``shared.defaults.default_objective``; the tokenizer
-    checks it later) and the method's defaults for that objective for the steps, lr and eps it does not give."""
+    checks it later) and the method's defaults for that objective for the tuned values it does not give
+    (``shared.defaults.TUNED``: steps, lr, eps, rank, schedule; alpha follows the rank)."""
     objective = config.objective if config.objective is not None else _default_objective(config)
     chosen = defaults.for_method(config.method, objective=objective)
-    missing = {name: getattr(chosen, name) for name in ("steps", "lr", "eps") if getattr(config, name) is None}
-    return replace(config, objective=objective, **missing)
+    missing = {name: getattr(chosen, name) for name in defaults.TUNED if getattr(config, name) is None}
+    config = replace(config, objective=objective, **missing)
+    return config if config.alpha is not None else replace(config, alpha=defaults.alpha_for(config.rank))
 
 
 def _default_objective(config: TrainConfig) -> str:
@@ -167,6 +172,11 @@ def _check_method(config: TrainConfig) -> None:
         raise UsageError("q", reason) from None
 
 
+def schedule_span(config: TrainConfig) -> int:
+    """The steps the run's lr schedule spans: ``schedule_steps``, else ``steps``."""
+    return config.schedule_steps if config.schedule_steps is not None else config.steps
+
+
 def _check_numbers(config: TrainConfig) -> None:
     at_least = (
         ("batch_size", config.batch_size, 1),
@@ -186,7 +196,9 @@ def _check_numbers(config: TrainConfig) -> None:
             raise UsageError(field, f"must be a positive number, got {value}")
     if not 0 <= config.seed < MAX_SEED:
         raise UsageError("seed", f"must be in [0, 2**31), got {config.seed}")
-    check_schedule(config.steps, config.lr_schedule, config.warmup_steps, config.lr_floor)
+    if config.schedule_steps is not None and config.schedule_steps < config.steps:
+        raise UsageError("schedule_steps", f"must be at least steps ({config.steps}), got {config.schedule_steps}")
+    check_schedule(schedule_span(config), config.lr_schedule, config.warmup_steps, config.lr_floor)
     if not config.targets or not all(config.targets):
         raise UsageError("targets", "needs at least one module name, e.g. q_proj,v_proj")
 
@@ -377,7 +389,9 @@ def _step_batch(run: _Run, k: int) -> Batch:
 def _start(run: _Run) -> Checkpoint:
     """Step 0 with an empty history, or the run's checkpoint (which must belong to the same configuration)."""
     cfg = run.config
-    wanted = fingerprint(asdict(cfg))
+    # A decaying schedule's span decides every step's lr, so it is the run's; a constant one's is not (its run extends).
+    span = None if cfg.lr_schedule == "constant" else schedule_span(cfg)
+    wanted = fingerprint(asdict(cfg) | {"schedule_steps": span})
     history: dict[str, list] = {"losses": [], "times": [], "log": [], "eval": []}
     b = run.step.b if run.step.b is not None else torch.zeros(0)
     found = load_checkpoint(cfg.out) if cfg.checkpoint_every is not None else None
@@ -385,6 +399,13 @@ def _start(run: _Run) -> Checkpoint:
         return Checkpoint(0, b, history, wanted)
     if found.fingerprint != wanted:
         changed = sorted(k for k in wanted if found.fingerprint.get(k) != wanted[k])
+        if changed == ["schedule_steps"]:
+            raise UsageError(
+                "steps",
+                f"{cfg.out} holds a run whose {cfg.lr_schedule} schedule spans {found.fingerprint['schedule_steps']} "
+                f"steps; --steps {cfg.steps} would change the lr of the steps it has left (a longer run needs a new "
+                "--out)",
+            )
         raise UsageError("out", f"{cfg.out} holds a checkpoint of another run (differs in {', '.join(changed)})")
     if found.step > cfg.steps:
         raise UsageError("steps", f"the checkpoint in {cfg.out} is at step {found.step}, beyond --steps {cfg.steps}")
@@ -425,7 +446,7 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
     for k in bar:
         _at_step(run, state, k, start)
         batch, seed = _step_batch(run, k), step_seed(cfg.seed, k)
-        lr = lr_at(cfg.lr, cfg.steps, k, cfg.lr_schedule, cfg.warmup_steps, cfg.lr_floor)  # float32, as logged
+        lr = lr_at(cfg.lr, schedule_span(cfg), k, cfg.lr_schedule, cfg.warmup_steps, cfg.lr_floor)  # float32, as logged
         begin = time.perf_counter()
         losses, g = (t.float().cpu() for t in run.step(batch, seed, lr))  # .cpu() waits for the device
         history["times"].append(time.perf_counter() - begin)

@@ -72,7 +72,8 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "submit",
         help="submit a job, or with --cohort a federated job (prints it as JSON)",
-        epilog=f"Defaults of --steps, --lr and --eps by method: {defaults.describe()}.",
+        epilog=f"Defaults of --steps, --lr, --lr-schedule, --eps and --rank by method and objective: "
+        f"{defaults.describe()}.",
     )
     p.add_argument("--model", help="a registered model's name (required, except with --cohort)")
     p.add_argument("--task", help="built-in task (sst2, rte, ..., lm) or custom")
@@ -93,8 +94,8 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         ("warmup_steps", int, "raise lr linearly over the first W steps, lr*(k+1)/W at step k; W < steps"),
         ("lr_floor", float, "where linear and cosine decay end, as a fraction of lr in [0, 1]"),
         ("eps", float, "perturbation scale (default: the method's, below)"),
-        ("rank", int, "LoRA rank"),
-        ("alpha", float, "LoRA alpha (scaling alpha / rank)"),
+        ("rank", int, "LoRA rank (default: the objective's, below)"),
+        ("alpha", float, f"LoRA alpha, the scaling alpha / rank (default: {defaults.SCALING:g} x rank)"),
         ("seq_len", int, "the program's fixed width in tokens (rows left-padded, prompts cut from the left)"),
         ("answer_len", int, "answer tokens per row (default: the task's longest answer)"),
         ("seed", int, "run seed: batch order and step seeds"),
@@ -111,7 +112,8 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         cli_flag("lr_schedule"),
         dest="lr_schedule",
         choices=SCHEDULES,
-        help="lr over the steps after warm-up: constant (default), or linear / cosine decay from lr to the floor; "
+        help="lr over the steps after warm-up: constant, or linear / cosine decay from lr to the floor (default: "
+        "the objective's, below); "
         "a federated job's schedule restarts in every round (each client runs --local-steps)",
     )
     p.add_argument("--targets", help="comma-separated module names (default q_proj,v_proj)")
@@ -194,14 +196,17 @@ def job_body(args: argparse.Namespace) -> dict:
 
 
 def _validated(schema, body: dict, renamed: dict[str, str] | None = None) -> dict:
-    """``body`` as ``schema`` accepts it; ``UsageError`` naming the first field it refuses (``renamed``: a schema
-    field that this command's options call otherwise, e.g. a federated job's ``steps`` is ``local_steps``)."""
+    """``body`` as ``schema`` accepts it, without what the options left out (the values the schema filled in
+    from the defaults included: the server decides those); ``UsageError`` naming the first field it refuses
+    (``renamed``: a schema field that this command's options call otherwise, e.g. a federated job's ``steps`` is
+    ``local_steps``)."""
     from pydantic import ValidationError
 
     from shared.errors import UsageError, usage_error
 
     try:
-        return schema.model_validate(body).model_dump(mode="json", exclude_unset=True)
+        model = schema.model_validate(body)
+        return model.model_dump(mode="json", exclude_unset=True, exclude=model.defaulted)
     except ValidationError as exc:
         error = usage_error(exc)
         raise UsageError((renamed or {}).get(error.field, error.field), error.reason) from None

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--answer-len", type=int, help="answer tokens per row (default: the task's longest answer)")
     parser.add_argument("--objective", choices=OBJECTIVES, help=OBJECTIVE_HELP)
-    parser.add_argument("--rank", type=int, default=defaults.RANK)
-    parser.add_argument("--alpha", type=float, default=defaults.ALPHA)
+    parser.add_argument("--rank", type=int, help="LoRA rank (default: the objective's, as a job's)")
+    parser.add_argument("--alpha", type=float, help=f"LoRA alpha (default {defaults.SCALING:g} x rank)")
     parser.add_argument("--targets", default=",".join(defaults.TARGETS), help="comma-separated target module names")
     parser.add_argument("--a-seed", type=int, default=defaults.A_SEED, help="seed of the frozen LoRA A")
     parser.add_argument("--backend", choices=PROGRAM_BACKENDS, default=defaults.PROGRAM_BACKEND)
@@ -80,14 +80,16 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
     chat = chat_frame(tokenizer) if args.chat_template else None
     task = with_chat(get_task(args.task, args.template, parse_verbalizer(args.verbalizer)), chat)
     objective, candidates, answer_len = resolve_objective(task, tokenizer, args.objective, args.answer_len)
+    rank = args.rank if args.rank is not None else defaults.for_method(defaults.METHOD, args.quantize, objective).rank
+    alpha = args.alpha if args.alpha is not None else defaults.alpha_for(rank)
     try:
         return ProgramConfig(
             q=args.q,
             batch_size=args.batch_size,
             seq_len=args.seq_len,
             answer_len=answer_len,
-            rank=args.rank,
-            alpha=args.alpha,
+            rank=rank,
+            alpha=alpha,
             targets=tuple(t for t in args.targets.split(",") if t),
             a_seed=args.a_seed,
             backend=args.backend,

@@ -27,7 +27,9 @@ def _targets(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = f"Defaults of --steps, --lr and --eps by method: {defaults.describe()}."
+    parser.epilog = (
+        f"Defaults of --steps, --lr, --lr-schedule, --eps and --rank by method and objective: {defaults.describe()}."
+    )
     add = parser.add_argument
     add("--model", required=True, type=Path, metavar="DIR", help="Hugging Face model folder")
     add("--task", required=True, help="sst2, rte, wnli, boolq, wic, wsc, cb, copa, lm, or custom")
@@ -59,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lr-schedule",
         default=_KEEP,
         choices=SCHEDULES,
-        help=f"lr over the steps after warm-up: constant, or linear / cosine decay from --lr to --lr-floor "
-        f"(default {defaults.LR_SCHEDULE})",
+        help="lr over the steps after warm-up: constant, or linear / cosine decay from --lr to --lr-floor "
+        "(default: per objective, below)",
     )
     add(
         "--warmup-steps",
@@ -78,8 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"where linear and cosine decay end, as a fraction of --lr in [0, 1] (default {defaults.LR_FLOOR:g})",
     )
     add("--eps", default=_KEEP, type=float, help="perturbation scale of the ZO methods (default: per method, below)")
-    add("--rank", default=_KEEP, type=int, help=f"LoRA rank (default {defaults.RANK})")
-    add("--alpha", default=_KEEP, type=float, help=f"LoRA alpha; scaling alpha/rank (default {defaults.ALPHA:g})")
+    add("--rank", default=_KEEP, type=int, help="LoRA rank (default: per objective, below)")
+    add(
+        "--alpha",
+        default=_KEEP,
+        type=float,
+        help=f"LoRA alpha; scaling alpha/rank (default {defaults.SCALING:g} x rank)",
+    )
     add(
         "--targets",
         default=_KEEP,
@@ -97,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="K",
         help="write OUT/checkpoint/ every K steps; the same command run again continues from it (or a longer "
-        "--steps extends the run); not for mezo",
+        "--steps extends a constant-schedule run); not for mezo",
     )
     add("--device", default=_KEEP, help="cpu or cuda (default: cuda when available)")
     add("--limit-train", default=_KEEP, type=int, metavar="N", help="use only the first N training examples")

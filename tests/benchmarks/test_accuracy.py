@@ -164,9 +164,9 @@ def test_the_program_runner_trains_through_the_devices_program(
     session = et_program.ProgramSession(pte, pte.parent / manifest.ptd.file, evaluate=False)
     session.set_b(np.zeros(manifest.lora_size, np.float32))
     eps = np.float32(log[0]["eps"])
-    for record, batch in zip(
-        log, step_batches(examples, tokenizer, program_shape(TINY_Q4), defaults.SEED, steps, lr), strict=True
-    ):
+    schedule = results["lr_schedule"]["shape"]  # the objective's default, as a job's
+    batches = step_batches(examples, tokenizer, program_shape(TINY_Q4), defaults.SEED, steps, lr, schedule)
+    for record, batch in zip(log, batches, strict=True):
         losses, g = session.step(batch, batch.lr, float(eps))
         assert (batch.seed, np.float32(batch.lr)) == (record["seed"], np.float32(record["lr"]))
         assert np.array_equal(losses, np.float32(record["losses"])) and np.array_equal(g, np.float32(record["g"]))

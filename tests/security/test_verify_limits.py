@@ -56,12 +56,15 @@ def noisy_steps(d: int = 6144) -> int:
 
 
 def noisy_log(spec: dict) -> str:
-    """A well-formed log of the job (its seeds, lr, eps; g from the losses) that does not give the uploaded B."""
+    """A well-formed log of the job (its seeds, lr schedule, eps; g from the losses) that does not give the uploaded
+    B."""
+    from server.verify import expected_lr
+
     rng = np.random.default_rng(0)
     losses = rng.uniform(1, 2, size=(spec["steps"], 2)).astype(np.float32)
     g = (losses[:, 0] - losses[:, 1]) / (np.float32(spec["eps"]) * np.float32(2))
     return "".join(
-        log_line(log_record(k, step_seed(spec["seed"], k), spec["lr"], spec["eps"], g[k : k + 1], losses[k]))
+        log_line(log_record(k, step_seed(spec["seed"], k), expected_lr(spec, k), spec["eps"], g[k : k + 1], losses[k]))
         for k in range(spec["steps"])
     )
 

@@ -98,6 +98,7 @@ def _train_on_device(http, model_dir: Path, lease: dict, workdir: Path) -> tuple
     from executorch.runtime import Runtime
 
     from shared.noise import step_seed
+    from shared.schedule import lr_at
     from shared.train_log import log_line, log_record
 
     pte = _download(http, lease["program"], workdir / "program.pte")
@@ -108,9 +109,11 @@ def _train_on_device(http, model_dir: Path, lease: dict, workdir: Path) -> tuple
     spec, lines = lease["spec"], []
     for step, ids, mask, targets in _batches(model_dir, spec, spec["steps"]):
         seed = step_seed(spec["seed"], step)
-        inputs = [ids, mask, targets, torch.tensor([seed]), torch.tensor([spec["lr"]]), torch.tensor([spec["eps"]])]
+        schedule = (spec["lr_schedule"], spec["warmup_steps"], spec["lr_floor"])
+        lr = lr_at(spec["lr"], spec["steps"], step, *schedule)  # the job's schedule (a float32 value)
+        inputs = [ids, mask, targets, torch.tensor([seed]), torch.tensor([lr]), torch.tensor([spec["eps"]])]
         losses, g = methods["forward"].execute(inputs)
-        lines.append(log_line(log_record(step, seed, spec["lr"], spec["eps"], g.numpy(), losses.numpy())))
+        lines.append(log_line(log_record(step, seed, lr, spec["eps"], g.numpy(), losses.numpy())))
         progress = {"step": step + 1, "loss": float(losses.mean())}
         beat = _ok(http.post(f"/v1/jobs/{lease['job_id']}/heartbeat", json=progress))
         assert beat["cancelled"] is False

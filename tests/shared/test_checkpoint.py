@@ -26,8 +26,11 @@ def _train(model: Path, out: Path, steps: int, **changes) -> dict:
 
 
 def test_a_run_in_pieces_equals_one_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """SST-2's default schedule decays over the run's steps: a first piece of 4 steps is the opening of the
+    6-step run (``schedule_steps``), and the same --out continues it to the very bits of one run."""
     whole = _train(tiny_model_dir, tmp_path / "whole", 6)
-    _train(tiny_model_dir, tmp_path / "pieces", 4)
+    assert whole["lr_schedule"] == "cosine"
+    _train(tiny_model_dir, tmp_path / "pieces", 4, schedule_steps=6)
     assert load_checkpoint(tmp_path / "pieces").step == 4
     pieces = _train(tiny_model_dir, tmp_path / "pieces", 6)
     assert torch.equal(adapter_flat_b(tmp_path / "pieces"), adapter_flat_b(tmp_path / "whole"))
@@ -36,6 +39,16 @@ def test_a_run_in_pieces_equals_one_run(tiny_model_dir: Path, tmp_path: Path) ->
     assert [e["step"] for e in pieces["eval"]] == [0, 2, 4, 6]
     log = (tmp_path / "pieces" / LOG_FILE).read_text()
     assert log == (tmp_path / "whole" / LOG_FILE).read_text() and len(log.splitlines()) == 6
+
+
+def test_a_decaying_run_is_not_extended_and_a_constant_one_is(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A longer --steps would change the lr of a cosine run's remaining steps: refused, naming --steps. A constant
+    schedule's lr does not depend on the steps: its run extends."""
+    _train(tiny_model_dir, tmp_path / "cosine", 2)
+    with pytest.raises(UsageError, match="--steps.*cosine schedule spans 2 steps"):
+        _train(tiny_model_dir, tmp_path / "cosine", 4)
+    _train(tiny_model_dir, tmp_path / "constant", 2, lr_schedule="constant")
+    assert _train(tiny_model_dir, tmp_path / "constant", 4, lr_schedule="constant")["steps"] == 4
 
 
 def test_the_checkpoint_keeps_the_best_evaluation(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoConfig
 
 from mobizo.cli import main
+from shared import defaults
 from shared.adapter import read_adapter
 from shared.lora import layout_order
 from shared.replay import replay
@@ -191,7 +192,12 @@ def test_cli_writes_adapter_metrics_and_a_replayable_log(tiny_model_dir, tmp_pat
     assert len(metrics["losses"]) == 3 and all(math.isfinite(x) for x in metrics["losses"])
     assert [e["step"] for e in metrics["eval"]] == [0, 3] and metrics["step_time_s"] > 0
     config, _, _ = read_adapter(out / ADAPTER_DIR)
-    assert (config["r"], config["lora_alpha"], sorted(config["target_modules"])) == (16, 32.0, ["q_proj", "v_proj"])
+    rank = defaults.for_method("mobizo", objective="classification").rank  # SST-2's objective's default, alpha 2x
+    assert (config["r"], config["lora_alpha"], sorted(config["target_modules"])) == (
+        rank,
+        2.0 * rank,
+        ["q_proj", "v_proj"],
+    )
     log = read_log(out / LOG_FILE)
     assert [(r["step"], len(r["g"]), len(r["losses"])) for r in log] == [(0, 2, 4), (1, 2, 4), (2, 2, 4)]
     # Each step ran (and logged) the schedule's float32 lr: 1e-2, then cosine decay towards 1e-3.
@@ -330,6 +336,11 @@ def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp
         config = _config(tiny_model_dir, tmp_path / method, method=method, steps=1, batch_size=4)
         metrics = train(config, progress=False)
         assert (metrics["lr"], metrics["eps"], metrics["steps"]) == (chosen.lr, chosen.eps, 1)
+        assert (metrics["rank"], metrics["alpha"], metrics["lr_schedule"]) == (
+            chosen.rank,
+            2 * chosen.rank,
+            chosen.lr_schedule,
+        )
     job, chosen = JobCreate(model="m", task="sst2"), defaults.for_method("mobizo", objective="classification")
     assert job.objective == "classification" and JobCreate(model="m", task="lm", answer_len=4).objective == "lm"
     lm = JobCreate(model="m", task="sst2", objective="lm")
@@ -339,6 +350,12 @@ def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp
         != (job.lr, job.steps)
     )
     assert (job.lr, job.eps, job.steps) == (chosen.lr, chosen.eps, chosen.steps)
+    assert (job.rank, job.alpha, job.lr_schedule) == (chosen.rank, 2 * chosen.rank, chosen.lr_schedule)
+    assert (lm.rank, lm.alpha, lm.lr_schedule) == (defaults.RANK, defaults.ALPHA, defaults.LR_SCHEDULE)
+    assert {"rank", "alpha", "lr_schedule"} <= job.defaulted
+    given = JobCreate(model="m", task="sst2", rank=8, lr_schedule="linear")  # alpha follows a given rank
+    assert (given.rank, given.alpha, given.lr_schedule) == (8, 16.0, "linear") and "rank" not in given.defaulted
+    assert JobCreate(model="m", task="sst2", rank=8, alpha=4).alpha == 4.0
     assert defaults.for_method("mezo").lr != defaults.for_method("mobizo").lr  # per method, not one value
     quantized = JobCreate(model="m", task="sst2", quantize="8da4w")  # its g needs a larger eps (shared.defaults)
     assert (quantized.lr, quantized.eps) == (chosen.lr, defaults.QUANTIZED_EPS["8da4w"]) != (job.lr, job.eps)
