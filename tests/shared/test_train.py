@@ -328,7 +328,6 @@ def test_step_time_benchmark_times_every_method(tiny_model_dir, tmp_path, capsys
 
 def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp_path, capsys):
     """The defaults live in shared.defaults, per method; `mobizo train` and `mobizo jobs submit` both read them."""
-    from shared import defaults
     from shared.schemas import JobCreate
 
     for method in ("mobizo", "fo-lora"):  # SST-2's answers are single tokens: the classification objective's
