@@ -2,11 +2,13 @@
 the inference program (``shared.inference_program``) and the benchmarks' plain forward.
 
     trace   torch.export each method (``Methods``: its example inputs and dynamic shapes) through ``MethodModule``
-    tag     mark the frozen constants (base weights, A) for the external ``.ptd`` (``weights_tag``)
-    lower   to_edge_transform_and_lower: XNNPACK takes the frozen matmuls, the rest stays in portable kernels
+            and mark the frozen constants (base weights, A) for the external ``.ptd`` (``weights_tag``)
+    to_edge to_edge_transform_and_lower: XNNPACK takes the frozen matmuls, the rest stays in portable kernels
     emit    to_executorch: memory planning (mutable buffers shared by the methods), buffers to zero
     store   the ``.pte`` written atomically; the ``.ptd`` and the tokenizer content-addressed, shared by every
-            program of the model (``store``)
+            program of the model
+
+``lower`` runs the first three. ``benchmarks/export_time.py`` times each stage.
 
 A program kind differs only in its module, its methods and which tensors stay out of the ``.ptd``: everything else
 is this module's. ``Emitted.planned`` is what the emitted program's memory plan reserves per method (its mutable
@@ -100,7 +102,7 @@ def edge_config():
 
 
 @contextlib.contextmanager
-def _less_bookkeeping() -> Iterator[None]:
+def less_bookkeeping() -> Iterator[None]:
     """Two costs of the edge stages that grow faster than the graph, removed without changing a byte of the program
     (SmolLM2, four queries: the same ``.pte`` sha256, 334 s -> 292 s for ``lower`` on a 2-core x86 VM; the tiny model
     28.1 s -> 23.8 s):
@@ -141,6 +143,61 @@ def _less_bookkeeping() -> Iterator[None]:
         NodeSource.__init__ = make_source
 
 
+def trace(module: nn.Module, methods: Methods, backend: str, weights_tag: WeightsTag, tag_computed: bool) -> dict:
+    """trace + tag: each method ``torch.export``-ed through ``MethodModule``; for XNNPACK the frozen constants are
+    tagged on the unlifted module and it is exported again, so that what XNNPACK takes lands in the .ptd too."""
+    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
+
+    programs = {}
+    with torch.no_grad():
+        for method, (args, dynamic) in methods.items():
+            # MethodModule takes *args, so its dynamic shapes nest once more than the unlifted module's.
+            exported = torch.export.export(
+                MethodModule(module, method), args, dynamic_shapes=(dynamic,) if dynamic else None, strict=False
+            )
+            if backend == "xnnpack":
+                unlifted = exported.module()
+                if tag_computed:
+                    _tag_computed_constants(unlifted, weights_tag)
+                else:
+                    delegate_external_constants_pass_unlifted(unlifted, weights_tag)
+                exported = torch.export.export(unlifted, args, dynamic_shapes=dynamic, strict=False)
+            programs[method] = exported
+    return programs
+
+
+def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeeping):
+    """lower: to the edge dialect, XNNPACK taking what it supports (``bookkeeping``: the context the stage runs in;
+    the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    partitioner = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner = [XnnpackPartitioner()]
+    with bookkeeping():
+        return to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
+
+
+def emit(edge, weights_tag: WeightsTag, zero_buffers: Iterable[str] = (), bookkeeping: Callable = less_bookkeeping):
+    """emit: memory planning (mutable buffers shared by the methods), ``zero_buffers`` initialised to zeros."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    zero = list(zero_buffers)
+    with bookkeeping():
+        return edge.to_executorch(
+            ExecutorchBackendConfig(
+                passes=[InitializedMutableBufferPass(zero)] if zero else [],
+                emit_mutable_buffer_names=True,
+                memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+                external_constants=weights_tag,
+            )
+        )
+
+
 def lower(
     module: nn.Module,
     methods: Methods,
@@ -154,42 +211,8 @@ def lower(
     ``weights_tag`` names what goes to the .ptd; ``tag_computed`` also tags values computed from frozen constants
     alone (quantized weights); ``zero_buffers`` (name substrings) are mutable buffers that start from zeros rather
     than whatever memory the runtime hands out."""
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
-    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
-    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
-
-    programs = {}
-    with torch.no_grad():
-        for method, (args, dynamic) in methods.items():
-            # MethodModule takes *args, so its dynamic shapes nest once more than the unlifted module's.
-            exported = torch.export.export(
-                MethodModule(module, method), args, dynamic_shapes=(dynamic,) if dynamic else None, strict=False
-            )
-            if backend == "xnnpack":  # tagged before lowering, so that what XNNPACK takes lands in the .ptd too
-                unlifted = exported.module()
-                if tag_computed:
-                    _tag_computed_constants(unlifted, weights_tag)
-                else:
-                    delegate_external_constants_pass_unlifted(unlifted, weights_tag)
-                exported = torch.export.export(unlifted, args, dynamic_shapes=dynamic, strict=False)
-            programs[method] = exported
-    partitioner = []
-    if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        partitioner = [XnnpackPartitioner()]
-    zero = list(zero_buffers)
-    with _less_bookkeeping():
-        edge = to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
-        return edge.to_executorch(
-            ExecutorchBackendConfig(
-                passes=[InitializedMutableBufferPass(zero)] if zero else [],
-                emit_mutable_buffer_names=True,
-                memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
-                external_constants=weights_tag,
-            )
-        )
+    edge = to_edge(trace(module, methods, backend, weights_tag, tag_computed), backend)
+    return emit(edge, weights_tag, zero_buffers)
 
 
 def planned_bytes(manager) -> dict[str, int]:

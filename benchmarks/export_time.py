@@ -1,0 +1,149 @@
+"""Where a training program's export spends its time, stage by stage, and what the pipeline's bookkeeping cuts save.
+
+For one model and one program config it exports the training program twice, each in a fresh process (so that the
+peak RSS is that export's own), through the stages of ``shared.lowering``:
+
+- **build**: load the model, inject LoRA, quantize the base (``shared.program.build_step_module``);
+- **trace**: ``torch.export`` of every method, the frozen constants tagged for the ``.ptd``;
+- **lower**: the edge dialect, XNNPACK taking what it supports (``to_edge_transform_and_lower``);
+- **emit**: memory planning and the program's bytes (``to_executorch``);
+- **store**: the ``.pte`` and the ``.ptd`` written.
+
+``shipped`` runs the stages as ``export_program`` does; ``plain`` runs lower and emit without
+``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance). Both print the graph's
+node count per method, the XNNPACK partitions per method, the peak RSS, and the ``.pte``'s sha256: the two
+programs must be the same bytes.
+
+    python -m benchmarks.export_time --model DIR [--q 4] [--batch-size 16] [--seq-len 64] [--quantize none|8da4w]
+        [--variants shipped plain]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VARIANTS = ("shipped", "plain")
+STAGES = ("build", "trace", "lower", "emit", "store")
+
+
+def _partitions(manager) -> dict[str, int]:
+    """XNNPACK delegate calls per method of the emitted program."""
+    return {
+        plan.name: sum(type(i.instr_args).__name__ == "DelegateCall" for i in plan.chains[0].instructions)
+        for plan in manager.executorch_program.execution_plan
+    }
+
+
+def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> None:
+    from shared import lowering
+    from shared.hf_models import load_model
+    from shared.program import build_step_module
+
+    seconds = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage] = now - clock
+        clock = now
+
+    model, tokenizer = load_model(Path(model_dir), "float32")
+    step = build_step_module(model, cfg)
+    lap("build")
+    programs = lowering.trace(
+        step, step.example_inputs(cfg), cfg.backend, lowering.frozen_weights_tag, cfg.quantize != "none"
+    )
+    nodes = {name: len(program.graph.nodes) for name, program in programs.items()}
+    lap("trace")
+    bookkeeping = contextlib.nullcontext if variant == "plain" else lowering.less_bookkeeping
+    edge = lowering.to_edge(programs, cfg.backend, bookkeeping)
+    lap("lower")
+    manager = lowering.emit(edge, lowering.frozen_weights_tag, bookkeeping=bookkeeping)
+    lap("emit")
+    emitted = lowering.store(manager, Path(out_dir) / "program.pte", Path(out_dir), tokenizer)
+    lap("store")
+    queue.put(
+        {
+            "variant": variant,
+            "seconds": seconds,
+            "total_s": sum(seconds.values()),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "nodes": nodes,
+            "partitions": _partitions(manager),
+            "pte_sha256": emitted.pte.sha256,
+            "pte_kb": emitted.pte.size / 1024,
+            "ptd_mb": emitted.ptd.size / 2**20,
+        }
+    )
+
+
+def export_measured(model_dir: Path, cfg, variant: str) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as out_dir:
+        proc = ctx.Process(target=_export_child, args=(str(model_dir), cfg, variant, out_dir, queue))
+        proc.start()
+        info = queue.get()
+        proc.join()
+    return info
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| stage | " + " | ".join(row["variant"] for row in rows) + " |")
+    print("|---|" + "---|" * len(rows))
+    for stage in STAGES:
+        print(f"| {stage} s | " + " | ".join(f"{row['seconds'][stage]:.1f}" for row in rows) + " |")
+    print("| **total s** | " + " | ".join(f"**{row['total_s']:.1f}**" for row in rows) + " |")
+    print("| peak RSS MB | " + " | ".join(f"{row['peak_rss_mb']:,.0f}" for row in rows) + " |")
+    for key in ("nodes", "partitions"):
+        for method in rows[0][key]:
+            print(f"| {key}: {method} | " + " | ".join(str(row[key][method]) for row in rows) + " |")
+    print("| .pte KB / .ptd MB | " + " | ".join(f"{row['pte_kb']:.0f} / {row['ptd_mb']:.0f}" for row in rows) + " |")
+    print("| .pte sha256 | " + " | ".join(row["pte_sha256"][:16] for row in rows) + " |")
+    if len({row["pte_sha256"] for row in rows}) > 1:
+        print("THE PROGRAMS DIFFER: a bookkeeping cut changed the program")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from shared.defaults import alpha_for
+    from shared.manifest import ProgramConfig
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True, help="Hugging Face model directory")
+    parser.add_argument("--q", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--rank", type=int, default=4)
+    parser.add_argument("--quantize", default="none", choices=["none", "8da4w"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    args = parser.parse_args(argv)
+    # The classification program of a two-answer task (the candidates' ids do not change the export's cost).
+    cfg = ProgramConfig(
+        q=args.q,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        answer_len=1,
+        rank=args.rank,
+        alpha=alpha_for(args.rank),
+        quantize=args.quantize,
+        objective="classification",
+        candidates=(1, 2),
+    )
+    rows = []
+    for variant in args.variants:
+        rows.append(export_measured(args.model, cfg, variant))
+        print(f"{variant}: {rows[-1]['total_s']:.1f} s", flush=True)
+    print_table(rows)
+    return 0 if len({row["pte_sha256"] for row in rows}) == 1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
