@@ -5,17 +5,19 @@ peak RSS is that export's own), through the stages of ``shared.lowering``:
 
 - **build**: load the model, inject LoRA, quantize the base (``shared.program.build_step_module``);
 - **trace**: ``torch.export`` of every method, the frozen constants tagged for the ``.ptd``;
-- **lower**: the edge dialect, XNNPACK taking what it supports (``to_edge_transform_and_lower``);
-- **emit**: memory planning and the program's bytes (``to_executorch``);
+- **lower**: the edge dialect, XNNPACK taking what it supports (``lowering.to_edge``);
+- **emit**: memory planning and the program's bytes (``lowering.emit``);
 - **store**: the ``.pte`` and the ``.ptd`` written.
 
 ``shipped`` runs the stages as ``export_program`` does; ``plain`` runs lower and emit without
-``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance). Both print the graph's
-node count per method, the XNNPACK partitions per method, the peak RSS, and the ``.pte``'s sha256: the two
-programs must be the same bytes.
+``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``sdpa`` is ``shipped``
+with torch's scaled_dot_product_attention in place of the additive-mask attention (``shared.hf_models.ATTENTION``).
+Each prints the graph's node count per method, the XNNPACK partitions per method, the peak RSS, and the ``.pte``'s
+sha256: ``shipped`` and ``plain`` must be the same bytes. ``--keep DIR`` keeps each program (``VARIANT.pte`` and its
+manifest), for ``benchmarks.program_profile`` to time their steps side by side.
 
     python -m benchmarks.export_time --model DIR [--q 4] [--batch-size 16] [--seq-len 64] [--quantize none|8da4w]
-        [--variants shipped plain]
+        [--variants shipped plain sdpa] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("shipped", "plain")
+VARIANTS = ("shipped", "plain", "sdpa")
 STAGES = ("build", "trace", "lower", "emit", "store")
 
 
@@ -44,7 +46,7 @@ def _partitions(manager) -> dict[str, int]:
 def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> None:
     from shared import lowering
     from shared.hf_models import load_model
-    from shared.program import build_step_module
+    from shared.program import build_step_module, write_manifest
 
     seconds = {}
     clock = time.perf_counter()
@@ -56,6 +58,8 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
         clock = now
 
     model, tokenizer = load_model(Path(model_dir), "float32")
+    if variant == "sdpa":
+        model.config._attn_implementation = "sdpa"
     step = build_step_module(model, cfg)
     lap("build")
     programs = lowering.trace(
@@ -68,8 +72,10 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
     lap("lower")
     manager = lowering.emit(edge, lowering.frozen_weights_tag, bookkeeping=bookkeeping)
     lap("emit")
-    emitted = lowering.store(manager, Path(out_dir) / "program.pte", Path(out_dir), tokenizer)
+    out_pte = Path(out_dir) / f"{variant}.pte"
+    emitted = lowering.store(manager, out_pte, Path(out_dir), tokenizer)
     lap("store")
+    write_manifest(Path(model_dir), cfg, step, emitted, out_pte, sum(seconds.values()))
     queue.put(
         {
             "variant": variant,
@@ -85,11 +91,13 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
     )
 
 
-def export_measured(model_dir: Path, cfg, variant: str) -> dict:
+def export_measured(model_dir: Path, cfg, variant: str, keep: Path | None) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as out_dir:
-        proc = ctx.Process(target=_export_child, args=(str(model_dir), cfg, variant, out_dir, queue))
+    with tempfile.TemporaryDirectory() as tmp:
+        out_dir = keep or Path(tmp)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        proc = ctx.Process(target=_export_child, args=(str(model_dir), cfg, variant, str(out_dir), queue))
         proc.start()
         info = queue.get()
         proc.join()
@@ -108,8 +116,12 @@ def print_table(rows: list[dict]) -> None:
             print(f"| {key}: {method} | " + " | ".join(str(row[key][method]) for row in rows) + " |")
     print("| .pte KB / .ptd MB | " + " | ".join(f"{row['pte_kb']:.0f} / {row['ptd_mb']:.0f}" for row in rows) + " |")
     print("| .pte sha256 | " + " | ".join(row["pte_sha256"][:16] for row in rows) + " |")
-    if len({row["pte_sha256"] for row in rows}) > 1:
+    if _differ(rows):
         print("THE PROGRAMS DIFFER: a bookkeeping cut changed the program")
+
+
+def _differ(rows: list[dict]) -> bool:
+    return len({row["pte_sha256"] for row in rows if row["variant"] != "sdpa"}) > 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--quantize", default="none", choices=["none", "8da4w"])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=["shipped", "plain"], choices=VARIANTS)
+    parser.add_argument("--keep", type=Path, help="keep the programs in this folder (VARIANT.pte)")
     args = parser.parse_args(argv)
     # The classification program of a two-answer task (the candidates' ids do not change the export's cost).
     cfg = ProgramConfig(
@@ -139,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     for variant in args.variants:
-        rows.append(export_measured(args.model, cfg, variant))
+        rows.append(export_measured(args.model, cfg, variant, args.keep))
         print(f"{variant}: {rows[-1]['total_s']:.1f} s", flush=True)
     print_table(rows)
-    return 0 if len({row["pte_sha256"] for row in rows}) == 1 else 1
+    return 1 if _differ(rows) else 0
 
 
 if __name__ == "__main__":

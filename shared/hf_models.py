@@ -27,6 +27,44 @@ DTYPES: dict[str, torch.dtype] = {
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+# The attention every model here runs: ``additive_mask_attention``, registered with Hugging Face under this name.
+ATTENTION = "mobizo"
+
+
+def additive_mask_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kwargs):
+    """Attention as matmul, plus an additive float mask, softmax, matmul, in the model's own dtype.
+
+    The mask is Hugging Face's eager one (0 where a query sees a key, the dtype's minimum elsewhere): built once per
+    forward and shared by every layer. XNNPACK takes each op. torch's scaled_dot_product_attention, given the
+    boolean padding mask, decomposes in every layer into mask bookkeeping XNNPACK does not take (eq, logical_not,
+    any and where over rows x heads x seq x seq: its "safe" softmax), run by portable kernels 30 times in a SmolLM2
+    step. This is Hugging Face's "eager" attention except that the softmax stays in the model's dtype (theirs is
+    float32: a float64 model, the exactness checks' reference, would lose its precision and turn the mask's minimum
+    into -inf, so a padding row's softmax into NaN). A padding row sees no key and attends evenly; no real
+    position sees it.
+    """
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    scores = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : scores.shape[-1]]
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, repeat_kv(value, groups)).transpose(1, 2).contiguous(), probs
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(ATTENTION, additive_mask_attention)
+    AttentionMaskInterface.register(ATTENTION, eager_mask)
+
+
+_register_attention()
+
 
 def resolve_dtype(name: str) -> torch.dtype:
     """The torch dtype for a ``--dtype`` value."""
@@ -46,7 +84,7 @@ def build_random(config: PretrainedConfig, seed: int, dtype: torch.dtype, device
     Allocating directly on the target skips a CPU init and copy, which matters for 7B-parameter models.
     """
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=ATTENTION)
     model.to_empty(device=device)
     target = torch.device(device)
     with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
@@ -73,7 +111,7 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
+            model_dir, dtype=torch_dtype, attn_implementation=ATTENTION, local_files_only=True
         ).to(device)
     except Exception as exc:  # Hugging Face raises OSError, ValueError, KeyError, … for broken folders
         raise MobizoError(f"cannot load the model in {model_dir}: {exc}") from exc

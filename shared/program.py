@@ -167,7 +167,6 @@ def export_program(
     ``store`` (default: beside the program) as ``weights-<sha256>.ptd`` and ``tokenizer-<sha256>.json``, reused
     when present. Returns the manifest.
     """
-    from shared.files import atomic_write_bytes
     from shared.hf_models import load_model
 
     out_pte = Path(out_pte)
@@ -183,6 +182,22 @@ def export_program(
         f"backend {cfg.backend}, base weights {cfg.quantize} ..."
     )
     emitted = lowering.store(lower(step, cfg), out_pte, store, tokenizer)
+    manifest = write_manifest(model_dir, cfg, step, emitted, out_pte, time.perf_counter() - started)
+    if init_adapter is not None:
+        manifest = start_from_adapter(out_pte, init_adapter)
+    progress(
+        f"wrote {out_pte} ({manifest.pte.size} B), {manifest.ptd.file} ({manifest.ptd.size} B) "
+        f"in {manifest.export_seconds} s"
+    )
+    return manifest
+
+
+def write_manifest(
+    model_dir: Path, cfg: ProgramConfig, step: MobileMPLoRA, emitted: lowering.Emitted, out_pte: Path, seconds: float
+) -> ProgramManifest:
+    """The manifest of the program ``emitted`` (``lowering.store``'s files) at ``out_pte``, written beside it."""
+    from shared.files import atomic_write_bytes
+
     manifest = ProgramManifest(
         format=FORMAT_VERSION,
         model=str(Path(model_dir).resolve()),
@@ -195,15 +210,9 @@ def export_program(
         ptd=emitted.ptd,
         tokenizer=emitted.tokenizer,
         memory_mb=memory_estimate_mb(emitted, cfg.backend),
-        export_seconds=round(time.perf_counter() - started, 2),
+        export_seconds=round(seconds, 2),
     )
     atomic_write_bytes(manifest_path(out_pte), manifest.to_json())
-    if init_adapter is not None:
-        manifest = start_from_adapter(out_pte, init_adapter)
-    progress(
-        f"wrote {out_pte} ({manifest.pte.size} B), {manifest.ptd.file} ({manifest.ptd.size} B) "
-        f"in {manifest.export_seconds} s"
-    )
     return manifest
 
 

@@ -13,7 +13,7 @@ from mobizo.cli import main
 from shared import hf_models
 from shared.architectures import arch_config
 from shared.errors import MobizoError, UsageError
-from shared.hf_models import count_params, import_gguf, load_model, resolve_dtype
+from shared.hf_models import ATTENTION, count_params, import_gguf, load_model, resolve_dtype
 
 # --- loading ------------------------------------------------------------------------------------------------
 
@@ -23,7 +23,7 @@ def test_load_model_is_frozen_and_in_eval_mode(tiny_model_dir: Path) -> None:
     assert not model.training
     assert all(not p.requires_grad for p in model.parameters())
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == ATTENTION == "mobizo"
     assert tokenizer.pad_token_id == 0
 
 

@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from shared.batch import IGNORE_INDEX, Batch
+from shared.hf_models import ATTENTION
 
 VOCAB = 96
 
@@ -24,7 +25,7 @@ def tiny_llama(seed: int = 0, layers: int = 2, hidden: int = 32, vocab: int = VO
         **config,
     )
     model = LlamaForCausalLM(cfg).eval()
-    model.config._attn_implementation = "sdpa"
+    model.config._attn_implementation = ATTENTION
     model.requires_grad_(False)
     return model
 
