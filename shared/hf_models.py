@@ -38,10 +38,10 @@ def additive_mask_attention(module, query, key, value, attention_mask, scaling, 
     forward and shared by every layer. XNNPACK takes each op. torch's scaled_dot_product_attention, given the
     boolean padding mask, decomposes in every layer into mask bookkeeping XNNPACK does not take (eq, logical_not,
     any and where over rows x heads x seq x seq: its "safe" softmax), run by portable kernels 30 times in a SmolLM2
-    step. This is Hugging Face's "eager" attention except that the softmax stays in the model's dtype (theirs is
-    float32: a float64 model, the exactness checks' reference, would lose its precision and turn the mask's minimum
-    into -inf, so a padding row's softmax into NaN). A padding row sees no key and attends evenly; no real
-    position sees it.
+    step. The mathematics of Hugging Face's "eager" attention, except that the softmax stays in the model's
+    dtype (theirs is float32: a float64 model, the exactness checks' reference, would lose its precision and turn
+    the mask's minimum into -inf, so a padding row's softmax into NaN). A padding row sees no key and attends
+    evenly; no real position sees it.
     """
     from transformers.models.llama.modeling_llama import repeat_kv
 
