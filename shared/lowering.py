@@ -104,8 +104,8 @@ def edge_config():
 @contextlib.contextmanager
 def less_bookkeeping() -> Iterator[None]:
     """Two costs of the edge stages that grow faster than the graph, removed without changing a byte of the program
-    (SmolLM2, four queries: the same ``.pte`` sha256, 334 s -> 292 s for ``lower`` on a 2-core x86 VM; the tiny model
-    28.1 s -> 23.8 s):
+    (``benchmarks/export_time.py``, SmolLM2's default classification program: the same ``.pte`` sha256, the edge
+    stage 280 s -> 243 s on a 2-core x86 VM):
 
     - each XNNPACK partition carved out of a method re-sorts that method's graph and regenerates its Python code
       (``legalize_graph`` sets ``GraphModule.graph``): SmolLM2's 160 partitions of ``forward`` regenerate a
