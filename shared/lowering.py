@@ -206,7 +206,7 @@ def lower(
     tag_computed: bool = False,
     zero_buffers: Iterable[str] = (),
 ):
-    """trace → tag → lower → emit: the ExecuTorch program manager of ``module``'s ``methods``.
+    """trace → to_edge → emit: the ExecuTorch program manager of ``module``'s ``methods``.
 
     ``weights_tag`` names what goes to the .ptd; ``tag_computed`` also tags values computed from frozen constants
     alone (quantized weights); ``zero_buffers`` (name substrings) are mutable buffers that start from zeros rather
