@@ -50,7 +50,7 @@ from shared.backends import OBJECTIVES
 from shared.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from shared.data import load_examples, read_jsonl
 from shared.evaluate import evaluate
-from shared.files import atomic_write_bytes
+from shared.files import atomic_dir, atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame
 from shared.lora import inject_lora
 from shared.schedule import SCHEDULES
@@ -284,7 +284,8 @@ def train_method(
     main = base / "main"
     pilot = base / f"pilot-lr{lr:g}" / CHECKPOINT_DIR
     if pilots and not (main / CHECKPOINT_DIR).exists() and pilot.is_dir():
-        shutil.copytree(pilot, main / CHECKPOINT_DIR)  # continue the winning pilot
+        with atomic_dir(main / CHECKPOINT_DIR) as tmp:  # continue the winning pilot; a kill mid-copy leaves none
+            shutil.copytree(pilot, tmp, dirs_exist_ok=True)
     config = run_config(args, task, files, method, lr, main, args.steps)
     metrics = train_once(config, program_steps(args, config))
     return {"lr": lr, "pilots": pilots, "metrics": metrics, "out": main}
@@ -304,7 +305,7 @@ def program_steps(args: argparse.Namespace, config: TrainConfig) -> StepFactory 
         manifest = read_manifest(pte)
         if manifest.lora_size != lora.size:
             raise SystemExit(f"{pte}: B of {manifest.lora_size} floats, the run's LoRA has {lora.size}")
-        return ProgramStep(pte, pte.parent / manifest.ptd.file, config.eps, manifest.lora_size)
+        return ProgramStep(pte, pte.parent / manifest.ptd.file, config.eps, manifest.lora_size, manifest.config.q)
 
     return make
 

@@ -61,9 +61,12 @@ def _kill_mid_run(model: Path, out: Path) -> None:
     state = out / "runs" / "sst2" / "mobizo-q4" / "main" / "checkpoint" / "state.json"
     try:
         while process.poll() is None:
-            if state.is_file() and json.loads(state.read_text())["step"] > 4:
-                process.send_signal(signal.SIGKILL)
-                break
+            try:  # checkpoints are replaced whole: a reader sees the old one, the new one, or (between) none
+                if json.loads(state.read_text())["step"] > 4:
+                    process.send_signal(signal.SIGKILL)
+                    break
+            except FileNotFoundError:
+                pass
             time.sleep(0.01)
         process.wait(timeout=600)
     finally:
