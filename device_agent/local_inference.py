@@ -21,6 +21,7 @@ from shared import defaults
 from shared.b_file import read_b_file
 from shared.manifest import InferenceConfig, InferenceManifest
 from shared.retry import RetryPolicy, call_with_retry
+from shared.schemas import blob_url
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class LocalModels:
     def adapter(self, adapter_id: int) -> Fetched:
         """The program for the adapter's model and LoRA layout, and the adapter's B (all fetched once, by sha256)."""
         found = self._call(self.api.adapter, adapter_id)
-        url = f"/v1/device/adapters/{adapter_id}/b"
+        url = blob_url(found.b_sha256)
         path = self.cache.fetch(self.api.http, url, found.b_sha256, ".b.safetensors", None, self.policy)
         fetched = self._program(found.model, found.rank, found.alpha, found.targets, found.a_seed, None)
         return replace(fetched, b=read_b_file(path, fetched.manifest.lora_size))

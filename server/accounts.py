@@ -56,9 +56,9 @@ def create_enrollment_code(session: Session, user_id: int, code_hash: str, expir
 
 
 def enroll_device(session: Session, code_hash: str, token_hash: str, **device: Any) -> Device | None:
-    """A new device of the code's user, the code marked used in the same transaction; None (nothing written) when
-    the code is unknown, expired or used. One conditional UPDATE takes the code, so a code enrolls exactly one
-    device."""
+    """A new device of the code's user, the code marked used in the same transaction (commits); None (nothing
+    written, rolled back) when the code is unknown, expired or used. One conditional UPDATE takes the code, so a
+    code enrolls exactly one device."""
     now = utcnow()
     user_id = session.scalar(
         update(EnrollmentCode)
@@ -101,7 +101,8 @@ _SEEN = (
 
 def record_seen(conn: Connection, device: DeviceIdentity) -> None:
     """``last_seen_at`` of the device, if it is over 30 s old, in the caller's write transaction (a step of a
-    lease or a heartbeat): one UPDATE that mostly changes nothing, instead of reading the row first."""
+    lease or a heartbeat: the caller commits): one UPDATE that mostly changes nothing, instead of reading the row
+    first."""
     now = utcnow()
     conn.execute(_SEEN, {"device": device.id, "due": now - LAST_SEEN_EVERY, "now": now})
 

@@ -36,6 +36,7 @@ from server.pool import WorkerPool
 from server.responses import http_error, validation_error
 from server.routes import (
     adapters,
+    blobs,
     cohorts,
     devices,
     enrollment,
@@ -44,7 +45,6 @@ from server.routes import (
     jobs,
     leases,
     models,
-    programs,
     results,
     rounds,
     users,
@@ -128,7 +128,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         app.state.upload_slots = UploadSlots(
             settings.max_uploads, settings.max_uploads_per_device, settings.max_uploads_per_user
         )
-        app.state.inference_builds = InferenceBuilds(store, settings.compile_workers, settings.compile_paused)
+        app.state.inference_builds = InferenceBuilds(store, queue, settings.compile_workers, settings.compile_paused)
         with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
             migrate(engine)
             if lock is not None or first:
@@ -174,7 +174,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         devices,
         jobs,
         leases,
-        programs,
+        blobs,
         results,
         adapters,
         cohorts,

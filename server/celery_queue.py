@@ -2,7 +2,9 @@
 ``CompileQueue`` the API processes use to send them.
 
 Compile and verify are separate queues (``COMPILE_QUEUE``, ``VERIFY_QUEUE``), so a five-minute export never
-delays a 50 ms replay: a worker started with ``--queues verify`` takes replays only. Tasks are acknowledged late
+delays a 50 ms replay: a worker started with ``--queues verify`` takes replays only. The compile queue takes both
+kinds of export: a job's training program (``COMPILE_TASK``) and an inference program (``INFERENCE_TASK``, whose
+manifest comes back through the result backend while the files go to the store). Tasks are acknowledged late
 and rejected (hence redelivered) when the process running them is lost (``task_reject_on_worker_lost``): a worker
 killed mid-export leaves its task to the next worker. When that happens depends on the broker:
 
@@ -43,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate, verify_spool
 from server.compile import build_program
-from server.compile_queue import compile_job
+from server.compile_queue import compile_job, export_inference
 from server.db import make_engine, make_sessionmaker
 from server.jobstate import CompileInput
 from server.object_store import shared_objects
@@ -54,7 +56,7 @@ from server.verify import ResultRejected, package_adapter, replay_log_only, veri
 
 log = logging.getLogger(__name__)
 COMPILE_QUEUE, VERIFY_QUEUE = "compile", "verify"
-COMPILE_TASK, VERIFY_TASK = "mobizo.compile", "mobizo.verify"
+COMPILE_TASK, VERIFY_TASK, INFERENCE_TASK = "mobizo.compile", "mobizo.verify", "mobizo.compile_inference"
 # Every function the server hands its verify pool (``server.uploads.run_verification``, the round close of
 # ``server.federation``), by name: a task names its function, it never carries pickled code.
 VERIFY_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -62,6 +64,29 @@ VERIFY_FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 RESULT_POLL_S = 0.02  # how often a waiting upload looks for its verification result
 QUEUES = (COMPILE_QUEUE, VERIFY_QUEUE)
+
+
+def _call(fn: Callable[..., Any], *args: Any, key: Hashable | None = None) -> Any:
+    """``fn(*args)`` here: a worker's task runs its export in its own process (a pool's ``run`` without the pool)."""
+    return fn(*args)
+
+
+def wait_result(app: Celery, result: AsyncResult, timeout: float | None) -> Any:
+    """Poll the result backend for a task's return value (thread-safe, unlike the backend's push consumer shared by
+    request threads). Past ``timeout`` the task is revoked, its process killed: ``WorkTimedOut``; a task that
+    raised: ``WorkerDied`` with its error."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while not result.ready():
+            if deadline is not None and time.monotonic() > deadline:
+                app.control.revoke(result.id, terminate=True, signal="SIGKILL")
+                raise WorkTimedOut(f"the task ran past its timeout of {timeout:g} s and was stopped")
+            time.sleep(RESULT_POLL_S)
+        if not result.successful():
+            raise WorkerDied(f"the task failed: {result.state} {result.result!r}"[:500])
+        return result.result
+    finally:
+        result.forget()
 
 
 def compile_task_id(job_id: int) -> str:
@@ -111,7 +136,11 @@ def make_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,  # a worker holds no task it is not running: a free worker takes the next one
         task_ignore_result=True,  # job state lives in the database; only verification returns a result
         result_expires=3600,
-        task_routes={COMPILE_TASK: {"queue": COMPILE_QUEUE}, VERIFY_TASK: {"queue": VERIFY_QUEUE}},
+        task_routes={
+            COMPILE_TASK: {"queue": COMPILE_QUEUE},
+            INFERENCE_TASK: {"queue": COMPILE_QUEUE},
+            VERIFY_TASK: {"queue": VERIFY_QUEUE},
+        },
         task_default_queue=COMPILE_QUEUE,
         task_serializer="json",
         accept_content=["json"],
@@ -143,6 +172,12 @@ def make_celery(settings: Settings) -> Celery:
             return built
 
         compile_job(sessions, job_id, export, resume=redelivered)
+
+    @app.task(name=INFERENCE_TASK, ignore_result=False)
+    def compile_inference(model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+        """Export the inference program ``key`` into the store (``export_inference``) → its manifest."""
+        store = resources.get()[1]
+        return export_inference(store, _call, model_dir, model_sha256, config, key)
 
     @app.task(name=VERIFY_TASK, ignore_result=False, time_limit=settings.verify_timeout_s)
     def verify(name: str, args: list[Any], spool: str | None = None) -> dict[str, Any]:
@@ -188,6 +223,11 @@ class CeleryCompileQueue:
         for job_id in ids:
             self.submit(job_id)
         return len(ids)
+
+    def build_inference(self, model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+        """Send the export to the compile queue's workers and wait for it (in ``InferenceBuilds``' driver thread)."""
+        args = [model_dir, model_sha256, config, key]
+        return wait_result(self._app, self._app.send_task(INFERENCE_TASK, args=args, queue=COMPILE_QUEUE), None)
 
     def close(self) -> None:
         self._app.close()
@@ -253,10 +293,7 @@ class CeleryVerifyPool:
             try:
                 sent, folder = verify_spool.send_args(self._shared, spool, args) if spool else (list(args), None)
                 result = self._app.send_task(VERIFY_TASK, args=[fn.__name__, sent, spool], queue=VERIFY_QUEUE)
-                try:
-                    reply = self._wait(result, timeout)
-                finally:
-                    result.forget()
+                reply = wait_result(self._app, result, timeout)
                 if "rejected" in reply:
                     raise ResultRejected(*reply["rejected"])
                 return verify_spool.receive_result(self._shared, reply["ok"], folder) if spool else reply["ok"]
@@ -266,18 +303,6 @@ class CeleryVerifyPool:
 
     def owner_full(self, owner: Hashable) -> bool:
         return self._owners.full(owner)
-
-    def _wait(self, result: AsyncResult, timeout: float | None) -> dict[str, Any]:
-        """Poll the result backend (thread-safe, unlike the backend's push consumer shared by request threads)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not result.ready():
-            if deadline is not None and time.monotonic() > deadline:
-                self._app.control.revoke(result.id, terminate=True, signal="SIGKILL")
-                raise WorkTimedOut(f"the task ran past its timeout of {timeout:g} s and was stopped")
-            time.sleep(RESULT_POLL_S)
-        if not result.successful():
-            raise WorkerDied(f"the verification task failed: {result.state} {result.result!r}"[:500])
-        return result.result
 
     def close(self) -> None:
         self._app.close()

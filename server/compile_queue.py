@@ -1,10 +1,12 @@
-"""The compile queue: jobs go in by id, programs come out, outside any request.
+"""The compile queue: the one queue of every export, outside any request. Jobs go in by id and their training
+programs come out; inference programs go in by key (``build_inference``, for ``server.inference_builds``).
 
-``CompileQueue`` is the whole interface the routes see (``submit``, ``cancel``), so a distributed queue replaces
-``LocalCompileQueue`` without touching them: ``server.celery_queue.CeleryCompileQueue`` (``MOBIZO_QUEUE=celery``).
-Both run one job the same way (``compile_job``): move it to ``compiling``, export the program
+``CompileQueue`` is the whole interface the server sees, so a distributed queue replaces ``LocalCompileQueue``
+without touching it: ``server.celery_queue.CeleryCompileQueue`` (``MOBIZO_QUEUE=celery``), whose workers then run
+both kinds of export. Both run one job the same way (``compile_job``): move it to ``compiling``, export the program
 (``server.compile.build_program``), record ``ready`` or ``failed`` with the error text. The local queue runs one
-driver thread per worker process of its own, so a job is ``compiling`` exactly while a process works on it.
+driver thread per worker process of its own, so a job is ``compiling`` exactly while a process works on it; an
+inference build waits for a free process of the same pool.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate
-from server.compile import build_program
+from server.compile import build_inference, build_program
 from server.jobstate import CompileInput
 from server.pool import WorkerPool
 from server.store import ArtifactStore
@@ -30,6 +32,17 @@ def _log_crash(future: Future) -> None:
     """A driver that died (database unreachable, say) leaves its job for ``recover``; say so in the log."""
     if not future.cancelled() and future.exception() is not None:
         log.error("compile driver failed", exc_info=future.exception())
+
+
+def export_inference(
+    store: ArtifactStore, run: Callable[..., Any], model_dir: str, model_sha256: str, config: dict[str, Any], key: str
+) -> dict[str, Any]:
+    """One inference build, whoever runs it: ``run`` (a worker pool's ``run``, or a call in this process) exports
+    the program into the store's folders (``build_inference``), then it is published → its manifest (JSON)."""
+    programs, blobs = str(store.programs_dir), str(store.blobs_dir)
+    manifest = run(build_inference, model_dir, model_sha256, config, programs, blobs, key=key)
+    store.publish_program(key, manifest)
+    return manifest
 
 
 def compile_job(
@@ -70,6 +83,10 @@ class CompileQueue(Protocol):
 
     def recover(self) -> int:
         """On start: take back jobs a previous run left queued or compiling; returns how many."""
+
+    def build_inference(self, model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+        """Export the inference program ``key`` (``server.compile.build_inference``) and publish it to the store;
+        waits for it → its manifest (JSON). Raises the export's error."""
 
     def close(self) -> None:
         """Stop taking work; running compilations may be abandoned (``recover`` picks them up on restart)."""
@@ -116,6 +133,9 @@ class LocalCompileQueue:
 
         compile_job(self._sessions, job_id, export, abandoned=lambda: self._closing)
 
+    def build_inference(self, model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+        return export_inference(self._store, self._pool.run, model_dir, model_sha256, config, key)
+
     def close(self) -> None:
         """Stop the drivers and kill the compile workers; jobs they were compiling are left for ``recover``."""
         self._closing = True
@@ -135,6 +155,9 @@ class PausedCompileQueue:
 
     def recover(self) -> int:
         return 0
+
+    def build_inference(self, model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+        raise RuntimeError("the compile queue is paused (MOBIZO_COMPILE_PAUSED)")
 
     def close(self) -> None:
         pass

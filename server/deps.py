@@ -36,7 +36,7 @@ from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_t
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Device, DeviceIdentity, Job, User, utcnow
-from shared.manifest import ProgramManifest
+from shared.manifest import InferenceManifest, ProgramManifest
 from shared.schemas import MAX_DB_INT
 
 _bearer = HTTPBearer(auto_error=False, description="admin token, user API key or device token")
@@ -71,7 +71,8 @@ async def get_verify_pool(request: Request) -> WorkerPool:
     return request.app.state.verify_pool
 
 
-async def get_program_manifests(request: Request) -> LRUCache[int, ProgramManifest]:
+async def get_program_manifests(request: Request) -> LRUCache[int, ProgramManifest | InferenceManifest]:
+    """The programs' manifests as devices get them, by program id (``server.grants.device_manifest``)."""
     return request.app.state.program_manifests
 
 
@@ -86,7 +87,7 @@ StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 QueueDep = Annotated[CompileQueue, Depends(get_queue)]
 VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]
-ProgramManifestsDep = Annotated[LRUCache[int, ProgramManifest], Depends(get_program_manifests)]
+ProgramManifestsDep = Annotated[LRUCache[int, ProgramManifest | InferenceManifest], Depends(get_program_manifests)]
 ObjectId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="an id (ids are positive 32-bit integers)")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 

@@ -1,10 +1,10 @@
-"""Inference programs compiled on demand, outside any request, one build per cache key at a time.
+"""Inference programs compiled on demand, outside any request, one build per cache key at a time in this process.
 
-A device asks for the inference program of (model, config); the first request starts the export in a worker
-process (``server.compile.build_inference``) and is told to come back (503 + Retry-After); later requests find it
-building, then built (the manifest on disk is the cache, so a restart keeps every program compiled before). A
-failed build is remembered with its error until the server restarts, so a broken config does not recompile on
-every retry.
+A device asks for the inference program of (model, config); the first request starts the export on the compile
+queue (``CompileQueue.build_inference``: this server's compile workers, or with ``MOBIZO_QUEUE=celery`` the
+workers of the compile queue) and is told to come back (503 + Retry-After); later requests find it building, then
+built (the manifest in the store is the cache, so a restart keeps every program compiled before). A failed build is
+remembered with its error until the server restarts, so a broken config does not recompile on every retry.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from server.compile import INFERENCE_PTE, build_inference, inference_key
-from server.pool import WorkerPool
+from server.compile import INFERENCE_PTE, inference_key
+from server.compile_queue import CompileQueue
 from server.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -30,16 +30,12 @@ class BuildFailed(RuntimeError):
 class InferenceBuilds:
     """``get`` answers a manifest (JSON) when the program is built, None while it builds, or raises ``BuildFailed``."""
 
-    def __init__(self, store: ArtifactStore, workers: int, paused: bool = False) -> None:
-        self._store, self._paused = store, paused  # paused (MOBIZO_COMPILE_PAUSED): serve built programs only
-        self._pool = WorkerPool(workers)
-        self._drivers = ThreadPoolExecutor(workers, thread_name_prefix="inference-build")
+    def __init__(self, store: ArtifactStore, queue: CompileQueue, drivers: int, paused: bool = False) -> None:
+        self._store, self._queue, self._paused = store, queue, paused  # paused: serve built programs only
+        self._drivers = ThreadPoolExecutor(drivers, thread_name_prefix="inference-build")
         self._lock = threading.Lock()
         self._running: dict[str, Future] = {}
         self._failed: dict[str, str] = {}
-
-    def pte(self, key: str) -> Path:
-        return self._store.program(key, INFERENCE_PTE)
 
     def get(self, model_dir: str, model_sha256: str, config: dict[str, Any]) -> tuple[str, dict | None]:
         """(key, manifest or None while building); starts the build on first sight of the key."""
@@ -65,12 +61,8 @@ class InferenceBuilds:
         return json.loads(path.read_bytes()) if path.is_file() else None
 
     def _build(self, key: str, model_dir: str, model_sha256: str, config: dict[str, Any]) -> None:
-        store = self._store
         try:
-            manifest = self._pool.run(
-                build_inference, model_dir, model_sha256, config, str(store.programs_dir), str(store.blobs_dir), key=key
-            )
-            store.publish_program(key, manifest)
+            self._queue.build_inference(model_dir, model_sha256, config, key)
         except Exception as exc:  # any failure of the export is the program's error text
             log.warning("inference program %s: build failed: %s", key, exc)
             with self._lock:
@@ -78,4 +70,3 @@ class InferenceBuilds:
 
     def close(self) -> None:
         self._drivers.shutdown(wait=False, cancel_futures=True)
-        self._pool.close()

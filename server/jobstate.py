@@ -15,6 +15,14 @@ its rounds, each of which goes
 and each client's part in a round goes leased → reported (its log replayed), or leased → expired (its lease ran
 out: the slot is free again). This module writes those statuses too.
 
+Transaction rule (``server.accounts``'s too): a transition is one transaction and its function commits it, so a
+route's write is all or nothing. The few functions that are a step of a larger transaction say "the caller
+commits" and are composed by one caller each: a result's ``succeed`` with its adapter version, a lease's
+``expire_leases`` and the round work of ``federation.lease_round`` (``open_first_round``, ``lease_round_client``,
+``expire_round_clients``), a round's ``finish_close`` with its adapter, a compiled program's ``program_row`` with the
+job or inference program naming it, and ``heartbeat``, one UPDATE in the request's own transaction
+(``tests/server/test_structure.py`` holds every writer here to it).
+
 Transitions that race (a heartbeat against the sweeper, a result against a cancel) are conditional UPDATEs
 checked by their row count, which is safe on SQLite and on PostgreSQL alike; leasing locks the row it takes.
 """
@@ -29,7 +37,7 @@ from sqlalchemy import Connection, Update, and_, bindparam, case, exists, or_, s
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.tables import Device, Job, LeasingDevice, Model, Program, Round, RoundClient, utcnow
+from server.tables import Adapter, Device, Job, LeasingDevice, Model, Program, Round, RoundClient, utcnow
 from shared.manifest import ProgramManifest
 from shared.schemas import TERMINAL_STATUSES, HeartbeatCreate, JobCreate, JobSpec
 
@@ -92,25 +100,32 @@ def start_compiling(session: Session, job_id: int, resume: bool = False) -> Comp
     return CompileInput(job.id, model.path, model.sha256, dict(job.spec))
 
 
-def _program_row(session: Session, model_id: int, built: dict[str, Any]) -> Program:
-    """The Program row for ``built["key"]``, inserted if this is the first job with that config."""
-    existing = session.scalar(select(Program).where(Program.key == built["key"]))
+def program_row(session: Session, model_id: int, key: str, manifest: dict[str, Any], kind: str = "training") -> Program:
+    """The Program row of ``key`` (a training or an inference program), inserted on first sight; flushed (the caller
+    commits)."""
+    existing = session.scalar(select(Program).where(Program.key == key))
     if existing is not None:
         return existing
-    memory_mb = ProgramManifest.model_validate(built["manifest"]).memory_mb
-    program = Program(key=built["key"], model_id=model_id, manifest=built["manifest"], memory_mb=memory_mb)
+    memory_mb = ProgramManifest.model_validate(manifest).memory_mb if kind == "training" else None
+    program = Program(
+        key=key,
+        kind=kind,
+        model_id=model_id,
+        manifest=manifest,
+        memory_mb=memory_mb,
+    )
     try:
         with session.begin_nested():
             session.add(program)
-    except IntegrityError:  # another job with the same config got there first
-        return session.scalars(select(Program).where(Program.key == built["key"])).one()
+    except IntegrityError:  # another job (or process) with the same config got there first
+        return session.scalars(select(Program).where(Program.key == key)).one()
     return program
 
 
 def finish_compiling(session: Session, job_id: int, built: dict[str, Any]) -> None:
     """compiling → ready with its program (``built``: key, manifest, answer_len); a cancelled job stays so."""
     job = session.get_one(Job, job_id)
-    program = _program_row(session, job.model_id, built)
+    program = program_row(session, job.model_id, built["key"], built["manifest"])
     session.flush()
     session.execute(
         update(Job)
@@ -178,6 +193,24 @@ def client_is_open(client: RoundClient, round_: Round) -> bool:
     return client.status == "leased" and round_.status == "open"
 
 
+def held_work(session: Session, device_id: int) -> list[tuple[int, str | None]]:
+    """The work the device holds now, as (program id, the starting B's sha256 or None): its running jobs under its
+    lease (``holds_lease``) and its parts in open rounds (``client_is_open``, B_r the starting B). What it may
+    download for its work is these programs' files and these B's (``server.grants``)."""
+    jobs = (
+        select(Job.program_id, Adapter.b_sha256)
+        .outerjoin(Adapter, Adapter.id == Job.init_adapter_id)
+        .where(Job.status == "running", Job.leased_device_id == device_id)
+    )
+    parts = (
+        select(Job.program_id, Round.b_sha256)
+        .join(Round, Round.job_id == Job.id)
+        .join(RoundClient, RoundClient.round_id == Round.id)
+        .where(RoundClient.device_id == device_id, RoundClient.status == "leased", Round.status == "open")
+    )
+    return [(row[0], row[1]) for query in (jobs, parts) for row in session.execute(query) if row[0] is not None]
+
+
 def revoke_device(session: Session, device_id: int) -> bool:
     """live → revoked, its leases released in the same transaction: its running jobs go back to ready (the attempt
     stays counted) and its round parts expire (their slots are free again). Commits; → whether it was live.
@@ -223,7 +256,7 @@ _EXPIRE_ALL, _EXPIRE_USER = _expire(true()), _expire(Job.user_id == bindparam("u
 
 def expire_leases(session: Session, max_attempts: int, user_id: int | None = None, now: datetime | None = None) -> None:
     """Running jobs whose lease ran out go back to ready, or fail after ``max_attempts`` leases, in one statement
-    (caller commits); only ``user_id``'s jobs when given (a lease request: no other user's job could be handed to
+    (the caller commits); only ``user_id``'s jobs when given (a lease request: no other user's job could be handed to
     the device)."""
     values = {"now": now or utcnow(), "max_attempts": max_attempts, "user": user_id}
     values["exhausted"] = f"lease expired {max_attempts} times without a result"
@@ -296,7 +329,7 @@ def heartbeat(
     """Extend the device's lease and record progress → the new expiry; None when the update did not apply: the
     job is not running under this device's unexpired lease, or ``progress.step`` is beyond its steps (the caller
     reads the job to say which). One conditional UPDATE, so the check and the write cannot be split by another
-    request, and a heartbeat costs one statement."""
+    request, and a heartbeat costs one statement, in the request's transaction on ``conn`` (the caller commits)."""
     now = utcnow()
     expires = now + timedelta(seconds=lease_s)
     values = {"job_id": job_id, "holder": device_id, "now": now, "expires": expires, "step": progress.step}
@@ -309,7 +342,7 @@ def heartbeat(
 
 def open_first_round(session: Session, job: Job, b_sha256: str) -> Round | None:
     """ready → running with round 0 open from ``b_sha256`` (B_0); the open round if another request did it first.
-    Flushed, not committed (the caller leases in the same transaction)."""
+    Flushed (the caller commits, with the lease)."""
     moved = session.execute(
         update(Job).where(Job.id == job.id, Job.status == "ready").values(status="running", updated_at=utcnow())
     ).rowcount
@@ -329,7 +362,8 @@ def open_round(session: Session, job_id: int) -> Round | None:
 def lease_round_client(
     session: Session, round_: Round, device: LeasingDevice, seed: int, lease_s: int, timeout_s: float
 ) -> RoundClient:
-    """A new client of an open round on ``device``; the first one starts the round's clock (flushed)."""
+    """A new client of an open round on ``device``; the first one starts the round's clock (flushed; the caller
+    commits)."""
     now = utcnow()
     if round_.deadline_at is None:
         round_.deadline_at = now + timedelta(seconds=timeout_s)
@@ -397,7 +431,7 @@ def client_gave_up(session: Session, client: RoundClient) -> bool:
 
 
 def expire_round_clients(session: Session, now: datetime | None = None) -> None:
-    """Clients whose lease ran out (killed, or gone quiet) free their slot: leased → expired (caller commits)."""
+    """Clients whose lease ran out (killed, or gone quiet) free their slot: leased → expired (the caller commits)."""
     now = now or utcnow()
     session.execute(
         update(RoundClient)

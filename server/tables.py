@@ -99,14 +99,17 @@ class LeasingDevice(NamedTuple):
 
 
 class Program(Base):
-    """A compiled program, shared by every job with the same model and ProgramConfig (``key`` hashes both).
+    """A compiled program: a training program, shared by every job with the same model and ProgramConfig (``key``
+    hashes both), or an inference program of a model and LoRA layout (``kind``).
 
-    The manifest (``shared.program.export_program``) names its files with their sha256 and size.
+    The manifest (``shared.program.export_program``, ``shared.inference_program``) names its files with their
+    sha256 and size; devices download them by content (``GET /v1/blobs/{sha256}``, ``server.grants``).
     """
 
     __tablename__ = "programs"
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16), default="training", server_default="training")
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     manifest: Mapped[dict[str, Any]]
     memory_mb: Mapped[int | None] = mapped_column(doc="RAM the program needs (the manifest's estimate)")

@@ -9,8 +9,8 @@ Naming follows the usual FastAPI layout: ``XCreate`` is what a client sends, ``X
 Result upload (``POST /v1/jobs/{id}/result``) is ``multipart/form-data`` with three file parts named by
 ``RESULT_PARTS``: ``b_flat`` (a B file, ``shared.b_file``: safetensors holding exactly one float32 tensor
 ``"b_flat"`` of shape [D], the program's ``get_lora_b()``), ``log`` (the training log, JSON Lines,
-``shared.train_log``) and ``metrics`` (``metrics.json``). The starting adapter download (``GET /v1/jobs/{id}/init``)
-is a B file too.
+``shared.train_log``) and ``metrics`` (``metrics.json``). A device downloads every file by content
+(``GET /v1/blobs/{sha256}``, ``blob_url``); a starting B is a B file too.
 """
 
 from __future__ import annotations
@@ -468,8 +468,17 @@ class JobsPublic(BaseModel):
 # --- leases, heartbeats, results ------------------------------------------------------------------------------------
 
 
+BLOBS_PATH = "/v1/blobs"
+
+
+def blob_url(sha256: str) -> str:
+    """Where a device downloads the file whose content is ``sha256``: the one download route."""
+    return f"{BLOBS_PATH}/{sha256}"
+
+
 class FileRef(BaseModel):
-    """A download: ``url`` is a path relative to the server root; verify ``sha256`` after downloading."""
+    """A download: ``url`` is a path relative to the server root (``blob_url``); verify ``sha256`` after
+    downloading."""
 
     url: str
     size: int

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from fastapi import Query, Response
 from fastapi.responses import FileResponse
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server import federation
+from server import federation, queries
 from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
 from server.registry import adapter_public as public
 from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
@@ -37,13 +36,7 @@ def list_adapters(
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> AdaptersPublic:
-    query = select(Adapter, Model.name).join(Model, Model.id == Adapter.model_id).where(federation.visible_to(user.id))
-    if model is not None:
-        query = query.where(Model.name == model)
-    if task is not None:
-        query = query.where(Adapter.task == task)
-    count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.execute(query.order_by(Adapter.id.desc()).offset(skip).limit(limit)).all()
+    rows, count = queries.adapters_of(session, user.id, model, task, skip, limit)
     return AdaptersPublic(data=[public(session, *row) for row in rows], count=count)
 
 

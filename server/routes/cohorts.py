@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from fastapi import HTTPException, status
 from pydantic import ValidationError
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server import accounts, jobstate
+from server import accounts, jobstate, queries
 from server.deps import AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, UserOrAdmin
 from server.responses import errors, field_error, not_found
 from server.router import Router
-from server.tables import Cohort, CohortMember, Model, User
+from server.tables import Cohort, Model, User
 from server.views import job_public
 from shared.errors import UsageError
 from shared.schemas import (
@@ -33,11 +32,6 @@ from shared.tasks import get_task
 router = Router(prefix="/v1/cohorts", tags=["cohorts"])
 
 
-def _members(session: Session, cohort_id: int) -> int:
-    active = (CohortMember.cohort_id == cohort_id, CohortMember.left_at.is_(None))
-    return session.scalar(select(func.count(CohortMember.id)).where(*active)) or 0
-
-
 def public(session: Session, cohort: Cohort, user: User | None) -> CohortPublic:
     member = None
     if user is not None:
@@ -48,7 +42,7 @@ def public(session: Session, cohort: Cohort, user: User | None) -> CohortPublic:
         name=cohort.name,
         model=session.get_one(Model, cohort.model_id).name,
         task=cohort.task,
-        members=_members(session, cohort.id),
+        members=queries.cohort_members(session, cohort.id),
         member=member,
         created_at=cohort.created_at,
     )
@@ -68,7 +62,7 @@ def _cohort(session: Session, cohort_id: int) -> Cohort:
     responses=errors(400, 401, 403, 409, 413, 422, e409="a cohort of that name exists"),
 )
 def create(body: CohortCreate, _: AdminDep, session: SessionDep) -> CohortPublic:
-    model = session.scalar(select(Model).where(Model.name == body.model))
+    model = queries.model_named(session, body.model)
     if model is None:
         raise field_error("model", "must name a registered model")
     try:
@@ -81,7 +75,7 @@ def create(body: CohortCreate, _: AdminDep, session: SessionDep) -> CohortPublic
 @router.get("", response_model=CohortsPublic, responses=errors(401, 403))
 def list_cohorts(user: UserOrAdmin, session: SessionDep) -> CohortsPublic:
     """Every cohort, so that users can choose one to join; ``member`` says whether the caller is in it."""
-    cohorts = session.scalars(select(Cohort).order_by(Cohort.id)).all()
+    cohorts = queries.cohorts(session)
     return CohortsPublic(data=[public(session, c, user) for c in cohorts], count=len(cohorts))
 
 

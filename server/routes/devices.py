@@ -5,9 +5,8 @@ on, by every API process, and its leases are released (``jobstate.revoke_device`
 from __future__ import annotations
 
 from fastapi import HTTPException, status
-from sqlalchemy import select
 
-from server import accounts, jobstate
+from server import accounts, jobstate, queries
 from server.deps import CurrentUser, ObjectId, SessionDep, UserOrAdmin
 from server.responses import errors, not_found
 from server.router import Router
@@ -46,7 +45,7 @@ def public(device: Device) -> DevicePublic:
 
 @router.get("", response_model=DevicesPublic, responses=errors(401, 403))
 def list_devices(user: CurrentUser, session: SessionDep) -> DevicesPublic:
-    devices = session.scalars(select(Device).where(Device.user_id == user.id).order_by(Device.id)).all()
+    devices = queries.devices_of(session, user.id)
     return DevicesPublic(data=[public(d) for d in devices], count=len(devices))
 
 

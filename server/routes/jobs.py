@@ -6,15 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import HTTPException, Query, status
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate, quotas, registry
+from server import federation, jobstate, queries, quotas, registry
 from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
 from server.model_lookup import registered_model
 from server.responses import errors, field_error, not_found
 from server.router import Router
-from server.tables import Adapter, Device, Job, Model, User
+from server.tables import Device, Job, Model, User
 from server.views import job_public
 from shared.model_files import has_chat_template
 from shared.schemas import MAX_DB_INT, JobCreate, JobPublic, JobsPublic
@@ -119,17 +118,7 @@ def list_jobs(
     limit: int = Query(100, ge=1, le=1000),
 ) -> JobsPublic:
     """The user's jobs; for the admin, the cohorts' federated jobs."""
-    mine = Job.user_id == user.id if user is not None else Job.cohort_id.is_not(None)
-    rows = session.execute(
-        select(Job, Model.name, Adapter.id, Adapter.held_out)
-        .join(Model, Model.id == Job.model_id)
-        .outerjoin(Adapter, Adapter.job_id == Job.id)
-        .where(mine)
-        .order_by(Job.id.desc())
-        .offset(skip)
-        .limit(limit)
-    ).all()
-    count = session.scalar(select(func.count(Job.id)).where(mine)) or 0
+    rows, count = queries.jobs_of(session, None if user is None else user.id, skip, limit)
     return JobsPublic(data=[job_public(session, *row) for row in rows], count=count)
 
 

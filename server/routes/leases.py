@@ -1,8 +1,10 @@
 """Devices take work: ``POST /v1/leases`` hands out the next ready job, heartbeats keep the lease alive.
 
 With no job of its own user ready, an eligible device (``eligible`` not false) may get a part in a federated round
-of a cohort its user is in (``server.federation.lease_round``): the lease then carries ``round`` and its URLs
-lead to ``/v1/round-clients/{id}/…`` (``routes/rounds.py``).
+of a cohort its user is in (``server.federation.lease_round``): the lease then carries ``round``, and its
+heartbeats and upload go to ``/v1/round-clients/{id}/…`` (``routes/rounds.py``). Either way the lease names its
+files by content: the device downloads each from ``GET /v1/blobs/{sha256}`` (``routes/blobs.py``), which grants
+them while the device holds the work.
 
 A lease lasts ``lease_s`` seconds from the last heartbeat. An expired lease returns the job to ``ready`` (the
 sweeper and every lease request apply that), up to ``max_attempts`` leases per job. A heartbeat on a cancelled
@@ -15,10 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import HTTPException, Response, status
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import accounts, federation, jobstate
+from server import accounts, federation, jobstate, queries
 from server.db import read_only
 from server.deps import (
     CurrentDevice,
@@ -32,11 +33,12 @@ from server.deps import (
     StoreDep,
     revoked,
 )
+from server.grants import blob_ref, device_manifest
 from server.lru import LRUCache
 from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.store import ArtifactStore
-from server.tables import Adapter, Device, Job, Program, Round, RoundClient, utcnow
+from server.tables import Adapter, Job, Round, RoundClient, utcnow
 from shared.manifest import ProgramFile, ProgramManifest
 from shared.schemas import (
     FileRef,
@@ -51,46 +53,29 @@ from shared.schemas import (
 router = Router(tags=["leases"])
 
 
-def _init_ref(store: ArtifactStore, base: str, b_sha256: str) -> FileRef:
-    """The starting B a work item's device downloads at ``{base}/init``."""
-    return FileRef(url=f"{base}/init", size=store.adapter_b(b_sha256).stat().st_size, sha256=b_sha256)
+def _init_ref(store: ArtifactStore, b_sha256: str) -> FileRef:
+    """The starting B of a work item."""
+    return blob_ref(b_sha256, store.adapter_b(b_sha256).stat().st_size)
 
 
-def _device_manifest(session: Session, manifests: LRUCache[int, ProgramManifest], program_id: int) -> ProgramManifest:
-    """The program's manifest as devices get it (no server model path). A program row is written once and never
-    changes, so each API process parses it once (``server.lru``): a lease no longer loads and validates it."""
-    manifest = manifests.get(program_id)
-    if manifest is None:
-        raw = session.scalar(select(Program.manifest).where(Program.id == program_id))
-        manifest = ProgramManifest.model_validate(raw).for_device()
-        manifests.put(program_id, manifest)
-    return manifest
+def _work_lease(manifest: ProgramManifest, init: FileRef | None, **fields: Any) -> LeasePublic:
+    """The one lease builder: a work item (a job, or a client's part in a round) and its files, by content."""
 
+    def ref(file: ProgramFile) -> FileRef:
+        return blob_ref(file.sha256, file.size)
 
-def _work_lease(manifest: ProgramManifest, base: str, init: FileRef | None, **fields: Any) -> LeasePublic:
-    """The one lease builder: a work item (a job, or a client's part in a round) whose files are under ``base``."""
-
-    def ref(file: ProgramFile, path: str) -> FileRef:
-        return FileRef(url=f"{base}/{path}", size=file.size, sha256=file.sha256)
-
-    program, weights, tokenizer = (
-        ref(manifest.pte, "program"),
-        ref(manifest.ptd, "weights"),
-        ref(manifest.tokenizer, "tokenizer"),
-    )
+    program, weights, tokenizer = ref(manifest.pte), ref(manifest.ptd), ref(manifest.tokenizer)
     return LeasePublic(manifest=manifest, program=program, weights=weights, tokenizer=tokenizer, init=init, **fields)
 
 
 def _lease(
     session: Session, store: ArtifactStore, manifest: ProgramManifest, job: Job, heartbeat_s: int
 ) -> LeasePublic:
-    base = f"/v1/jobs/{job.id}"
     init = None
     if job.init_adapter_id is not None:
-        init = _init_ref(store, base, session.get_one(Adapter, job.init_adapter_id).b_sha256)
+        init = _init_ref(store, session.get_one(Adapter, job.init_adapter_id).b_sha256)
     return _work_lease(
         manifest,
-        base,
         init,
         job_id=job.id,
         attempt=job.attempts,
@@ -109,11 +94,9 @@ def _round_lease(
 ) -> LeasePublic:
     round_ = session.get_one(Round, client.round_id)
     job = session.get_one(Job, round_.job_id)
-    base = f"/v1/round-clients/{client.id}"
     return _work_lease(
-        _device_manifest(session, manifests, job.program_id),
-        base,
-        _init_ref(store, base, round_.b_sha256),
+        device_manifest(session, manifests, job.program_id),
+        _init_ref(store, round_.b_sha256),
         job_id=job.id,
         attempt=1,
         spec=federation.client_spec(job, client),
@@ -144,7 +127,7 @@ def lease(
     jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
     job = jobstate.lease_next(session, asking, settings.lease_s)
     if job is not None:
-        manifest = _device_manifest(session, manifests, job.program_id)
+        manifest = device_manifest(session, manifests, job.program_id)
         return _lease(session, store, manifest, job, settings.heartbeat_s)
     if body is None or body.eligible is not False:  # round work only for devices whose policy holds
         client = federation.lease_round(session, store, asking, settings.lease_s)
@@ -178,10 +161,7 @@ def heartbeat(
     if expires is not None:
         return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
     with read_only(engine) as conn:  # it did not apply: say why
-        job = conn.execute(
-            select(Job.status, Job.user_id, Job.leased_device_id, Job.spec).where(Job.id == job_id)
-        ).first()
-        gone = conn.execute(select(Device.revoked_at).where(Device.id == device.id)).scalar_one_or_none()
+        job, gone = queries.heartbeat_refusal(conn, job_id, device.id)
     if gone is not None:
         raise revoked(device.id)
     if job is None or job.user_id != device.user_id:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import HTTPException, status
-from sqlalchemy import select
 
-from server import accounts
+from server import accounts, queries
 from server.deps import AdminDep, AnyAuth, SessionDep
 from server.responses import errors, field_error
 from server.router import Router
@@ -66,5 +65,5 @@ def register_model(body: ModelCreate, _: AdminDep, session: SessionDep) -> Model
 
 @router.get("", response_model=ModelsPublic, responses=errors(401))
 def list_models(_: AnyAuth, session: SessionDep) -> ModelsPublic:
-    models = session.scalars(select(Model).order_by(Model.id)).all()
+    models = queries.models(session)
     return ModelsPublic(data=[public(m) for m in models], count=len(models))

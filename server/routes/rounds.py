@@ -1,7 +1,8 @@
 """A device's part in a federated round (``/v1/round-clients/{id}/…``) and the admin's view of a job's rounds.
 
 A round lease (``POST /v1/leases`` answering with ``round`` set) names a round client; its device downloads the
-cached program, weights, tokenizer and B_r (``init``) here, heartbeats, and uploads its log alone
+cached program, weights, tokenizer and B_r (``init``) by content (``GET /v1/blobs/{sha256}``), heartbeats here, and
+uploads its log alone
 (``POST /v1/round-clients/{id}/result``: multipart ``log`` and ``metrics``). The server replays the log from B_r
 in a verify worker and records the client's B; the K-th report closes the round (``server.federation``). An
 upload after the round closed, or after the client's lease ran out, answers 409. Only the device holding the part
@@ -15,11 +16,9 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, Response, status
-from fastapi.responses import FileResponse
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate
+from server import federation, jobstate, queries
 from server.deps import (
     AdminDep,
     CurrentDevice,
@@ -31,12 +30,11 @@ from server.deps import (
     VerifyPoolDep,
 )
 from server.limits import ROUND_UPLOAD, upload_body_limit
-from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
+from server.responses import errors, not_found
 from server.router import Router
-from server.tables import Job, Program, Round, RoundClient, utcnow
+from server.tables import Job, Round, RoundClient, utcnow
 from server.uploads import BodyPace, receive, received_parts, refuse_while_verifying, run_verification
 from server.verify import METRICS_LIMIT, log_limit, replay_log_only
-from shared.manifest import ProgramManifest
 from shared.schemas import (
     HeartbeatCreate,
     HeartbeatPublic,
@@ -83,46 +81,7 @@ def _job(session: Session, client: RoundClient) -> tuple[Round, Job]:
     return round_, session.get_one(Job, round_.job_id)
 
 
-def _program_file(session: Session, store, client: RoundClient, entry: str) -> tuple[Path, str]:
-    program = session.get_one(Program, _job(session, client)[1].program_id)
-    session.commit()
-    file = getattr(ProgramManifest.model_validate(program.manifest), entry)
-    return (store.program(program.key) if entry == "pte" else store.blob(file.file)), file.sha256
-
-
 _CLIENT = "/v1/round-clients/{client_id}"
-
-
-@router.get(
-    f"{_CLIENT}/program", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)}
-)
-def program_file(client: DeviceClient, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch):
-    path, sha256 = _program_file(session, store, client, "pte")
-    return serve_file(path, sha256, "program.pte", if_none_match)
-
-
-@router.get(
-    f"{_CLIENT}/weights", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)}
-)
-def weights_file(client: DeviceClient, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch):
-    path, sha256 = _program_file(session, store, client, "ptd")
-    return serve_file(path, sha256, path.name, if_none_match)
-
-
-@router.get(
-    f"{_CLIENT}/tokenizer", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)}
-)
-def tokenizer_file(client: DeviceClient, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch):
-    path, sha256 = _program_file(session, store, client, "tokenizer")
-    return serve_file(path, sha256, "tokenizer.json", if_none_match, "application/json")
-
-
-@router.get(f"{_CLIENT}/init", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)})
-def init_file(client: DeviceClient, session: SessionDep, store: StoreDep, if_none_match: str | None = IfNoneMatch):
-    """B_r, the round's starting B (a B file): set it with ``set_lora_b`` before step 1."""
-    b_sha = session.get_one(Round, client.round_id).b_sha256
-    session.commit()
-    return serve_file(store.adapter_b(b_sha), b_sha, "init.safetensors", if_none_match)
 
 
 @router.post(f"{_CLIENT}/heartbeat", response_model=HeartbeatPublic, responses=errors(400, 401, 403, 404, 413, 422))
@@ -224,12 +183,8 @@ def list_rounds(job_id: ObjectId, _: AdminDep, session: SessionDep) -> RoundsPub
     job = session.get(Job, job_id)
     if job is None or job.cohort_id is None:
         raise not_found("federated job")
-    rounds = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.index)).all()
     data = []
-    for round_ in rounds:
-        clients = session.scalars(
-            select(RoundClient).where(RoundClient.round_id == round_.id).order_by(RoundClient.id)
-        ).all()
+    for round_, clients in queries.rounds_of(session, job.id):
         fields = {name: getattr(round_, name) for name in RoundPublic.model_fields if name != "clients"}
         data.append(RoundPublic(**fields, clients=[_client_public(c) for c in clients]))
     return RoundsPublic(data=data, count=len(data))

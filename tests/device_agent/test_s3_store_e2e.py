@@ -35,14 +35,20 @@ def test_a_second_api_process_serves_what_the_first_stored_through_the_bucket(
             held = {kind: sorted(p.name for p in (data_b / kind).iterdir()) for kind in kinds}
             assert held == dict.fromkeys(kinds, []), held
             device = bearer(json.loads(agent.config.read_text())["token"])
-            files = [(device, f"/v1/jobs/{job_id}/{entry}") for entry in ("program", "weights", "tokenizer")]
+            again = stack.submit(steps=4)  # the same program: the device downloads its files while it holds it
+            stack.wait_job(again, {"ready"})
+            lease = ok(httpx.post(f"{url_b}/v1/leases", headers=device, timeout=60))
+            assert lease["job_id"] == again
+            files = [(device, lease[entry]["url"]) for entry in ("program", "weights", "tokenizer")]
+            b_sha256 = ok(httpx.get(f"{url_a}/v1/adapters/{job['adapter_id']}", headers=stack.user.headers))["b_sha256"]
+            files.append((device, f"/v1/blobs/{b_sha256}"))  # its user's adapter
             files.append((stack.user.headers, f"/v1/adapters/{job['adapter_id']}/download"))
             for headers, path in files:
                 a = httpx.get(url_a + path, headers=headers, timeout=60)
                 b = httpx.get(url_b + path, headers=headers, timeout=60)
                 assert a.status_code == b.status_code == 200, (path, b.text)
                 assert b.content == a.content and b.headers["etag"] == a.headers["etag"], path
-                if path.endswith(("/program", "/weights", "/tokenizer")):  # their ETag is the content's sha256
+                if path.startswith("/v1/blobs/"):  # their ETag is the content's sha256
                     assert b.headers["etag"] == f'"{hashlib.sha256(b.content).hexdigest()}"', path
                 tail = httpx.get(url_b + path, headers={**headers, "Range": "bytes=10-"}, timeout=60)
                 assert tail.status_code == 206 and tail.content == a.content[10:], path

@@ -33,12 +33,12 @@ def test_errors_name_the_field_and_the_rule_never_the_value(live, people):
         http.post("/v1/models", json={"name": "m", "path": "/" + ECHO}, headers=ADMIN),
         http.get("/v1/jobs/987654", headers=user),
         http.get("/v1/adapters/987654/download", headers=user),
-        http.get(f"/v1/device/inference/{'e' * 64}/program", headers=device),
-        http.get("/v1/device/inference/ECHO-ME/program", headers=device),
+        http.get(f"/v1/blobs/{'e' * 64}", headers=device),
+        http.get("/v1/blobs/ECHO-ME", headers=device),
     ]
     http.post("/v1/users", json={"name": "ECHO-ME-user"}, headers=ADMIN)
     answers.append(http.post("/v1/users", json={"name": "ECHO-ME-user"}, headers=ADMIN))
-    expected = [422, 422, 422, 422, 404, 404, 422, 422, 404, 404, 404, 404, 409]
+    expected = [422, 422, 422, 422, 404, 404, 422, 422, 404, 404, 404, 422, 409]
     assert [a.status_code for a in answers] == expected, [a.text for a in answers]
     for answer in answers:
         assert "ECHO" not in answer.text and "etc/passwd" not in answer.text and "987654" not in answer.text, (

@@ -18,8 +18,6 @@ def test_ids_in_paths_answer_422(live, people, value):
         ("post", f"/v1/jobs/{value}/cancel", user, None),
         ("get", f"/v1/adapters/{value}", user, None),
         ("get", f"/v1/adapters/{value}/download", user, None),
-        ("get", f"/v1/jobs/{value}/program", device, None),
-        ("get", f"/v1/jobs/{value}/init", device, None),
         ("post", f"/v1/jobs/{value}/heartbeat", device, {"step": 1}),
         ("post", f"/v1/jobs/{value}/fail", device, {"error": "x"}),
         ("post", f"/v1/jobs/{value}/result", device, None),

@@ -113,11 +113,13 @@ def test_members_devices_run_the_cohort_adapter_and_no_one_elses(cohort, tmp_pat
         headers = cohort["devices"][member]["headers"]
         shown = http.get(url, headers=headers)
         assert shown.status_code == 200 and shown.json()["cohort_id"] == cohort["cohort"], shown.text
-        b = http.get(f"{url}/b", headers=headers)
+        b = http.get(f"/v1/blobs/{shown.json()['b_sha256']}", headers=headers)
         assert b.status_code == 200 and b.headers["etag"] == f'"{shown.json()["b_sha256"]}"'
         assert http.get(f"/v1/adapters/{adapter_id}/download", headers=cohort["users"][member]).status_code == 200
     outsider = cohort["devices"]["n"]["headers"]
     assert http.get(url, headers=outsider).status_code == 404
-    assert http.get(f"{url}/b", headers=outsider).status_code == 404
+    b_url = f"/v1/blobs/{http.get(url, headers=cohort['devices']['a']['headers']).json()['b_sha256']}"
+    assert http.get(b_url, headers=outsider).status_code == 404
     assert http.post(f"/v1/cohorts/{cohort['cohort']}/leave", headers=cohort["users"]["b"]).status_code == 200
     assert http.get(url, headers=cohort["devices"]["b"]["headers"]).status_code == 404  # b left: as the registry
+    assert http.get(b_url, headers=cohort["devices"]["b"]["headers"]).status_code == 404

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate
 from server.compile import program_config
+from server.compile_queue import export_inference
 from server.settings import Settings
 from server.store import ArtifactStore
 from shared.files import atomic_write_bytes as write_atomic
@@ -72,6 +73,10 @@ class FakeCompileQueue:
 
     def recover(self) -> int:
         return 0
+
+    def build_inference(self, model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+        """A real export (inference programs are not faked), in this process."""
+        return export_inference(self.store, InlinePool().run, model_dir, model_sha256, config, key)
 
     def close(self) -> None:
         pass

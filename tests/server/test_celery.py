@@ -202,6 +202,32 @@ def test_cancel_kills_the_running_export(server, env, broker_url, seed, tmp_path
         assert _wait_for(user, other["id"], {"ready", "failed"})["status"] == "ready"
 
 
+def test_inference_programs_are_built_by_the_compile_queues_workers(server, env, tmp_path, tiny_model_dir):
+    """An inference program is an export like a job's: the API process sends it to the compile queue and answers 503
+    until a worker has built it; then its files download by content."""
+    user = _user(server, tiny_model_dir)
+    code = _ok(user.post("/v1/enrollment-codes", json={}), 201)["code"]
+    enrolled = _ok(
+        httpx.post(f"{server}/v1/devices", json={"code": code, "name": "phone", "backend": "executorch"}), 201
+    )
+    device = httpx.Client(base_url=server, headers=bearer(enrolled["token"]), timeout=60)
+    body = {"model": "tiny", "config": {"max_context": 32, "rank": 2, "alpha": 4.0}}
+    before = _programs(env)
+    for _ in range(10):  # no worker: the API process does not build it itself
+        assert device.post("/v1/device/inference", json=body).status_code == 503
+        time.sleep(0.3)
+    assert _programs(env) == before
+    with worker_process(env, tmp_path / "worker.log", queues="compile"):
+        deadline = time.monotonic() + 600
+        while (r := device.post("/v1/device/inference", json=body)).status_code == 503:
+            assert time.monotonic() < deadline, "no worker built the inference program in 10 minutes"
+            time.sleep(0.5)
+    served = _ok(r)
+    assert _programs(env) - before == {served["key"]}
+    program = device.get(served["program"]["url"]).raise_for_status().content
+    assert hashlib.sha256(program).hexdigest() == served["program"]["sha256"]
+
+
 @pytest.fixture(params=["volume", "bucket"])
 def storage(request: pytest.FixtureRequest, env: dict[str, str], tmp_path: Path, monkeypatch) -> dict:
     """How the verify worker reaches the upload's files: ``volume``, the API process's data dir (shared); ``bucket``,
@@ -323,7 +349,8 @@ def test_a_round_is_replayed_and_closed_by_the_verify_queue(env, storage, tmp_pa
 
 def test_two_api_processes_on_postgresql_share_the_queue(env, seed, tmp_path, tiny_model_dir, pg_url):
     """``mobizo server --workers 2`` on PostgreSQL: two API processes start together (one migrates and recovers
-    under the advisory lock, the other waits), and a job submitted through them is compiled by the worker."""
+    under the advisory lock, the other waits), a job submitted through them is compiled by the worker, and a
+    revoked device is refused by both from the next request on."""
     log_file = tmp_path / "server.log"
     seed()
     with pg_schema(pg_url) as db:
@@ -336,6 +363,15 @@ def test_two_api_processes_on_postgresql_share_the_queue(env, seed, tmp_path, ti
             assert done["status"] == "ready", done["error"]
             jobs = [_ok(user.get("/v1/jobs"))["count"] for _ in range(20)]  # answered by either process
             assert jobs == [1] * 20
+            # A device known to both processes (each has checked its token) is refused by both once revoked.
+            code = _ok(user.post("/v1/enrollment-codes", json={}), 201)["code"]
+            body = {"code": code, "name": "phone", "backend": "executorch"}
+            enrolled = _ok(httpx.post(f"{url}/v1/devices", json=body), 201)
+            device = httpx.Client(base_url=url, headers=bearer(enrolled["token"]), timeout=60)
+            assert [device.get("/v1/models").status_code for _ in range(20)] == [200] * 20
+            _ok(user.post(f"/v1/devices/{enrolled['device_id']}/revoke"))
+            refused = [device.get("/v1/models") for _ in range(20)]
+            assert all(r.status_code == 401 and "revoked" in r.json()["detail"] for r in refused)
     text = log_file.read_text()
     started = set(re.findall(r"Started server process \[(\d+)\]", text))
     assert len(started) == 2, text[-3000:]

@@ -1,4 +1,4 @@
-"""Program, weights, tokenizer and starting-B downloads: ETag = sha256, Range resume, 304, scoping."""
+"""Downloads by content (``GET /v1/blobs/{sha256}``): ETag = sha256, Range resume, 304, and who is granted what."""
 
 from __future__ import annotations
 
@@ -46,12 +46,42 @@ def test_other_users_devices_and_users_cannot_download(client, leased):
 
 
 def test_a_job_without_starting_adapter_has_no_init(client, leased):
-    _, phone, lease = leased
-    assert client.get(f"/v1/jobs/{lease['job_id']}/init", headers=phone["headers"]).status_code == 404
+    assert leased[2]["init"] is None
 
 
-def test_not_yet_compiled_job_has_no_program(client, leased, queue):
-    user, phone, _ = leased
-    queue.hold = True
-    job = submit_job(client, user)
-    assert client.get(f"/v1/jobs/{job['id']}/program", headers=phone["headers"]).status_code == 404
+def test_every_file_is_named_by_content(client, leased):
+    lease = leased[2]
+    for entry in ("program", "weights", "tokenizer"):
+        assert lease[entry]["url"] == f"/v1/blobs/{lease[entry]['sha256']}"
+
+
+def test_only_the_device_holding_the_work_may_download_its_program(client, leased):
+    user, phone, lease = leased
+    tablet = enroll_device(client, user, "tablet")  # the same user's, but it holds no lease
+    for entry in ("program", "weights", "tokenizer"):
+        assert client.get(lease[entry]["url"], headers=tablet["headers"]).status_code == 404
+    assert client.post(f"/v1/jobs/{lease['job_id']}/cancel", headers=user).status_code == 200
+    refused = client.get(lease["program"]["url"], headers=phone["headers"])  # its lease is over
+    assert refused.status_code == 404 and refused.json()["detail"] == "file not found"
+
+
+def test_unknown_and_malformed_sha256(client, leased):
+    _, phone, _ = leased
+    assert client.get(f"/v1/blobs/{'0' * 64}", headers=phone["headers"]).status_code == 404
+    assert client.get(f"/v1/blobs/{'A' * 64}", headers=phone["headers"]).status_code == 422
+    assert client.get("/v1/blobs/abc", headers=phone["headers"]).status_code == 422
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/jobs/1/program",
+        "/v1/jobs/1/init",
+        "/v1/round-clients/1/weights",
+        "/v1/device/inference/k/program",
+        "/v1/device/adapters/1/b",
+    ],
+)
+def test_an_agent_of_the_previous_version_is_told_to_upgrade(client, leased, path):
+    refused = client.get(path, headers=leased[1]["headers"])
+    assert refused.status_code == 410 and "upgrade the device agent" in refused.json()["detail"]

@@ -408,3 +408,25 @@ def test_a_revoked_device_frees_its_slot_in_the_round(client: TestClient, world:
     assert reported.status_code == 201, reported.text
     r = client.get(part["init"]["url"], headers=world["devices"]["a"]["headers"])
     assert r.status_code == 401 and "revoked" in r.json()["detail"]
+
+
+def test_a_round_parts_files_are_granted_to_its_device_while_it_holds_the_part(client: TestClient, world: dict):
+    join(client, world, "a", "b")
+    submit(client, world, rounds=1, clients_per_round=1, min_clients=1, round_timeout_s=600)
+    part = lease(client, world, "a")
+    urls = [part[entry]["url"] for entry in ("program", "weights", "tokenizer", "init")]
+    assert all(
+        url == f"/v1/blobs/{part[entry]['sha256']}"
+        for url, entry in zip(urls, ("program", "weights", "tokenizer", "init"))
+    )
+    for url in urls:
+        assert client.get(url, headers=world["devices"]["a"]["headers"]).status_code == 200
+        assert client.get(url, headers=world["devices"]["b"]["headers"]).status_code == 404  # a member, not its part
+    r = client.post(
+        f"/v1/round-clients/{part['round']['client_id']}/fail",
+        json={"error": "gave up"},
+        headers=world["devices"]["a"]["headers"],
+    )
+    assert r.status_code == 204, r.text
+    for url in urls:  # the part is over: nothing is granted any more
+        assert client.get(url, headers=world["devices"]["a"]["headers"]).status_code == 404

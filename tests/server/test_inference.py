@@ -34,25 +34,23 @@ def test_device_reads_its_users_adapter_and_b(client, adapter, tmp_path):
     shown = client.get(url, headers=phone["headers"])
     assert shown.status_code == 200
     assert shown.json() == client.get(f"/v1/adapters/{adapter['id']}", headers=adapter["user"]).json()
-    got = client.get(url + "/b", headers=phone["headers"])
+    b_url = f"/v1/blobs/{shown.json()['b_sha256']}"
+    got = client.get(b_url, headers=phone["headers"])  # its job is over: granted as its user's adapter
     assert got.status_code == 200 and hashlib.sha256(got.content).hexdigest() == shown.json()["b_sha256"]
     (tmp_path / "b.safetensors").write_bytes(got.content)
     assert (read_b_file(tmp_path / "b.safetensors", adapter["b"].size) == adapter["b"]).all()
     etag = got.headers["etag"]
-    assert client.get(url + "/b", headers={**phone["headers"], "If-None-Match": etag}).status_code == 304
+    assert client.get(b_url, headers={**phone["headers"], "If-None-Match": etag}).status_code == 304
 
 
 def test_other_users_devices_and_user_keys_get_no_adapter(client, adapter):
-    for suffix in ("", "/b"):
-        url = f"/v1/device/adapters/{adapter['id']}{suffix}"
+    shown = f"/v1/device/adapters/{adapter['id']}"
+    b_url = f"/v1/blobs/{client.get(shown, headers=adapter['phone']['headers']).json()['b_sha256']}"
+    for url in (shown, b_url):
         assert client.get(url, headers=adapter["bob"]["headers"]).status_code == 404
         assert client.get(url, headers=adapter["user"]).status_code == 403  # a user key is not a device token
-        assert (
-            client.get(
-                f"/v1/device/adapters/{adapter['id'] + 1}{suffix}", headers=adapter["phone"]["headers"]
-            ).status_code
-            == 404
-        )
+    unknown = f"/v1/device/adapters/{adapter['id'] + 1}"
+    assert client.get(unknown, headers=adapter["phone"]["headers"]).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -93,3 +91,5 @@ def test_inference_program_compiles_once_then_is_served(client, tmp_path, tiny_m
     again = client.post("/v1/device/inference", json=body, headers=phone["headers"])
     assert again.status_code == 200 and again.json() == served and time.monotonic() - started < 5
     assert client.get(served["program"]["url"], headers=create_user(client, "bob")).status_code == 403
+    carol = enroll_device(client, create_user(client, "carol"))  # inference programs hold no user's data
+    assert client.get(served["program"]["url"], headers=carol["headers"]).status_code == 200

@@ -43,7 +43,8 @@ def test_lease_hands_out_the_job_once_with_its_files(client, user):
     lease = client.post("/v1/leases", headers=phone["headers"]).json()
     assert lease["job_id"] == job["id"] and lease["attempt"] == 1
     assert lease["spec"]["answer_len"] == 1 and lease["spec"]["q"] == 2
-    assert lease["program"]["url"] == f"/v1/jobs/{job['id']}/program" and len(lease["weights"]["sha256"]) == 64
+    assert lease["program"]["url"] == f"/v1/blobs/{lease['program']['sha256']}"
+    assert len(lease["weights"]["sha256"]) == 64
     assert lease["init"] is None and lease["heartbeat_s"] < 60
     assert client.post("/v1/leases", headers=tablet["headers"]).status_code == 204
     assert client.get(f"/v1/jobs/{job['id']}", headers=user).json()["status"] == "running"

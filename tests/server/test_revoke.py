@@ -42,7 +42,7 @@ def test_a_revoked_device_is_refused_everywhere_and_its_job_goes_back_to_the_que
     headers = phone["headers"]
     _refused(client.post("/v1/leases", headers=headers))
     _refused(client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 1}, headers=headers))
-    _refused(client.get(f"/v1/jobs/{job['id']}/program", headers=headers))
+    _refused(client.get(world["lease"]["program"]["url"], headers=headers))
     _refused(client.post(f"/v1/jobs/{job['id']}/fail", json={"error": "x"}, headers=headers))
     _refused(upload(client, phone, job["id"], b_flat_bytes(world["b"]), world["log"]))
     _refused(client.get("/v1/models", headers=headers))

@@ -1,5 +1,6 @@
 """The server's structure stays as designed: one module writes a job's state, routes write nothing themselves (the
-state layer does: ``server.jobstate``, ``server.accounts``), and routes never import routes."""
+state layer does: ``server.jobstate``, ``server.accounts``, under one transaction rule) and build no query (the
+reads are ``server.queries``), and routes never import routes."""
 
 from __future__ import annotations
 
@@ -93,3 +94,59 @@ def test_routes_write_nothing_themselves():
         if (found := _writes(ast.parse(path.read_text())))
     }
     assert writes == {}, f"route modules write outside the state layer (server.jobstate, server.accounts): {writes}"
+
+
+def _calls(fn: ast.FunctionDef) -> set[str]:
+    return {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Call)
+    }
+
+
+def _executes_a_prebuilt_statement(fn: ast.FunctionDef) -> bool:
+    """``conn.execute(_HEARTBEAT, ...)``: a write built once at import (a module constant)."""
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "execute"
+        and node.args
+        and any(isinstance(n, ast.Name) and n.id.lstrip("_").isupper() for n in ast.walk(node.args[0]))
+        for node in ast.walk(fn)
+    )
+
+
+def test_the_state_layer_follows_one_transaction_rule():
+    """Each writer of ``server.jobstate`` and ``server.accounts`` commits its transaction (itself, or through a
+    private helper that does), or is a step of a larger one and says "the caller commits" in its docstring."""
+    broken, writers = [], 0
+    for path in (SERVER / "jobstate.py", SERVER / "accounts.py"):
+        functions = [node for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)]
+        committing = {fn.name for fn in functions if "commit" in _calls(fn)}
+        for fn in functions:
+            if fn.name.startswith("_"):
+                continue
+            calls = _calls(fn)
+            if not (calls & WRITES or _executes_a_prebuilt_statement(fn)):
+                continue
+            writers += 1
+            commits = bool(calls & (committing | {"commit"}))
+            says = "the caller commits" in " ".join((ast.get_docstring(fn) or "").lower().split())
+            if commits == says:  # neither, or both: the docstring must say which
+                broken.append(f"{path.name}:{fn.name} (commits: {commits})")
+    assert writers >= 25, "the scan no longer sees the state layer's writers"
+    assert broken == [], f"writers that break the transaction rule: {broken}"
+
+
+def test_routes_issue_no_query_of_their_own():
+    """Lists, counts and lookups live in ``server.queries`` (writes in the state layer); a route calls them."""
+    found = {
+        path.name: [node.lineno for node in ast.walk(ast.parse(path.read_text())) if _is_select(node)]
+        for path in sorted((SERVER / "routes").glob("*.py"))
+    }
+    assert any(_is_select(node) for node in ast.walk(ast.parse((SERVER / "queries.py").read_text())))
+    assert {name: lines for name, lines in found.items() if lines} == {}, "route modules build queries"
+
+
+def _is_select(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and getattr(node.func, "id", None) == "select"

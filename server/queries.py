@@ -1,0 +1,82 @@
+"""The reads the routes show: lists, counts and lookups by name, in one home (the state layer, ``server.jobstate`` and
+``server.accounts``, holds the writes). Routes issue no query of their own (``tests/server/test_structure.py``).
+
+Each function reads in the caller's session and commits nothing; a list comes with its total count where the
+route pages it (``skip``, ``limit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, select
+from sqlalchemy.orm import Session
+
+from server import federation
+from server.tables import Adapter, Cohort, CohortMember, Device, Job, Model, Round, RoundClient
+
+
+def models(session: Session) -> list[Model]:
+    return list(session.scalars(select(Model).order_by(Model.id)))
+
+
+def model_named(session: Session, name: str) -> Model | None:
+    return session.scalar(select(Model).where(Model.name == name))
+
+
+def devices_of(session: Session, user_id: int) -> list[Device]:
+    return list(session.scalars(select(Device).where(Device.user_id == user_id).order_by(Device.id)))
+
+
+def cohorts(session: Session) -> list[Cohort]:
+    return list(session.scalars(select(Cohort).order_by(Cohort.id)))
+
+
+def cohort_members(session: Session, cohort_id: int) -> int:
+    """How many users are in the cohort now (joined, not left)."""
+    active = (CohortMember.cohort_id == cohort_id, CohortMember.left_at.is_(None))
+    return session.scalar(select(func.count(CohortMember.id)).where(*active)) or 0
+
+
+def jobs_of(session: Session, user_id: int | None, skip: int, limit: int) -> tuple[list[Row[Any]], int]:
+    """A user's jobs, newest first, each as (job, model name, adapter id, adapter held-out figures); with no user
+    (the admin), the cohorts' federated jobs → (page, total)."""
+    mine = Job.user_id == user_id if user_id is not None else Job.cohort_id.is_not(None)
+    rows = session.execute(
+        select(Job, Model.name, Adapter.id, Adapter.held_out)
+        .join(Model, Model.id == Job.model_id)
+        .outerjoin(Adapter, Adapter.job_id == Job.id)
+        .where(mine)
+        .order_by(Job.id.desc())
+        .offset(skip)
+        .limit(limit)
+    ).all()
+    return list(rows), session.scalar(select(func.count(Job.id)).where(mine)) or 0
+
+
+def adapters_of(
+    session: Session, user_id: int, model: str | None, task: str | None, skip: int, limit: int
+) -> tuple[list[Row[Any]], int]:
+    """The adapters the user may see (``federation.visible_to``), newest first, as (adapter, model name), optionally
+    of one model or task → (page, total)."""
+    query = select(Adapter, Model.name).join(Model, Model.id == Adapter.model_id).where(federation.visible_to(user_id))
+    if model is not None:
+        query = query.where(Model.name == model)
+    if task is not None:
+        query = query.where(Adapter.task == task)
+    count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    return list(session.execute(query.order_by(Adapter.id.desc()).offset(skip).limit(limit)).all()), count
+
+
+def rounds_of(session: Session, job_id: int) -> list[tuple[Round, list[RoundClient]]]:
+    """A federated job's rounds in order, each with its clients in aggregation order."""
+    rounds = session.scalars(select(Round).where(Round.job_id == job_id).order_by(Round.index)).all()
+    clients = select(RoundClient).order_by(RoundClient.id)
+    return [(round_, list(session.scalars(clients.where(RoundClient.round_id == round_.id)))) for round_ in rounds]
+
+
+def heartbeat_refusal(conn: Connection, job_id: int, device_id: int) -> tuple[Row[Any] | None, Any]:
+    """Why a job heartbeat did not apply, read after the fact: (the job's status, user, leaseholder and spec, or
+    None; the device's ``revoked_at``)."""
+    job = conn.execute(select(Job.status, Job.user_id, Job.leased_device_id, Job.spec).where(Job.id == job_id)).first()
+    return job, conn.execute(select(Device.revoked_at).where(Device.id == device_id)).scalar_one_or_none()
