@@ -46,11 +46,14 @@ class ProgramSession:
 
         self._methods["set_lora_b"].execute([torch.from_numpy(np.asarray(b, dtype=np.float32).copy())])
 
-    def step(self, batch: StepBatch, lr: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    def step(
+        self, batch: StepBatch, lr: float, eps: float, private: tuple[float, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Run one ZO-SGD step (updates B inside the program); returns (losses [2q], g [q]) as float32.
 
         ``lr`` and ``eps`` enter the program as float32; pass float32 values (``float(np.float32(x))``) so this and
-        the native runner, which parses its arguments with ``strtof``, use the very same numbers.
+        the native runner, which parses its arguments with ``strtof``, use the very same numbers. ``private``: a
+        private program's clip and the noise of its g's (``shared.privacy``).
         """
         import torch
 
@@ -62,6 +65,9 @@ class ProgramSession:
             torch.tensor([lr], dtype=torch.float32),
             torch.tensor([eps], dtype=torch.float32),
         ]
+        if private is not None:
+            clip, noise = private
+            inputs += [torch.tensor([clip], dtype=torch.float32), torch.from_numpy(np.asarray(noise, np.float32))]
         losses, g = self._methods["forward"].execute(inputs)
         return losses.numpy().copy(), g.numpy().copy()
 
@@ -87,13 +93,15 @@ class ProgramStep:
     back: a resumed run's ``b``, set from its checkpoint, is what the next step starts from.
     """
 
-    def __init__(self, pte: Path, ptd: Path, eps: float, lora_size: int) -> None:
+    def __init__(self, pte: Path, ptd: Path, eps: float, lora_size: int, q: int = 1) -> None:
         import torch
 
+        self.q = q
         self.session = ProgramSession(pte, ptd, evaluate=False)
         self.eps = float(np.float32(eps))
         self.device = torch.device("cpu")
         self.b = torch.zeros(lora_size, dtype=torch.float32)
+        self.privatizer = None  # a private run's (``shared.train``), for a private program
 
     def __call__(self, batch, seed: int, lr: float):
         import torch
@@ -101,6 +109,9 @@ class ProgramStep:
         ids, mask, targets = (t.cpu().numpy() for t in (batch.input_ids, batch.attention_mask, batch.targets))
         lr32 = float(np.float32(lr))
         self.session.set_b(self.b.numpy())
-        losses, g = self.session.step(StepBatch(seed, lr32, ids, mask, targets), lr32, self.eps)
+        private = None
+        if self.privatizer is not None:
+            private = (float(np.float32(self.privatizer.clip)), self.privatizer.noise(self.q).numpy())
+        losses, g = self.session.step(StepBatch(seed, lr32, ids, mask, targets), lr32, self.eps, private)
         self.b = torch.from_numpy(self.session.get_b())
         return torch.from_numpy(losses), torch.from_numpy(g)

@@ -62,6 +62,9 @@ class ProgramConfig(BaseModel):
     # single-token candidates, whose ids the program holds (so a program serves one verbalizer of one tokenizer).
     objective: Objective = "lm"
     candidates: tuple[int, ...] = ()
+    # A private program's ``forward`` takes two more inputs, the clip C [1] and the step's noise of its g's [q]
+    # (``shared.privacy``): g from each example's clipped difference, plus that noise.
+    private: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> ProgramConfig:

@@ -52,8 +52,10 @@ class MobileMPLoRA(nn.Module):
         init_b: torch.Tensor | None = None,
         parallel: str = "both",
         candidates: tuple[int, ...] = (),
+        private: bool = False,
     ) -> None:
         super().__init__()
+        self.private = private
         self.model = model
         self.lora = lora
         self.q = q
@@ -66,10 +68,11 @@ class MobileMPLoRA(nn.Module):
     def _batch(self, input_ids, attention_mask, targets) -> Batch:
         return Batch(input_ids, attention_mask, position_ids(attention_mask), targets, self.candidate_ids)
 
-    def forward(self, input_ids, attention_mask, targets, seed, lr, eps):
+    def forward(self, input_ids, attention_mask, targets, seed, lr, eps, clip=None, g_noise=None):
+        """One step; a private program's also takes the clip [1] and the noise of its g's [q]."""
         batch = self._batch(input_ids, attention_mask, targets)
         step = (self.lora_b, seed, lr, eps, self.q, self.parallel)
-        losses, g, b_new = zo_step(self.model, self.lora, batch, *step, trim=False)
+        losses, g, b_new = zo_step(self.model, self.lora, batch, *step, trim=False, clip=clip, g_noise=g_noise)
         self.lora_b.copy_(b_new)
         return losses, g
 
@@ -98,8 +101,11 @@ class MobileMPLoRA(nn.Module):
         ids = torch.zeros(rows, cfg.seq_len, dtype=torch.long)
         mask = torch.ones(rows, cfg.seq_len, dtype=torch.long)
         targets = torch.zeros(rows, cfg.answer_len, dtype=torch.long)
+        step = (ids, mask, targets, torch.tensor([1]), torch.tensor([1e-4]), torch.tensor([1e-2]))
+        if self.private:
+            step += (torch.tensor([1.0]), torch.zeros(cfg.q))
         return {
-            "forward": ((ids, mask, targets, torch.tensor([1]), torch.tensor([1e-4]), torch.tensor([1e-2])), None),
+            "forward": (step, None),
             "get_lora_b": ((), None),
             "set_lora_b": ((torch.zeros(self.lora.size),), None),
             "evaluate": ((ids, mask, targets), None),
@@ -115,7 +121,7 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     model.config.use_cache = False
     lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
     quantize_base(model, cfg.quantize, cfg.group_size)
-    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates)
+    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates, cfg.private)
 
 
 def lower(step: nn.Module, cfg: ProgramConfig):
@@ -243,6 +249,7 @@ def memory_estimate_mb(emitted: lowering.Emitted, backend: str) -> int:
 
 def _input_spec(cfg: ProgramConfig) -> ProgramInputs:
     rows = cfg.q * cfg.examples_per_query
+    private = {"clip": [1], "g_noise": [cfg.q]} if cfg.private else {}
     return ProgramInputs(
         forward={
             "input_ids": [rows, cfg.seq_len],
@@ -251,6 +258,7 @@ def _input_spec(cfg: ProgramConfig) -> ProgramInputs:
             "seed": [1],
             "lr": [1],
             "eps": [1],
-        },
+        }
+        | private,
         padding="left; answers end at the last column; targets hold the last answer_len tokens or -100",
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import shutil
 import statistics
 import sys
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from shared import defaults
+from shared import defaults, privacy
 from shared.adapter import save_lora
 from shared.backends import OBJECTIVES, PARALLEL_MODES
 from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
@@ -105,6 +106,11 @@ class TrainConfig:
     verbalizer: dict[str, str] | None = None
     chat_template: bool = False  # prompts inside the model's chat template (instruct models)
     objective: str | None = None  # None: the task's default (shared.data.resolve_objective)
+    # A private run (shared.privacy, mobizo only): the (epsilon, delta) it may spend and the clip C of each example's
+    # projected difference; None: not private.
+    dp_epsilon: float | None = None
+    dp_delta: float = privacy.DEFAULT_DELTA
+    dp_clip: float = privacy.DEFAULT_CLIP
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,6 +169,8 @@ def _check_method(config: TrainConfig) -> None:
         raise UsageError("q", f"must be at least 1, got {config.q}")
     if config.method in ONE_QUERY_METHODS and config.q != 1:
         raise UsageError("q", f"{config.method} uses one query per step: --q must be 1, got {config.q}")
+    if config.dp_epsilon is not None and config.method != "mobizo":
+        raise UsageError("dp_epsilon", f"a private run is a mobizo run (its g is privatized), not {config.method}")
     if config.method == "mezo" and config.checkpoint_every is not None:
         raise UsageError("checkpoint_every", "mezo trains all parameters, whose state is not checkpointed")
     try:
@@ -194,6 +202,12 @@ def _check_numbers(config: TrainConfig) -> None:
     for field, value in (("lr", config.lr), ("eps", config.eps), ("alpha", config.alpha)):
         if not (math.isfinite(value) and value > 0):
             raise UsageError(field, f"must be a positive number, got {value}")
+    private = (("dp_epsilon", config.dp_epsilon), ("dp_clip", config.dp_clip)) if config.dp_epsilon is not None else ()
+    for field, value in private:
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(field, f"must be a positive number, got {value}")
+    if not 0 < config.dp_delta < 1:
+        raise UsageError("dp_delta", f"must be in (0, 1), got {config.dp_delta}")
     if not 0 <= config.seed < MAX_SEED:
         raise UsageError("seed", f"must be in [0, 2**31), got {config.seed}")
     if config.schedule_steps is not None and config.schedule_steps < config.steps:
@@ -260,6 +274,14 @@ class MethodStep:
         self.dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
         self.eps_t = torch.tensor([eps], dtype=self.dtype, device=self.device)
         self.b = None if method == "mezo" else lora.zeros(self.dtype)
+        self.privatizer: privacy.Privatizer | None = None  # set for a private run (mobizo)
+
+    def _private(self) -> dict[str, torch.Tensor]:
+        """A private step's clip and noise (``zo_step``'s), as tensors on the model's device; none otherwise."""
+        if self.privatizer is None:
+            return {}
+        clip = torch.tensor([self.privatizer.clip], dtype=self.dtype, device=self.device)
+        return {"clip": clip, "g_noise": self.privatizer.noise(self.q).to(self.device, self.dtype)}
 
     def __call__(self, batch: Batch, seed: int, lr: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         lr = self.lr if lr is None else float(lr)
@@ -268,7 +290,16 @@ class MethodStep:
         with torch.no_grad():  # fo-lora turns gradients back on for its own backward pass
             if self.method == "mobizo":
                 losses, g, self.b = zo_step(
-                    self.model, self.lora, batch, self.b, seed_t, lr_t, self.eps_t, self.q, self.parallel
+                    self.model,
+                    self.lora,
+                    batch,
+                    self.b,
+                    seed_t,
+                    lr_t,
+                    self.eps_t,
+                    self.q,
+                    self.parallel,
+                    **self._private(),
                 )
                 return losses, g
             if self.method == "mezo-lora":
@@ -302,6 +333,7 @@ class _Run:
     candidates: torch.Tensor | None  # the classification objective's candidate ids, on the model's device
     answer_len: int | None  # the objective's answer columns (None: the longest answer of each batch)
     widths: tuple[int | None, int | None] = (None, None)  # a program's fixed (seq_len, answer_len); None: the batch's
+    private: dict[str, Any] | None = None  # a private run's noise (``_private_seed``)
 
 
 # Another implementation of a run's step, in MethodStep's place: ``factory(program, lora) -> step`` with
@@ -327,7 +359,8 @@ def program_config(config: TrainConfig, objective: str, candidates: tuple[int, .
     spec |= {"q": 1 if one_query else config.q, "parallel": "none" if one_query else config.parallel}
     spec |= {"program_backend": defaults.PROGRAM_BACKEND, "quantize": None, "group_size": None}
     chat = model_chat_frame(config.model) if config.chat_template else None
-    return ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates)
+    program = ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates)
+    return program.model_copy(update={"private": True}) if config.dp_epsilon is not None else program
 
 
 def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None = None) -> _Run:
@@ -378,9 +411,16 @@ def _due_for_eval(run: _Run, steps_done: int) -> bool:
     return steps_done in (0, run.config.steps) or (every is not None and steps_done % every == 0)
 
 
-def _step_batch(run: _Run, k: int) -> Batch:
+def _step_batch(run: _Run, k: int, private_seed: int | None) -> Batch:
+    """Step k's batch: the run's walk through epochs (``batch_indices``), or for a private run a fresh uniform
+    sample without replacement drawn with the device's private seed (``shared.privacy.private_batch``)."""
     cfg = run.config
-    examples = [run.train[i] for i in batch_indices(len(run.train), cfg.batch_size, cfg.seed, k)]
+    if private_seed is None:
+        indices = batch_indices(len(run.train), cfg.batch_size, cfg.seed, k)
+    else:
+        rng = np.random.default_rng(privacy.stream_seed(private_seed, 0, k))
+        indices = privacy.private_batch(len(run.train), cfg.batch_size, rng)
+    examples = [run.train[i] for i in indices]
     batch = to_device(training_batch(examples, pad_token_id(run.tokenizer), *run.widths), run.step.device)
     batch.candidates = run.candidates
     return batch
@@ -433,6 +473,7 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
     cfg = run.config
     state = _start(run)
     history, start = state.history, state.step
+    private_seed = _private_seed(run, history)
     eps32 = float(np.float32(cfg.eps))
     steps = range(start, cfg.steps)
     bar = tqdm(
@@ -445,18 +486,39 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
     )
     for k in bar:
         _at_step(run, state, k, start)
-        batch, seed = _step_batch(run, k), step_seed(cfg.seed, k)
+        batch, seed = _step_batch(run, k, private_seed), step_seed(cfg.seed, k)
+        if private_seed is not None:  # step k's noise, whatever ran before (a resumed run draws the same)
+            run.step.privatizer.generator.manual_seed(privacy.stream_seed(private_seed, 1, k))
         lr = lr_at(cfg.lr, schedule_span(cfg), k, cfg.lr_schedule, cfg.warmup_steps, cfg.lr_floor)  # float32, as logged
         begin = time.perf_counter()
         losses, g = (t.float().cpu() for t in run.step(batch, seed, lr))  # .cpu() waits for the device
         history["times"].append(time.perf_counter() - begin)
         history["losses"].append(float(losses.mean()))
         if cfg.method == "mobizo":
-            history["log"].append(log_record(k, seed, lr, eps32, g.numpy(), losses.numpy()))
+            logged = None if private_seed is not None else losses.numpy()  # a private log holds g alone
+            history["log"].append(log_record(k, seed, lr, eps32, g.numpy(), logged))
         bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
     _at_step(run, state, cfg.steps, start)
     state.step = cfg.steps
     return state
+
+
+def _private_seed(run: _Run, history: dict[str, list]) -> int | None:
+    """A private run's seed of its batches and noise: drawn once on this machine, kept in the (local) checkpoint so
+    that a resumed run goes on with the same draws, never in what the run writes for others (log, metrics). Sets
+    the step's privatizer, with the noise the accountant needs for the run's (epsilon, delta)."""
+    cfg = run.config
+    if cfg.dp_epsilon is None:
+        return None
+    if cfg.batch_size > len(run.train):
+        raise UsageError("batch_size", f"a private batch samples {cfg.batch_size} of only {len(run.train)} examples")
+    seed = history.setdefault("private_seed", [secrets.randbits(62)])[0]
+    steps = schedule_span(cfg)  # the whole run's, for a run trained in pieces (``schedule_steps``)
+    sigma = privacy.noise_multiplier(cfg.dp_epsilon, cfg.dp_delta, steps, cfg.batch_size, len(run.train))
+    std = privacy.noise_std(sigma, cfg.dp_clip, cfg.batch_size // cfg.q)
+    run.step.privatizer = privacy.Privatizer.seeded(cfg.dp_clip, std, privacy.stream_seed(seed, 1, 0))
+    run.private = {"noise_multiplier": sigma, "noise_std": std, "examples": len(run.train)}
+    return seed
 
 
 def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
@@ -481,6 +543,7 @@ def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
         "train_time_s": sum(history["times"]),  # steps only (no evaluation, no batch building)
         "peak_rss_mb": peak_rss_mb(),
         "eval": history["eval"],
+        "privacy": None if run.private is None else _privacy_metrics(run),
     }
     rest = {k: v for k, v in asdict(cfg).items() if k not in metrics and k not in ("train", "eval", "targets")}
     metrics |= rest | {
@@ -499,6 +562,23 @@ def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
     if run.lora is None:
         metrics["note"] = "mezo trains all parameters: no adapter is written (metrics only)"
     return metrics
+
+
+def _privacy_metrics(run: _Run) -> dict[str, Any]:
+    """What a private run spent: the accountant's epsilon at its delta for the steps it ran, and its parameters."""
+    cfg, private = run.config, run.private
+    spent = privacy.epsilon_spent(
+        private["noise_multiplier"], cfg.dp_delta, cfg.steps, cfg.batch_size, private["examples"]
+    )
+    return {
+        "epsilon": spent,
+        "delta": cfg.dp_delta,
+        "target_epsilon": cfg.dp_epsilon,
+        "clip": cfg.dp_clip,
+        "noise_multiplier": private["noise_multiplier"],
+        "noise_std": private["noise_std"],
+        "sampling": f"{cfg.batch_size} of {private['examples']} examples a step, without replacement",
+    }
 
 
 def _write_outputs(run: _Run, history: dict[str, list], metrics: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""The training log: one JSON line per step, ``{"step", "seed", "lr", "eps", "g", "losses"}`` (docs/contracts.md).
+"""The training log: one JSON line per step, ``{"step", "seed", "lr", "eps", "g", "losses"}`` (docs/contracts.md);
+a private run's (``shared.privacy``) holds no ``losses``: its g are privatized, and nothing else of the data leaves.
 
 Floats are float32 values written as Python floats, whose repr round-trips the float32 bits exactly, so a replay
 (``shared.replay``) of the log rebuilds B bit for bit. Torch-free: the device writes it, the server checks it.
@@ -14,6 +15,7 @@ import numpy as np
 from shared.errors import DataError
 
 LOG_FIELDS = ("step", "seed", "lr", "eps", "g", "losses")
+PRIVATE_LOG_FIELDS = LOG_FIELDS[:-1]
 _MAX_COUNT = 2**31 - 1  # steps and seeds are 32-bit (``shared.noise.MAX_SEED``, ``HyperParams.steps``)
 
 
@@ -23,7 +25,9 @@ def _f32(values) -> list[float]:
 
 
 def log_record(step: int, seed: int, lr: float, eps: float, g, losses) -> dict:
-    return {"step": step, "seed": int(seed), "lr": lr, "eps": eps, "g": _f32(g), "losses": _f32(losses)}
+    """One step's line; ``losses`` None: a private step's, without them."""
+    record = {"step": step, "seed": int(seed), "lr": lr, "eps": eps, "g": _f32(g)}
+    return record if losses is None else record | {"losses": _f32(losses)}
 
 
 def log_line(record: dict) -> str:
@@ -61,17 +65,19 @@ def _type_problem(record: dict) -> str | None:
     for key in ("lr", "eps"):
         if not _is_float32(record[key]):
             return f"{key} must be a finite float32 number"
-    for key in ("g", "losses"):
+    for key in ("g", "losses")[: 2 if "losses" in record else 1]:
         if not isinstance(record[key], list) or not all(_is_float32(v) for v in record[key]):
             return f"{key} must be a list of finite float32 numbers"
     return None
 
 
-def parse_log(text: str, source: str = "log") -> list[dict]:
-    """Parse and check a training log: fields of their types, consecutive steps, q projected gradients each.
+def parse_log(text: str, source: str = "log", private: bool = False) -> list[dict]:
+    """Parse and check a training log: fields of their types, consecutive steps, q projected gradients each;
+    ``private``: a private run's, whose lines must hold no losses.
 
     Every malformed line raises ``DataError`` naming the line: what a device uploads is parsed here first.
     """
+    fields = PRIVATE_LOG_FIELDS if private else LOG_FIELDS
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -86,9 +92,11 @@ def parse_log(text: str, source: str = "log") -> list[dict]:
             else:
                 reason = "a number too long to read"
             raise DataError(f"{source}:{number}: not JSON ({reason})") from None
-        missing = [f for f in LOG_FIELDS if not isinstance(record, dict) or f not in record]
+        missing = [f for f in fields if not isinstance(record, dict) or f not in record]
         if missing:
             raise DataError(f"{source}:{number}: missing {', '.join(missing)}")
+        if private and "losses" in record:
+            raise DataError(f"{source}:{number}: a private log holds no losses")
         problem = _type_problem(record)
         if problem:
             raise DataError(f"{source}:{number}: {problem}")
@@ -102,5 +110,5 @@ def parse_log(text: str, source: str = "log") -> list[dict]:
     return records
 
 
-def read_log(path: Path) -> list[dict]:
-    return parse_log(Path(path).read_text(), str(path))
+def read_log(path: Path, private: bool = False) -> list[dict]:
+    return parse_log(Path(path).read_text(), str(path), private)

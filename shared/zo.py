@@ -22,6 +22,7 @@ from shared.backends import Parallel  # the schedules' names, torch-free (the co
 from shared.batch import Batch
 from shared.lora import MPLoRA
 from shared.noise import noise_range
+from shared.privacy import private_g
 
 
 def example_losses(logits: torch.Tensor, targets: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -84,10 +85,13 @@ def _repeat_rows(batch: Batch, groups: int, copies: int) -> Batch:
     )
 
 
-def path_losses(model: nn.Module, lora: MPLoRA, batch: Batch, paths: torch.Tensor, copies: int) -> torch.Tensor:
+def path_losses(
+    model: nn.Module, lora: MPLoRA, batch: Batch, paths: torch.Tensor, copies: int, rows: bool = False
+) -> torch.Tensor:
     """Loss of each of the n = len(paths) paths in one pass; ``batch`` holds n / copies row groups.
 
-    Each row group is run ``copies`` times side by side (copies=2: the ± pair of one query).
+    Each row group is run ``copies`` times side by side (copies=2: the ± pair of one query). ``rows``: each
+    example's own loss, [n, rows of a group], instead of their mean (a private step clips them one by one).
     """
     n = paths.shape[0]
     lora.apply(paths)
@@ -95,7 +99,7 @@ def path_losses(model: nn.Module, lora: MPLoRA, batch: Batch, paths: torch.Tenso
         losses = forward_losses(model, _repeat_rows(batch, n // copies, copies))
     finally:
         lora.apply(None)
-    return losses.reshape(n, -1).mean(dim=1)
+    return losses.reshape(n, -1) if rows else losses.reshape(n, -1).mean(dim=1)
 
 
 def perturbations(b: torch.Tensor, z: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -146,26 +150,30 @@ def rge_losses(
     q: int,
     parallel: Parallel,
     trim: bool = True,
+    rows: bool = False,
 ) -> torch.Tensor:
     """The 2q path losses of one step, grouped into forward passes as ``parallel`` says.
 
     ``batch`` has q*E rows, query-major; ``paths`` is ``perturbations(...)`` [2q, D]. ``trim``: a query run alone
-    drops its all-padding columns (eager); a program keeps its fixed shapes (``trim=False``, exportable).
+    drops its all-padding columns (eager); a program keeps its fixed shapes (``trim=False``, exportable). ``rows``:
+    each example's loss on each path, [2q, E].
     """
     if parallel == "both":
-        return path_losses(model, lora, batch, paths, copies=2)
+        return path_losses(model, lora, batch, paths, copies=2, rows=rows)
     if parallel == "outer":
-        plus = path_losses(model, lora, batch, paths[0::2], copies=1)
-        minus = path_losses(model, lora, batch, paths[1::2], copies=1)
-        return torch.stack([plus, minus], dim=1).reshape(-1)
-    rows = batch.input_ids.shape[0] // q
+        plus = path_losses(model, lora, batch, paths[0::2], copies=1, rows=rows)
+        minus = path_losses(model, lora, batch, paths[1::2], copies=1, rows=rows)
+        return torch.stack([plus, minus], dim=1).reshape(-1, *plus.shape[1:])
+    per_query = batch.input_ids.shape[0] // q
     parts = []
     for i in range(q):
-        query = _query(batch, i * rows, (i + 1) * rows, trim)
+        query = _query(batch, i * per_query, (i + 1) * per_query, trim)
         if parallel == "inner":
-            parts.append(path_losses(model, lora, query, paths[2 * i : 2 * i + 2], copies=2))
+            parts.append(path_losses(model, lora, query, paths[2 * i : 2 * i + 2], copies=2, rows=rows))
         else:
-            parts += [path_losses(model, lora, query, paths[j : j + 1], copies=1) for j in (2 * i, 2 * i + 1)]
+            parts += [
+                path_losses(model, lora, query, paths[j : j + 1], copies=1, rows=rows) for j in (2 * i, 2 * i + 1)
+            ]
     return torch.cat(parts)
 
 
@@ -180,9 +188,21 @@ def zo_step(
     q: int,
     parallel: Parallel = "both",
     trim: bool = True,
+    clip: torch.Tensor | None = None,
+    g_noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One MobiZO step → (losses [2q], g [q], new B). Used by eager training and, untrimmed, by the program."""
+    """One MobiZO step → (losses [2q], g [q], new B). Used by eager training and, untrimmed, by the program.
+
+    With ``clip`` [1] and ``g_noise`` [q] the step is private (``shared.privacy.private_g``): g from each example's
+    difference clipped to ``clip``, plus the noise; B moves by that g, and the losses returned are for the device's
+    own eyes."""
     z = step_noise(seed, q, b.shape[0]).to(b.dtype)  # a float64 B (exactness checks) takes z's float32 values
-    losses = rge_losses(model, lora, batch, perturbations(b, z, eps), q, parallel, trim)
-    g = projected_gradients(losses, eps)
+    paths = perturbations(b, z, eps)
+    if clip is None:
+        losses = rge_losses(model, lora, batch, paths, q, parallel, trim)
+        g = projected_gradients(losses, eps)
+    else:
+        per_example = rge_losses(model, lora, batch, paths, q, parallel, trim, rows=True)
+        g = private_g((per_example[0::2] - per_example[1::2]) / (eps * 2), clip, g_noise)
+        losses = per_example.mean(dim=1)
     return losses, g, updated_b(b, z, g, lr)

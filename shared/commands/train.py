@@ -97,6 +97,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--parallel", default=_KEEP, help="mobizo schedule: both (default), outer, inner, or none")
     add("--objective", default=_KEEP, choices=OBJECTIVES, help=OBJECTIVE_HELP)
     add("--dtype", default=_KEEP, help="float32 (default), bfloat16, float16, or float64 (exactness checks)")
+    add(
+        "--dp-epsilon",
+        default=_KEEP,
+        type=float,
+        metavar="E",
+        help="train privately (mobizo): (E, --dp-delta)-differential privacy for the training examples; each "
+        "example's projected difference is clipped to --dp-clip, each g noised, batches sampled without "
+        "replacement; the log holds the noised g alone (no losses); metrics.json says the epsilon spent",
+    )
+    add("--dp-delta", default=_KEEP, type=float, metavar="D", help="the private run's delta (default 1e-5)")
+    add(
+        "--dp-clip",
+        default=_KEEP,
+        type=float,
+        metavar="C",
+        help="a private run's clip of each example's projected difference (default 1.0)",
+    )
     add("--eval-every", default=_KEEP, type=int, metavar="K", help="also evaluate every K steps")
     add(
         "--checkpoint-every",

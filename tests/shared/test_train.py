@@ -275,6 +275,10 @@ def test_trained_adapter_evaluates_as_during_training(tiny_model_dir, tmp_path, 
         (("--eval-every", "2"), "--eval-every"),
         (("--dtype", "float8"), "--dtype"),
         (("--task", "imdb"), "--task"),
+        (("--dp-epsilon", "0"), "--dp-epsilon"),
+        (("--dp-epsilon", "8", "--dp-clip", "-1"), "--dp-clip"),
+        (("--dp-epsilon", "8", "--dp-delta", "1"), "--dp-delta"),
+        (("--dp-epsilon", "8", "--method", "fo-lora", "--q", "1"), "--dp-epsilon"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_argument(tiny_model_dir, tmp_path, capsys, extra, flag):

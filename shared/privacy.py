@@ -1,0 +1,134 @@
+"""Differentially private zeroth-order steps (DP-ZO, arXiv 2401.04343): what of a step leaves the device is its q
+projected gradients g_i, so privatizing those scalars privatizes the whole upload.
+
+A private step (``shared.zo.zo_step`` with a ``Privatizer``):
+
+1. each example's own projected difference d = (loss(B + eps z_i) - loss(B - eps z_i)) / (2 eps) is clipped to
+   [-C, C] (the example belongs to query i, one of q queries of E = batch / q examples each);
+2. g_i = mean of its E clipped differences + Gaussian noise of standard deviation sigma * 2C / E, drawn from a
+   generator whose seed stays on the device (the server cannot subtract it);
+3. B is updated with the noised g, the log records the noised g alone: no losses, no per-example value.
+
+The batches are drawn uniformly without replacement, ``batch`` of the device's ``examples`` at each step, from a
+private generator too (``private_batch``). Replacing one example changes one g_i by at most 2C / E, so each step is
+a Gaussian mechanism with noise multiplier sigma under the replace-one relation, amplified by the sampling; the
+accountant is ``dp-accounting``'s RDP accountant of ``steps`` such sampled Gaussian steps (Wang, Balle and
+Kasiviswanathan's bound for sampling without replacement), nothing written here: ``noise_multiplier`` finds sigma
+for a target (epsilon, delta), ``epsilon_spent`` the epsilon of a run.
+
+The server checks a private log without its losses (``g_bound``): every g within C plus the noise's tail, at a
+stated false-rejection rate for the whole log.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+DEFAULT_DELTA = 1e-5
+DEFAULT_CLIP = 1.0
+FALSE_REJECTION = 1e-9  # the chance that an honest private log fails g_bound (over all of its values)
+
+
+def _event(noise_multiplier: float, steps: int, batch_size: int, examples: int):
+    from dp_accounting import GaussianDpEvent, SampledWithoutReplacementDpEvent, SelfComposedDpEvent
+
+    step = SampledWithoutReplacementDpEvent(examples, batch_size, GaussianDpEvent(noise_multiplier))
+    return SelfComposedDpEvent(step, steps)
+
+
+def _accountant():
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.rdp import RdpAccountant
+
+    return RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+
+
+def epsilon_spent(noise_multiplier: float, delta: float, steps: int, batch_size: int, examples: int) -> float:
+    """The epsilon at ``delta`` of ``steps`` private steps with this noise multiplier, each on ``batch_size`` of
+    ``examples`` examples drawn without replacement."""
+    _check_sampling(batch_size, examples)
+    accountant = _accountant()
+    accountant.compose(_event(noise_multiplier, steps, batch_size, examples))
+    return float(accountant.get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=64)
+def noise_multiplier(epsilon: float, delta: float, steps: int, batch_size: int, examples: int) -> float:
+    """The smallest noise multiplier sigma (within 1e-4) whose ``steps`` steps spend at most ``epsilon`` at
+    ``delta`` (``dp-accounting``'s calibration, a few seconds: remembered per process)."""
+    from dp_accounting import mechanism_calibration
+
+    _check_sampling(batch_size, examples)
+    if not (epsilon > 0 and 0 < delta < 1 and steps >= 1):
+        raise ValueError(f"need epsilon > 0, 0 < delta < 1, steps >= 1 (got {epsilon}, {delta}, {steps})")
+    sigma = mechanism_calibration.calibrate_dp_mechanism(
+        _accountant,
+        lambda s: _event(s, steps, batch_size, examples),
+        epsilon,
+        delta,
+        mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0),  # sigma 0 divides by zero
+        tol=1e-5,
+    )
+    return math.ceil(float(sigma) * 1e4) / 1e4  # rounded up: never below what the target needs
+
+
+def _check_sampling(batch_size: int, examples: int) -> None:
+    if not 1 <= batch_size <= examples:
+        raise ValueError(f"a private batch draws {batch_size} of {examples} examples: need 1 <= batch <= examples")
+
+
+def noise_std(sigma: float, clip: float, examples_per_query: int) -> float:
+    """The standard deviation of each g_i's noise: sigma times g_i's replace-one sensitivity, 2C / E."""
+    return sigma * 2.0 * clip / examples_per_query
+
+
+def g_bound(
+    clip: float, sigma: float, examples_per_query: int, values: int, false_rejection: float = FALSE_REJECTION
+) -> float:
+    """The largest |g| an honest private log holds with probability 1 - ``false_rejection`` over its ``values``
+    values (a union bound): C plus the Gaussian tail of the noise at ``false_rejection / values`` per value."""
+    from scipy.stats import norm
+
+    per_value = false_rejection / max(values, 1)
+    return clip + float(norm.isf(per_value / 2)) * noise_std(sigma, clip, examples_per_query)
+
+
+def stream_seed(private_seed: int, stream: int, step: int) -> int:
+    """A 63-bit seed of one stream (0: batches, 1: noise) at one step, from the run's private seed."""
+    return int(np.random.SeedSequence([private_seed, stream, step]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def private_batch(examples: int, batch_size: int, rng: np.random.Generator) -> list[int]:
+    """``batch_size`` distinct example indices drawn uniformly from ``examples`` (a private step's sample)."""
+    return [int(i) for i in rng.choice(examples, size=batch_size, replace=False)]
+
+
+@dataclass
+class Privatizer:
+    """The device's side of a private step: the clip C, the noise's standard deviation, and the private generator
+    of the noise (seeded on the device, never uploaded); the step takes C and ``noise(q)`` as tensors
+    (``shared.zo.zo_step``)."""
+
+    clip: float
+    std: float
+    generator: torch.Generator
+
+    @classmethod
+    def seeded(cls, clip: float, std: float, seed: int) -> Privatizer:
+        generator = torch.Generator().manual_seed(seed)
+        return cls(clip, std, generator)
+
+    def noise(self, q: int) -> torch.Tensor:
+        """The next step's noise of its q g's: float32, of the run's standard deviation."""
+        return torch.randn(q, generator=self.generator, dtype=torch.float32) * self.std
+
+
+def private_g(differences: torch.Tensor, clip: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """[q] private projected gradients: each example's difference [q, E] clipped to [-clip, clip], their mean per
+    query, plus ``noise`` [q]. Tensor arithmetic only, so that a program computes it as eager training does."""
+    return differences.clamp(-clip, clip).mean(dim=1) + noise
