@@ -305,7 +305,7 @@ def program_steps(args: argparse.Namespace, config: TrainConfig) -> StepFactory 
         manifest = read_manifest(pte)
         if manifest.lora_size != lora.size:
             raise SystemExit(f"{pte}: B of {manifest.lora_size} floats, the run's LoRA has {lora.size}")
-        return ProgramStep(pte, pte.parent / manifest.ptd.file, config.eps, manifest.lora_size, manifest.config.q)
+        return ProgramStep(pte, pte.parent / manifest.ptd.file, config.eps, manifest)
 
     return make
 

@@ -172,7 +172,7 @@ def main() -> None:
         store = pte.parent
         batches = sst2_batches(manifest, store / manifest.tokenizer.file, args.steps, folder)
         write_batches(folder / "b.mzb", program_shape(manifest.config), batches)
-        session = ProgramSession(pte, store / manifest.ptd.file)
+        session = ProgramSession(pte, store / manifest.ptd.file, widths=manifest.inputs.widths)
         jobs = JobDir(folder / "job")
         jobs.root.mkdir()
         ctx = AgentContext(

@@ -28,7 +28,7 @@ def program_predictions(pte: Path, rendered: list) -> tuple[list[int], list[int]
     from shared.tokenizer_file import load_tokenizer_file
 
     manifest = read_manifest(pte)
-    session = ProgramSession(pte, pte.parent / manifest.ptd.file)
+    session = ProgramSession(pte, pte.parent / manifest.ptd.file, widths=manifest.inputs.widths)
     session.set_b(np.zeros(manifest.lora_size, np.float32))
     tokenizer = load_tokenizer_file(pte.parent / manifest.tokenizer.file)
     return predict(session, rendered, tokenizer, program_shape(manifest.config), manifest.config.candidates)

@@ -85,6 +85,28 @@ def _lr(value: float) -> float:
     return lr
 
 
+def fit_width(
+    input_ids: np.ndarray, attention_mask: np.ndarray, widths: tuple[int, int] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A left-padded batch at the columns a program of input ``widths`` runs it at (``ProgramInputs.widths``): its
+    longest row, but at least the program's narrowest; the padding columns before are cut (or, for a batch
+    narrower than that, added). ``widths`` None: a program of one width, the batch as it is. The native runner
+    does the same (``runner/main.cpp``, ``--min-width``)."""
+    if widths is None:
+        return input_ids, attention_mask
+    low, high = widths
+    columns = attention_mask.shape[1]
+    used = attention_mask.any(axis=0)
+    longest = columns - int(np.argmax(used)) if used.any() else 0
+    if longest > high:
+        raise DataError(f"batches: a row of {longest} tokens does not fit the program's {high} columns")
+    width = max(longest, low)
+    if width <= columns:
+        return input_ids[:, columns - width :], attention_mask[:, columns - width :]
+    pad = ((0, 0), (width - columns, 0))
+    return np.pad(input_ids, pad), np.pad(attention_mask, pad)
+
+
 def encode_step(shape: Shape, step: StepBatch) -> bytes:
     """The bytes of one record; ``DataError`` when a tensor has the wrong shape or an out-of-range value."""
     grid, answers = (shape.rows, shape.seq_len), (shape.rows, shape.answer_len)

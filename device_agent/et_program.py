@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from device_agent.batches import StepBatch
+from device_agent.batches import StepBatch, fit_width
 from device_agent.et_runtime import runtime
 from device_agent.native_log import runtime_log_filtered
-from shared.manifest import PROGRAM_METHODS
+from shared.manifest import PROGRAM_METHODS, ProgramManifest
 
 
 class ProgramSession:
@@ -24,9 +24,15 @@ class ProgramSession:
     memory and, under XNNPACK, its own packed copy of every base weight. An idle ``evaluate`` made a SmolLM2 step's
     peak memory 1.55x that of an inference forward of the same rows; without it, 1.03x (float32; 8da4w: 1.32x ->
     1.16x; docs/benchmarks/program.md).
+
+    ``widths``: the manifest's ``inputs.widths``, the columns the program takes; each batch then runs at its
+    longest row (``batches.fit_width``). None: at the width it is given (a program of one width).
     """
 
-    def __init__(self, pte: Path, ptd: Path | None, *, evaluate: bool = True) -> None:
+    def __init__(
+        self, pte: Path, ptd: Path | None, *, evaluate: bool = True, widths: tuple[int, int] | None = None
+    ) -> None:
+        self.widths = widths
         with runtime_log_filtered():
             program = runtime().load_program(Path(pte), data_path=ptd)
             missing = set(PROGRAM_METHODS) - program.method_names
@@ -57,9 +63,10 @@ class ProgramSession:
         """
         import torch
 
+        ids, mask = fit_width(batch.input_ids, batch.attention_mask, self.widths)
         inputs = [
-            torch.from_numpy(batch.input_ids),
-            torch.from_numpy(batch.attention_mask),
+            torch.from_numpy(np.ascontiguousarray(ids)),
+            torch.from_numpy(np.ascontiguousarray(mask)),
             torch.from_numpy(batch.targets),
             torch.tensor([batch.seed], dtype=torch.int64),
             torch.tensor([lr], dtype=torch.float32),
@@ -74,13 +81,14 @@ class ProgramSession:
     def evaluate(self, input_ids: np.ndarray, attention_mask: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """Per-row loss (mean cross-entropy over each row's answer tokens) with the master B, no perturbation.
 
-        Rows must fill the program's fixed shape (q*E rows of seq_len columns, answer_len target columns).
+        Rows fill the program's shape (q*E rows, answer_len target columns, seq_len columns or, with ``widths``,
+        as many as the longest row needs).
         """
         import torch
 
         if "evaluate" not in self._methods:
             raise RuntimeError("this session was opened for training only (evaluate=False)")
-        arrays = (input_ids, attention_mask, targets)
+        arrays = (*fit_width(input_ids, attention_mask, self.widths), targets)
         inputs = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays]
         return self._methods["evaluate"].execute(inputs)[0].numpy().copy()
 
@@ -89,18 +97,19 @@ class ProgramStep:
     """The program's step behind ``shared.train.MethodStep``'s interface (``b``, ``device``, ``step(batch, seed,
     lr) -> (losses, g)``), so that ``shared.train.train`` trains through the very program a device runs
     (``benchmarks/accuracy.py --runner program``; ``shared.train.StepFactory``). The loop builds its batches at the
-    program's fixed shape, as the agent's are. Each step puts ``b`` into the program, runs ``forward`` and reads B
-    back: a resumed run's ``b``, set from its checkpoint, is what the next step starts from.
+    program's shape, as the agent's are (each runs at its longest row). Each step puts ``b`` into the program, runs
+    ``forward`` and reads B back: a resumed run's ``b``, set from its checkpoint, is what the next step starts
+    from.
     """
 
-    def __init__(self, pte: Path, ptd: Path, eps: float, lora_size: int, q: int = 1) -> None:
+    def __init__(self, pte: Path, ptd: Path, eps: float, manifest: ProgramManifest) -> None:
         import torch
 
-        self.q = q
-        self.session = ProgramSession(pte, ptd, evaluate=False)
+        self.q = manifest.config.q
+        self.session = ProgramSession(pte, ptd, evaluate=False, widths=manifest.inputs.widths)
         self.eps = float(np.float32(eps))
         self.device = torch.device("cpu")
-        self.b = torch.zeros(lora_size, dtype=torch.float32)
+        self.b = torch.zeros(manifest.lora_size, dtype=torch.float32)
         self.privatizer = None  # a private run's (``shared.train``), for a private program
 
     def __call__(self, batch, seed: int, lr: float):

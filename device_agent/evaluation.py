@@ -7,8 +7,9 @@ candidates' log-likelihoods. Otherwise each (example, candidate) pair is one row
 mean cross-entropy over its answer tokens, i.e. minus the candidate's mean log-likelihood. Either way the score is
 ``shared.evaluate``'s, so the prediction (the best-scoring candidate, the first on a tie) and the loss (the
 objective's) are ``mobizo eval``'s, computed by the device's kernels with the device's B. Rows have the program's
-fixed shape: prompts are cut from the left to fit ``seq_len`` and a candidate longer than ``answer_len`` is an
-error; the last chunk is padded with copies of its first row, whose results are dropped.
+shape: prompts are cut from the left to fit ``seq_len`` (a chunk runs at its longest row) and a candidate longer
+than ``answer_len`` is an error; the last chunk is padded with copies of its first row, whose results are
+dropped.
 """
 
 from __future__ import annotations

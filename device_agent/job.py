@@ -189,7 +189,8 @@ def evaluate_held_out(
     task, _, held_out = local_examples(ctx, lease)
     if not held_out:
         return []
-    session, tokenizer = ProgramSession(run.program, run.weights), load_tokenizer_file(tokenizer_file)
+    session = ProgramSession(run.program, run.weights, widths=run.manifest.inputs.widths)
+    tokenizer = load_tokenizer_file(tokenizer_file)
     shape, steps = program_shape(run.manifest.config), lease.spec.steps
     candidates = run.manifest.config.candidates
     evals = []

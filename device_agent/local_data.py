@@ -2,9 +2,10 @@
 
 Step k trains on exactly what ``mobizo train`` uses (``shared.train``): the examples
 ``batch_indices(n, batch_size, seed, k)`` of the file, as one left-padded, query-major batch
-(``shared.data.training_batch``), with noise seed ``step_seed(seed, k)``. The one difference is the width: a
-program has a fixed shape, so rows are padded to its ``seq_len`` and targets to its ``answer_len``; prompts are
-cut from the left to fit ``seq_len`` (``shared.data.encode``), as ``mobizo train --seq-len`` does. Each step
+(``shared.data.training_batch``), with noise seed ``step_seed(seed, k)``. The one difference is the width: the
+batches file has one record size, so rows are padded to the program's ``seq_len`` and targets to its
+``answer_len`` (the program then runs each step at its longest row, ``batches.fit_width``); prompts are cut from
+the left to fit ``seq_len`` (``shared.data.encode``), as ``mobizo train --seq-len`` does. Each step
 carries its learning rate from the job's schedule (``shared.schedule.lr_at``), as ``mobizo train`` computes it.
 
 Only the examples some step uses are tokenized: rendering checks the whole file (a run never starts on a file it

@@ -2,7 +2,8 @@
 
 Batches put every answer at the right edge (LEFT padding), so one slice of the logits, the last L+1 columns,
 scores every row whatever its length; see docs/contracts.md. A batch is padded only to its own longest row unless
-the caller fixes ``seq_len`` (the exported device program needs a fixed shape), so short queries pad less.
+the caller fixes ``seq_len`` (a device's batches file has one record size; its program then runs each batch at its
+longest row again, ``device_agent.batches.fit_width``), so short queries pad less.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ from shared import defaults
 from shared.backends import Objective, Parallel, ProgramBackend, Quantization
 from shared.errors import FieldError
 
-FORMAT_VERSION = 2  # 2: the .pte carries no B; the device sets it before step 1 (issue 11)
+# 2: the .pte carries no B; the device sets it before step 1. 3: forward and evaluate take any number of columns in
+# ``ProgramInputs.widths`` (a batch runs at its longest row, not at seq_len).
+FORMAT_VERSION = 3
 ProgramMethod = Literal["forward", "get_lora_b", "set_lora_b", "evaluate"]
 PROGRAM_METHODS: tuple[str, ...] = get_args(ProgramMethod)  # every program has all of them
 
@@ -81,6 +83,14 @@ class ProgramConfig(BaseModel):
     def examples_per_query(self) -> int:
         return self.batch_size // self.q
 
+    @property
+    def widths(self) -> tuple[int, int] | None:
+        """The columns ``forward`` and ``evaluate`` take, from the narrowest to ``seq_len``: a batch runs at its longest
+        row, so its padding costs nothing. At least an answer, a prompt token and 3 columns (``torch.export``
+        specializes sizes below that); None where ``seq_len`` leaves no range (the program then has one width)."""
+        low = max(self.answer_len + 1, 3)
+        return (low, self.seq_len) if low < self.seq_len else None
+
     @classmethod
     def from_spec(
         cls,
@@ -138,8 +148,11 @@ class ProgramFile(BaseModel):
 class ProgramInputs(BaseModel):
     """The shapes of ``forward``'s inputs and how rows are padded."""
 
-    forward: dict[str, list[int]]
+    forward: dict[str, list[int]]  # the largest shapes
     padding: str
+    # [narrowest, widest] columns of input_ids and attention_mask (``ProgramConfig.widths``); absent: exactly the
+    # shapes above (format 2)
+    widths: tuple[int, int] | None = None
 
 
 class _Manifest(BaseModel):

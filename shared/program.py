@@ -96,7 +96,10 @@ class MobileMPLoRA(nn.Module):
             self.lora.apply(None)
 
     def example_inputs(self, cfg: ProgramConfig) -> Methods:
-        """Inputs that fix each method's shapes (one program = one shape: no dynamic dimension)."""
+        """Each method's example inputs and dynamic shapes: ``forward`` and ``evaluate`` take any number of columns
+        in ``cfg.widths`` (the rows, the answer columns and B are fixed)."""
+        from torch.export import Dim
+
         rows = cfg.examples_per_query * cfg.q
         ids = torch.zeros(rows, cfg.seq_len, dtype=torch.long)
         mask = torch.ones(rows, cfg.seq_len, dtype=torch.long)
@@ -104,11 +107,17 @@ class MobileMPLoRA(nn.Module):
         step = (ids, mask, targets, torch.tensor([1]), torch.tensor([1e-4]), torch.tensor([1e-2]))
         if self.private:
             step += (torch.tensor([1.0]), torch.zeros(cfg.q))
+        columns = None
+        if cfg.widths is not None:
+            # DYNAMIC, not a named Dim: the attention's guards (e.g. min(64, 128*T) == 64) hold on the whole range
+            # but are not all provable by the exporter.
+            cols = {1: Dim.DYNAMIC(min=cfg.widths[0], max=cfg.widths[1])}
+            columns = (cols, cols) + (None,) * (len(step) - 2)
         return {
-            "forward": (step, None),
+            "forward": (step, columns),
             "get_lora_b": ((), None),
             "set_lora_b": ((torch.zeros(self.lora.size),), None),
-            "evaluate": ((ids, mask, targets), None),
+            "evaluate": ((ids, mask, targets), columns[:3] if columns else None),
         }
 
 
@@ -261,4 +270,5 @@ def _input_spec(cfg: ProgramConfig) -> ProgramInputs:
         }
         | private,
         padding="left; answers end at the last column; targets hold the last answer_len tokens or -100",
+        widths=cfg.widths,
     )

@@ -332,7 +332,7 @@ class _Run:
     objective: str
     candidates: torch.Tensor | None  # the classification objective's candidate ids, on the model's device
     answer_len: int | None  # the objective's answer columns (None: the longest answer of each batch)
-    widths: tuple[int | None, int | None] = (None, None)  # a program's fixed (seq_len, answer_len); None: the batch's
+    widths: tuple[int | None, int | None] = (None, None)  # a program's (seq_len, answer_len); None: the batch's
     private: dict[str, Any] | None = None  # a private run's noise (``_private_seed``)
 
 
@@ -351,7 +351,7 @@ def program_config(config: TrainConfig, objective: str, candidates: tuple[int, .
     if config.method not in ("mobizo", "mezo-lora"):
         raise UsageError("method", f"{config.method} has no device program (mobizo and mezo-lora have)")
     if config.seq_len is None:
-        raise UsageError("seq_len", "a program has a fixed length: give seq_len")
+        raise UsageError("seq_len", "a program has a longest row: give seq_len")
     if answer_len is None:
         raise UsageError("answer_len", "the task's answers come from the data: a program needs their length")
     one_query = config.method == "mezo-lora"
@@ -377,7 +377,7 @@ def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None =
     widths: tuple[int | None, int | None] = (None, None)
     if step_factory is None:
         step = MethodStep(config.method, model, lora, config.q, config.parallel, config.lr, config.eps)
-    else:  # the program's batches have its fixed shape, as the agent's (device_agent.local_data.step_batches)
+    else:  # the program's batches have its shape, as the agent's (device_agent.local_data.step_batches)
         program = program_config(config, objective, ids, answer_len)
         step, widths = step_factory(program, lora), (program.seq_len, program.answer_len)
     train_set = encode(rendered, tokenizer, config.seq_len)

@@ -130,7 +130,8 @@ def step_noise(seed: torch.Tensor, q: int, size: int) -> torch.Tensor:
 
 def _query(batch: Batch, start: int, stop: int, trim: bool) -> Batch:
     """Rows [start, stop), with ``trim`` without their all-padding left columns (eager only: a query run alone pads
-    less; the column count depends on the data, which an exported program's fixed shapes cannot)."""
+    less; a query's own column count depends on data inside the step, which an exported graph cannot follow:
+    a program takes the whole batch's width from outside, ``ProgramConfig.widths``)."""
     mask = batch.attention_mask[start:stop]
     first = int(mask.any(dim=0).nonzero()[0]) if trim else 0
     return Batch(
@@ -155,7 +156,7 @@ def rge_losses(
     """The 2q path losses of one step, grouped into forward passes as ``parallel`` says.
 
     ``batch`` has q*E rows, query-major; ``paths`` is ``perturbations(...)`` [2q, D]. ``trim``: a query run alone
-    drops its all-padding columns (eager); a program keeps its fixed shapes (``trim=False``, exportable). ``rows``:
+    drops its all-padding columns (eager); a program keeps the batch's columns (``trim=False``, exportable). ``rows``:
     each example's loss on each path, [2q, E].
     """
     if parallel == "both":

@@ -140,6 +140,8 @@ class AdbBackend:
         ]
         if run.checkpoint_every:
             args += ["--checkpoint-every", str(run.checkpoint_every)]
+        if run.manifest.inputs.widths is not None:  # each step at its longest row (batches.fit_width)
+            args += ["--min-width", str(run.manifest.inputs.widths[0])]
         if "init" in paths:
             args += ["--init-b", paths["init"]]
         return " ".join(shlex.quote(a) for a in args)

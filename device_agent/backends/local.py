@@ -91,4 +91,7 @@ class LocalBackend:
 def executorch_backend() -> LocalBackend:
     from device_agent.et_program import ProgramSession
 
-    return LocalBackend("executorch", lambda run: ProgramSession(run.program, run.weights, evaluate=False))
+    def open_engine(run: TrainRun) -> ProgramSession:
+        return ProgramSession(run.program, run.weights, evaluate=False, widths=run.manifest.inputs.widths)
+
+    return LocalBackend("executorch", open_engine)

@@ -22,7 +22,7 @@ import numpy as np
 
 from device_agent.backends import TrainRun
 from device_agent.backends.local import LocalBackend
-from device_agent.batches import StepBatch
+from device_agent.batches import StepBatch, fit_width
 from shared.errors import MobizoError
 from shared.manifest import ProgramManifest
 
@@ -41,6 +41,7 @@ class TorchSession:
         model, tokenizer = load_model(Path(model_dir), "float32", str(self.device))
         _check_tokenizer(model_dir, tokenizer, manifest)
         self.module = build_step_module(model, manifest.config)
+        self.widths = manifest.inputs.widths  # the columns the program would run a batch at (fit_width)
         if self.module.lora.modules != manifest.lora:
             raise MobizoError(f"{model_dir}: its LoRA modules differ from the program's: not the job's base model")
         self._torch = torch
@@ -56,10 +57,11 @@ class TorchSession:
 
     def step(self, batch: StepBatch, lr: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
         torch = self._torch
+        ids, mask = fit_width(batch.input_ids, batch.attention_mask, self.widths)
         with torch.no_grad():
             losses, g = self.module(
-                self._tensor(batch.input_ids, torch.long),
-                self._tensor(batch.attention_mask, torch.long),
+                self._tensor(ids, torch.long),
+                self._tensor(mask, torch.long),
                 self._tensor(batch.targets, torch.long),
                 self._tensor([batch.seed], torch.long),
                 self._tensor([lr], torch.float32),

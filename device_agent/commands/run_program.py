@@ -207,7 +207,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     schedule = (args.lr_schedule, args.warmup_steps, args.lr_floor)
     candidates = manifest.config.candidates
     batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps, args.lr, *schedule, candidates))
-    state = _Run(manifest, ProgramSession(args.program, ptd), tokenizer, shape, task.kind, held_out)
+    session = ProgramSession(args.program, ptd, widths=manifest.inputs.widths)
+    state = _Run(manifest, session, tokenizer, shape, task.kind, held_out)
     init_b = _initial_b(args.program, manifest)
     state.session.set_b(init_b)
     state.evaluate(0)

@@ -4,7 +4,9 @@
 // Usage (see README.md):
 //   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --eps EPS --out-b B.f32
 //                 [--init-b B0.f32] [--checkpoint C.ckpt --checkpoint-every K] [--job-id ID]
-//                 [--steps N] [--stop-file PATH]
+//                 [--steps N] [--stop-file PATH] [--min-width W]
+// --min-width: the program takes any number of columns from W to the batches' seq_len (its manifest's
+// inputs.widths); each step then runs at its longest row (at least W). Absent: every step at seq_len.
 // The program carries no B: it is set before step 1, from the checkpoint, --init-b, or zeros.
 // Each step's lr is its batches record's (the job's schedule); eps is one value for the run.
 // stdout: one JSON line per step {"step":k,"seed":s,"lr":lr,"losses":[...],"g":[...]}, flushed per line.
@@ -49,7 +51,7 @@ struct UsageError : std::runtime_error {
 struct Options {
   std::string program, data, batches, out_b, init_b, checkpoint, job_id, stop_file;
   float eps = 0;
-  uint64_t checkpoint_every = 0, steps = UINT64_MAX;
+  uint64_t checkpoint_every = 0, steps = UINT64_MAX, min_width = 0;
 };
 
 float parse_float(const std::string& name, const std::string& text) {
@@ -97,6 +99,8 @@ Options parse_args(int argc, char** argv) {
   if (!every.empty()) o.checkpoint_every = parse_count("--checkpoint-every", every);
   const std::string steps = take("--steps", false);
   if (!steps.empty()) o.steps = parse_count("--steps", steps);
+  const std::string min_width = take("--min-width", false);
+  if (!min_width.empty()) o.min_width = parse_count("--min-width", min_width);
   if (!kv.empty()) throw UsageError("unknown argument " + kv.begin()->first);
   if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw UsageError("--checkpoint-every needs --checkpoint");
   return o;
@@ -192,10 +196,32 @@ void print_floats(const float* v, int64_t n) {
   }
 }
 
+// With --min-width, the batch keeps only its last `width` columns: its longest row, at least the
+// minimum (device_agent.batches.fit_width). Rows are left-padded, so the columns cut are padding.
+uint32_t fit_width(mobizo::StepBatch& batch, uint32_t rows, uint32_t columns, uint64_t min_width) {
+  if (min_width == 0) return columns;
+  uint32_t first = columns;
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t c = 0; c < first; ++c)
+      if (batch.attention_mask[size_t(r) * columns + c]) {
+        first = c;
+        break;
+      }
+  const uint32_t width = std::max<uint32_t>(columns - first, static_cast<uint32_t>(std::min<uint64_t>(min_width, columns)));
+  if (width == columns) return columns;
+  for (auto* values : {&batch.input_ids, &batch.attention_mask}) {
+    for (uint32_t r = 0; r < rows; ++r)
+      std::copy_n(values->begin() + size_t(r) * columns + (columns - width), width, values->begin() + size_t(r) * width);
+    values->resize(size_t(rows) * width);
+  }
+  return width;
+}
+
 void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, uint32_t step) {
   mobizo::StepBatch batch = batches.read(step);
   const auto rows = static_cast<executorch::aten::SizesType>(batches.rows());
-  const auto seq = static_cast<executorch::aten::SizesType>(batches.seq_len());
+  const auto seq =
+      static_cast<executorch::aten::SizesType>(fit_width(batch, batches.rows(), batches.seq_len(), o.min_width));
   const auto ans = static_cast<executorch::aten::SizesType>(batches.answer_len());
   float lr = batch.lr, eps = o.eps;
   // The TensorPtrs own the tensors' metadata, so they must outlive the EValues that view them.

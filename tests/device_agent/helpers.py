@@ -79,10 +79,12 @@ def run_runner(args: list[str]) -> tuple[int, list[dict], str]:
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines()], done.stderr
 
 
-def python_reference(program: Program, batches: Path, init_b: np.ndarray | None = None):  # noqa: ANN201
+def python_reference(  # noqa: ANN201
+    program: Program, batches: Path, init_b: np.ndarray | None = None, widths: tuple[int, int] | None = None
+):
     """Per-step (losses, g) and the final B from the ExecuTorch Python runtime, from ``init_b`` (None: zeros; the
-    program carries no B of its own); each step at its record's lr."""
-    session = ProgramSession(*program.files)
+    program carries no B of its own); each step at its record's lr (and with ``widths``, at its longest row)."""
+    session = ProgramSession(*program.files, widths=widths)
     session.set_b(np.zeros(program.d, np.float32) if init_b is None else init_b)
     steps = [session.step(batch, batch.lr, np.float32(EPS).item()) for batch in BatchesFile(batches)]
     return steps, session.get_b()

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_agent.batches import HEADER, BatchesFile, Shape, StepBatch, is_current, write_batches
+from device_agent.batches import HEADER, BatchesFile, Shape, StepBatch, fit_width, is_current, write_batches
 from shared.errors import DataError
 from shared.schedule import lr_at
 from tests.device_agent.helpers import LR, random_steps
@@ -112,3 +112,20 @@ def test_step_index_is_checked(tmp_path: Path) -> None:
     write_batches(path, SHAPE, random_steps(SHAPE, 50, 2))
     with pytest.raises(IndexError):
         BatchesFile(path)[2]
+
+
+def test_a_batch_is_fitted_to_its_longest_row() -> None:
+    """``fit_width``: the leading columns that are padding in every row are cut down to the program's narrowest
+    width; a narrower batch is padded up to it; a program of one width takes the batch as it is."""
+    ids = np.arange(1, 25).reshape(3, 8)
+    mask = np.zeros_like(ids)
+    mask[0, 5:], mask[1, 3:], mask[2, 6:] = 1, 1, 1  # the longest row: 5 tokens
+    got_ids, got_mask = fit_width(ids, mask, (3, 8))
+    assert np.array_equal(got_ids, ids[:, 3:]) and np.array_equal(got_mask, mask[:, 3:])
+    assert fit_width(ids, mask, (6, 8))[0].shape == (3, 6)  # at least the narrowest
+    assert fit_width(ids, mask, None)[0] is ids
+    narrow_ids, narrow_mask = fit_width(ids[:, 6:], mask[:, 6:], (3, 8))  # two columns, the program takes three
+    assert np.array_equal(narrow_ids, np.pad(ids[:, 6:], ((0, 0), (1, 0))))
+    assert np.array_equal(narrow_mask[:, 0], np.zeros(3)) and np.array_equal(narrow_mask[:, 1:], mask[:, 6:])
+    with pytest.raises(DataError, match="5 tokens does not fit the program's 4 columns"):
+        fit_width(ids, mask, (3, 4))

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from device_agent.backends import TrainRun, make_backend
-from device_agent.batches import Shape
+from device_agent.batches import BatchesFile, Shape, fit_width, write_batches
 from device_agent.checkpoint import Checkpoint, load_b, load_checkpoint, save_b, save_checkpoint
 from shared.replay import replay
 from shared.schedule import lr_at
 from shared.train_log import log_line, log_record, parse_log
-from tests.device_agent.helpers import EPS, Program, as_f32, python_reference, run_runner, runner_args
+from tests.device_agent.helpers import EPS, Program, as_f32, python_reference, random_steps, run_runner, runner_args
+from tests.utils.programs import TINY_Q4
 
 pytestmark = pytest.mark.slow  # the session's program export (about a minute) lands on the first of these
 
@@ -201,3 +202,25 @@ def test_bad_invocations_fail_with_a_message(
     args = edit(runner_args(runner_binary, tiny_program.files, make_batches(1), tmp_path / "b.f32"))
     got, _, stderr = run_runner(args)
     assert got == status and message in stderr, stderr
+
+
+def test_runner_runs_each_step_at_its_longest_row_as_the_python_runtime_does(
+    runner_binary: Path, tiny_program: Program, tmp_path: Path
+) -> None:
+    """With ``--min-width`` (the manifest's ``inputs.widths``) the runner cuts each step's all-padding columns, as
+    ``ProgramSession`` does for the Python backends: the same bits, at widths from the narrowest to the full."""
+    shape, widths = tiny_program.shape, tiny_program.manifest.inputs.widths
+    steps = random_steps(shape, tiny_program.vocab, 6, seed=5, candidates=TINY_Q4.candidates)
+    for k, step in enumerate(steps):  # step k: its first 2k columns padding in every row
+        step.input_ids[:, : 2 * k], step.attention_mask[:, : 2 * k] = 0, 0
+    write_batches(tmp_path / "short.mzb", shape, steps)
+    used = {fit_width(s.input_ids, s.attention_mask, widths)[0].shape[1] for s in BatchesFile(tmp_path / "short.mzb")}
+    assert min(used) < shape.seq_len and len(used) > 2
+    args = runner_args(runner_binary, tiny_program.files, tmp_path / "short.mzb", tmp_path / "b.f32")
+    status, lines, stderr = run_runner([*args, "--min-width", str(widths[0])])
+    assert status == 0, stderr
+    reference, final_b = python_reference(tiny_program, tmp_path / "short.mzb", widths=widths)
+    for line, (losses, g) in zip(lines, reference, strict=True):
+        assert as_f32(line["losses"]).tobytes() == losses.tobytes()
+        assert as_f32(line["g"]).tobytes() == g.tobytes()
+    assert load_b(tmp_path / "b.f32").tobytes() == final_b.tobytes()

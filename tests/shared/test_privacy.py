@@ -143,7 +143,7 @@ def test_a_private_run_through_its_program_logs_g_alone_and_replays(tiny_model_d
 
     def factory(program, lora):
         assert program == cfg  # the run resolves to the private program
-        return ProgramStep(pte, pte.parent / manifest.ptd.file, run["eps"], manifest.lora_size, program.q)
+        return ProgramStep(pte, pte.parent / manifest.ptd.file, run["eps"], manifest)
 
     metrics = train(_config(tiny_model_dir, tmp_path / "run", **run), progress=False, step_factory=factory)
     log = read_log(tmp_path / "run" / LOG_FILE, private=True)

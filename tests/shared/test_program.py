@@ -269,3 +269,40 @@ def test_a_classification_programs_evaluate_scores_every_candidate_in_one_pass(p
     labels = torch.tensor([cfg.candidates.index(int(t)) for t in batch.targets[:, -1]])
     from_scores = torch.logsumexp(scores, 1) - scores.gather(1, labels[:, None])[:, 0]
     assert_same_step_losses(from_scores, losses, eager.model.config)
+
+
+def test_a_batch_runs_at_its_longest_row(programs, tiny_model_dir):
+    """A program takes any number of columns in its manifest's ``inputs.widths``, so the device runs each batch at
+    its longest row (``fit_width``) rather than at ``seq_len``: the step's losses and ``evaluate``'s scores are the
+    full-width eager ones within float32 rounding (the columns cut are padding in every row)."""
+    import numpy as np
+
+    from device_agent.batches import StepBatch, fit_width
+    from device_agent.et_program import ProgramSession
+    from shared.zo import candidate_scores
+
+    folder, by_q = programs
+    cfg, manifest = by_q[4]
+    assert manifest.inputs.widths == cfg.widths == (3, cfg.seq_len)
+    session = ProgramSession(folder / manifest.pte.file, folder / manifest.ptd.file, widths=manifest.inputs.widths)
+    eager = _eager(tiny_model_dir, cfg)
+    b = torch.randn(manifest.lora_size, generator=torch.Generator().manual_seed(3)) * 0.05
+    lr, vocab = float(np.float32(LR)), eager.model.config.vocab_size
+    for k, longest in enumerate((3, 7, 12)):
+        short = random_batch(cfg.batch_size, 50 + k, longest, cfg.answer_len, vocab, cfg.candidates)
+        full = [torch.nn.functional.pad(t, (cfg.seq_len - longest, 0)) for t in (short.input_ids, short.attention_mask)]
+        ids, mask = (t.numpy() for t in full)
+        assert fit_width(ids, mask, manifest.inputs.widths)[0].shape[1] <= longest < cfg.seq_len
+        session.set_b(b.numpy())
+        losses, _ = session.step(StepBatch(k, lr, ids, mask, short.targets.numpy()), lr, EPS)
+        session.set_b(b.numpy())  # the step moved B
+        scores = session.evaluate(ids, mask, short.targets.numpy())
+        with torch.no_grad():
+            eager.lora_b.copy_(b)
+            args = (torch.tensor([k]), torch.tensor([LR]), torch.tensor([EPS]))
+            want, _ = eager(*full, short.targets, *args)
+            eager.lora.apply(b[None])
+            want_scores = candidate_scores(eager.model, eager._batch(*full, short.targets))
+            eager.lora.apply(None)
+        assert_same_step_losses(torch.from_numpy(losses), want, eager.model.config)
+        assert_same_step_losses(torch.from_numpy(scores), want_scores, eager.model.config)
