@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import MobizoError
 from shared.files import atomic_write_bytes, private_dir
 from shared.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry
-from shared.schemas import LeasePublic
+from shared.schemas import JobSpec, LeasePublic
 
 # What became of a job: it is over for this device (succeeded, cancelled, failed), or it may come back (stopped:
 # this agent is shutting down; lost: the lease went, the job may be leased again).
@@ -87,6 +89,14 @@ class JobDir:
     checkpoint = property(lambda self: self.root / "checkpoint.ckpt")
     b_flat = property(lambda self: self.root / "b_flat.safetensors")
     metrics = property(lambda self: self.root / "metrics.json")
+    private_seed_file = property(lambda self: self.root / "private_seed")
+
+    def private_seed(self) -> int:
+        """A private job's seed of its batches and noise: drawn once on this device, kept here so that a resumed
+        run draws the same, never sent (the server could subtract the noise)."""
+        if not self.private_seed_file.is_file():
+            atomic_write_bytes(self.private_seed_file, str(secrets.randbits(62)).encode())
+        return int(self.private_seed_file.read_text())
 
     def trained(self) -> bool:
         return self.metrics.is_file()  # written last, after B
@@ -120,6 +130,9 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
     d = lease.manifest.lora_size
     init_b = np.zeros(d, np.float32) if lease.init is None else read_b_file(get(lease.init, ".safetensors"), d)
     spec = lease.spec
+    private = None
+    if spec.privacy is not None:
+        private = private_noise(spec, jobs.private_seed())
     run = TrainRun(
         key=run_key(lease),
         program=program,
@@ -130,8 +143,20 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
         init_b=init_b,
         checkpoint=jobs.checkpoint,
         checkpoint_every=ctx.checkpoint_every,
+        private=private,
     )
     return run, tokenizer
+
+
+def private_noise(spec: JobSpec, seed: int) -> Callable[[int], tuple[float, np.ndarray]]:
+    """A private job's step k -> (clip, the noise of its q g's): the standard deviation the server's noise
+    multiplier gives (``shared.privacy.noise_std``), drawn from the device's private seed (stream 1)."""
+    from shared.privacy import noise_std, step_privatizer
+
+    p = spec.privacy
+    clip = float(np.float32(p.clip))
+    std = noise_std(p.noise_multiplier, p.clip, spec.batch_size // spec.q)
+    return lambda k: (clip, step_privatizer(seed, k, p.clip, std).noise(spec.q).numpy())
 
 
 def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path, jobs: JobDir) -> None:
@@ -151,7 +176,18 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
     tokenizer = load_tokenizer_file(tokenizer_file)
     schedule = (spec.lr, spec.lr_schedule, spec.warmup_steps, spec.lr_floor)
     candidates = lease.manifest.config.candidates
-    steps = step_batches(examples, tokenizer, shape, spec.seed, spec.steps, *schedule, candidates)
+    sample = None
+    if spec.privacy is not None:  # uniform samples without replacement, from the device's private seed
+        from shared.privacy import step_sample
+
+        if len(examples) < spec.privacy.min_examples:
+            raise MobizoError(
+                f"job {lease.job_id}: private: this device has {len(examples)} training examples, fewer than the "
+                f"{spec.privacy.min_examples} the job's privacy was computed for"
+            )
+        seed = jobs.private_seed()
+        sample = lambda k: step_sample(seed, k, len(examples), spec.batch_size)  # noqa: E731
+    steps = step_batches(examples, tokenizer, shape, spec.seed, spec.steps, *schedule, candidates, sample)
     write_batches(jobs.batches, shape, steps)
     ctx.reporter.event("data", job_id=lease.job_id, examples=len(examples), held_out=len(held_out), steps=spec.steps)
 
@@ -235,11 +271,12 @@ def train(
     seconds: list[float] = []
 
     def on_step(record: StepRecord) -> None:
-        entry = log_record(record.step, record.seed, record.lr, run.eps, record.g, record.losses)
-        log.write(entry)
+        losses = None if run.private is not None else record.losses  # a private step's losses stay here
+        log.write(log_record(record.step, record.seed, record.lr, run.eps, record.g, losses))
         seconds.append(record.seconds)
-        loss = sum(entry["losses"]) / len(entry["losses"])
-        ctx.reporter.step(lease.job_id, record.step + 1, loss, beat.progress(record.step + 1, loss))
+        loss = float(np.mean(record.losses))  # shown on this device; a private job's heartbeat carries none
+        rate = beat.progress(record.step + 1, loss if losses is not None else math.nan)
+        ctx.reporter.step(lease.job_id, record.step + 1, loss, rate)
 
     def should_stop() -> bool:
         return ctx.stop.is_set() or beat.halted or not ctx.eligibility.holds()
@@ -267,7 +304,8 @@ def train(
         "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
     }
     records = read_complete(jobs.log)
-    extra["eval"] = evaluate_held_out(ctx, lease, run, tokenizer_file, records, outcome.b)
+    if run.private is None:  # a private job's held-out figures are functions of local data: they stay here
+        extra["eval"] = evaluate_held_out(ctx, lease, run, tokenizer_file, records, outcome.b)
     metrics = training_metrics(lease.manifest, records, seconds, extra)
     atomic_write_bytes(jobs.b_flat, b_file_bytes(outcome.b))
     atomic_write_bytes(jobs.metrics, json.dumps(metrics, indent=2).encode())

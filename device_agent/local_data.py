@@ -14,7 +14,7 @@ cannot fully read), but SST-2's 67k lines need not all pass through the tokenize
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +66,21 @@ def step_batches(
     warmup_steps: int = defaults.WARMUP_STEPS,
     lr_floor: float = defaults.LR_FLOOR,
     candidates: tuple[int, ...] = (),
+    sample: Callable[[int], list[int]] | None = None,
 ) -> Iterator[StepBatch]:
     """Steps ``0 .. steps-1`` of a run over the rendered ``examples`` (``shared.tasks.Rendered``); step k's lr is
     ``shared.schedule.lr_at(lr, steps, k, lr_schedule, warmup_steps, lr_floor)`` (the base ``lr`` and the schedule
     of the job; a bad one raises ``UsageError`` naming its field before anything is tokenized). A classification
-    program's ``candidates`` must be every used example's answers (``DataError`` otherwise)."""
+    program's ``candidates`` must be every used example's answers (``DataError`` otherwise). ``sample(k)``: step k's
+    example indices in place of the run's walk through epochs (a private job's, ``shared.privacy.step_sample``)."""
     from shared.data import batch_indices, check_candidates, encode, pad_token_id, training_batch
     from shared.noise import step_seed
     from shared.schedule import lrs
 
     rates = lrs(lr, steps, lr_schedule, warmup_steps, lr_floor)
 
-    chosen = [batch_indices(len(examples), shape.rows, seed, k) for k in range(steps)]
+    pick = sample or (lambda k: batch_indices(len(examples), shape.rows, seed, k))
+    chosen = [pick(k) for k in range(steps)]
     needed = sorted({i for indices in chosen for i in indices})
     encoded = dict(zip(needed, encode([examples[i] for i in needed], tokenizer, shape.seq_len), strict=True))
     if candidates:

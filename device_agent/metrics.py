@@ -24,7 +24,8 @@ def training_metrics(
         "batch_size": config.batch_size,
         "examples_per_query": config.examples_per_query,
         "steps": len(log),
-        "losses": [float(np.mean(record["losses"])) for record in log],  # per step: the mean of its path losses
+        # per step: the mean of its path losses (a private log has none: they stay on the device)
+        "losses": [float(np.mean(record["losses"])) for record in log] if all("losses" in r for r in log) else None,
         "step_time_s": statistics.median(step_seconds) if step_seconds else None,
         "train_time_s": sum(step_seconds),
         "peak_rss_mb": peak_rss_mb(),

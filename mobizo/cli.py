@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "devices": "server.commands.devices",
     "adapters": "server.commands.adapters",
     "cohorts": "server.commands.cohorts",
+    "privacy": "server.commands.privacy",
     "agent": "device_agent.commands.agent",
 }
 

@@ -45,6 +45,7 @@ from server.routes import (
     jobs,
     leases,
     models,
+    privacy,
     results,
     rounds,
     users,
@@ -180,6 +181,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         cohorts,
         rounds,
         inference,
+        privacy,
     ):
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, validation_error)

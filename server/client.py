@@ -56,6 +56,9 @@ class ServerClient:
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self.request("POST", path, json=body if body is not None else {}).json()
 
+    def put(self, path: str, body: dict[str, Any]) -> Any:
+        return self.request("PUT", path, json=body).json()
+
     def download(self, path: str, dest: Path) -> Path:
         """Stream ``path`` into ``dest`` through a temporary file that is renamed when complete."""
 

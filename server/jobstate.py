@@ -29,6 +29,7 @@ checked by their row count, which is safe on SQLite and on PostgreSQL alike; lea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,13 +42,24 @@ from server.tables import Adapter, Device, Job, LeasingDevice, Model, Program, R
 from shared.manifest import ProgramManifest
 from shared.schemas import TERMINAL_STATUSES, HeartbeatCreate, JobCreate, JobSpec
 
+# Backends whose runner cannot take a private step's clip and noise yet (the native runner): no private job leased
+NO_PRIVATE_BACKENDS = ("adb",)
+SUBMIT_ATTEMPTS = 8  # a private submit's tries at claiming its user's privacy ledger against racing ones
 
-def submit(session: Session, **columns: Any) -> Job:
-    """A new job (``columns``: the ``Job`` fields but the state), queued for the compile queue."""
-    job = Job(**columns, status="queued")
-    session.add(job)
-    session.commit()
-    return job
+
+def submit(session: Session, charge: Callable[[Session], bool] | None = None, **columns: Any) -> Job | None:
+    """A new job (``columns``: the ``Job`` fields but the state), queued for the compile queue. ``charge``: a
+    private job's ledger entry (``server.privacy.charge``), run first in the same transaction; it raises to refuse
+    the job, and answers False when a racing submit claimed the ledger first: then it runs again on the ledger
+    that submit left. None if it lost every try."""
+    for _ in range(SUBMIT_ATTEMPTS):
+        if charge is None or charge(session):
+            job = Job(**columns, status="queued")
+            session.add(job)
+            session.commit()
+            return job
+        session.rollback()
+    return None
 
 
 def device_spec(job: Job) -> JobSpec:
@@ -275,7 +287,8 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
     """Hand the oldest ready job of the device's user that fits it to the device (ready → running).
 
     Fits: the job names this device or none, wants this device's backend or any, and its program's memory
-    estimate is within the free memory the device last reported (unknown on either side: it fits).
+    estimate is within the free memory the device last reported (unknown on either side: it fits); a private job
+    is not leased to a backend that cannot run its step (``NO_PRIVATE_BACKENDS``).
 
     ``FOR UPDATE SKIP LOCKED`` lets concurrent lease requests on PostgreSQL each take a different job instead of
     queueing on the same row; SQLite ignores it and needs nothing more, its transactions taking the write lock.
@@ -288,6 +301,7 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
             or_(Job.device_id.is_(None), Job.device_id == device.id),
             or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
             fits_memory(device.memory_mb),
+            Job.private.is_(False) if device.backend in NO_PRIVATE_BACKENDS else true(),
         )
         .order_by(Job.id)
         .limit(1)

@@ -80,3 +80,8 @@ def heartbeat_refusal(conn: Connection, job_id: int, device_id: int) -> tuple[Ro
     None; the device's ``revoked_at``)."""
     job = conn.execute(select(Job.status, Job.user_id, Job.leased_device_id, Job.spec).where(Job.id == job_id)).first()
     return job, conn.execute(select(Device.revoked_at).where(Device.id == device_id)).scalar_one_or_none()
+
+
+def private_jobs_of(session: Session, user_id: int) -> list[Job]:
+    """The user's private jobs (``spec["privacy"]`` set), oldest first: the entries of its privacy ledger."""
+    return list(session.scalars(select(Job).where(Job.user_id == user_id, Job.private).order_by(Job.id)))

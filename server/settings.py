@@ -95,6 +95,12 @@ class Settings(BaseSettings):
         default=600.0, gt=0, description="a replay running longer is stopped (its worker killed); the upload gets 503"
     )
 
+    privacy_budget_epsilon: float = Field(
+        default=10.0,
+        gt=0,
+        le=1000,
+        description="a user's privacy budget (epsilon at delta 1e-5 over all their private jobs) until they set one",
+    )
     max_active_jobs: int = Field(default=100, ge=1, description="a user's unfinished jobs (more: 429 Retry-After)")
     max_compiles: int = Field(default=8, ge=1, description="a user's jobs queued or compiling (more: 429 Retry-After)")
     enrollment_codes_per_hour: int = Field(

@@ -9,7 +9,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -42,6 +53,11 @@ class User(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     key_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The privacy ledger (``server.privacy``): the budget the user's private jobs spend from (null: the server's
+    # default), and a version every private submit bumps, so that two racing submits cannot both spend the rest.
+    privacy_epsilon: Mapped[float | None] = mapped_column(Float)
+    privacy_delta: Mapped[float | None] = mapped_column(Float)
+    privacy_version: Mapped[int] = mapped_column(default=0, server_default="0")
 
 
 class Model(Base):
@@ -155,6 +171,7 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text)
     device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"))
     device_backend: Mapped[str | None] = mapped_column(String(16))
+    private: Mapped[bool] = mapped_column(default=False, server_default=false(), doc="spec has privacy")
     # No foreign key: adapters already point at jobs, and a cycle of keys needs ALTER TABLE, which SQLite lacks.
     init_adapter_id: Mapped[int | None]
     program_id: Mapped[int | None] = mapped_column(ForeignKey("programs.id"))

@@ -182,26 +182,43 @@ def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float 
         raise ResultRejected("log", f"{where}: lr must be the job's {schedule} schedule's {lr!r}")
     if np.float32(rec["eps"]) != np.float32(spec["eps"]):
         raise ResultRejected("log", f"{where}: eps must be the job's {spec['eps']}")
-    if len(rec["g"]) != spec["q"] or len(rec["losses"]) != 2 * spec["q"]:
-        raise ResultRejected("log", f"{where}: needs q={spec['q']} values of g and {2 * spec['q']} losses")
-    losses = np.asarray(rec["losses"], dtype=np.float64)
-    if not (np.isfinite(losses).all() and (losses >= 0).all() and (losses <= MAX_LOSS).all()):
-        raise ResultRejected("log", f"{where}: a loss is not a finite number in [0, {MAX_LOSS:g}]")
-    _check_g(rec, spec["eps"], where)
+    if len(rec["g"]) != spec["q"]:
+        raise ResultRejected("log", f"{where}: needs q={spec['q']} values of g")
+    if not spec.get("privacy"):  # a private log has no losses: its g are bounded by private_g_bound instead
+        if len(rec["losses"]) != 2 * spec["q"]:
+            raise ResultRejected("log", f"{where}: needs {2 * spec['q']} losses")
+        losses = np.asarray(rec["losses"], dtype=np.float64)
+        if not (np.isfinite(losses).all() and (losses >= 0).all() and (losses <= MAX_LOSS).all()):
+            raise ResultRejected("log", f"{where}: a loss is not a finite number in [0, {MAX_LOSS:g}]")
+        _check_g(rec, spec["eps"], where)
     if rec["seed"] != step_seed(spec["seed"], rec["step"]):
         raise ResultRejected("log", f"{where}: seed must be the job's seed for this step")
     if max_abs_g is not None and not (np.abs(np.asarray(rec["g"], dtype=np.float64)) <= max_abs_g).all():
         raise ResultRejected("log", f"{where}: a |g| is above the bound {max_abs_g:g}")
 
 
+def private_g_bound(spec: dict[str, Any]) -> float:
+    """The largest |g| of an honest private log of the job (``shared.privacy.g_bound``: the clip plus the noise's
+    tail, at a 1e-9 chance of refusing an honest log)."""
+    from shared.privacy import g_bound
+
+    p = spec["privacy"]
+    return g_bound(p["clip"], p["noise_multiplier"], spec["batch_size"] // spec["q"], spec["steps"] * spec["q"])
+
+
 def read_checked_log(log_path: str, spec: dict[str, Any], max_abs_g: float | None = None) -> list[dict]:
     """The log's records (``shared.train_log.parse_log``), checked against the job: steps 0, 1, … steps-1, integer
     seeds of the job, the lr of its schedule at each step (``expected_lr``), its eps, q values of g that follow from
-    their losses (and within ``max_abs_g``)."""
+    their losses (and within ``max_abs_g``); a private job's: no losses, and every |g| within
+    ``private_g_bound``."""
     from shared.train_log import parse_log
 
+    private = bool(spec.get("privacy"))
+    if private:
+        bound = private_g_bound(spec)
+        max_abs_g = bound if max_abs_g is None else min(max_abs_g, bound)
     try:
-        log = parse_log(Path(log_path).read_text(encoding="utf-8"), "log")
+        log = parse_log(Path(log_path).read_text(encoding="utf-8"), "log", private=private)
     except (DataError, UnicodeDecodeError) as exc:
         raise ResultRejected("log", str(exc)) from None
     if len(log) != spec["steps"]:

@@ -125,3 +125,8 @@ def _describe(d: MethodDefaults) -> str:
 
 MAX_CONTEXT = 512  # an inference program's KV cache, in positions (prompt + generated tokens)
 MAX_CONTEXT_LIMIT = 4096  # the largest a server compiles: the cache costs 2 x layers x kv-heads x head-dim x 4 B each
+
+# Private jobs (shared.privacy): the delta of a target (epsilon, delta) when none is given, DP-ZO's, and the clip C
+# of each example's projected difference.
+DP_DELTA = 1e-5
+DP_CLIP = 1.0

@@ -120,6 +120,7 @@ class ProgramConfig(BaseModel):
             chat=chat,
             objective=objective,
             candidates=tuple(candidates),
+            private=get("privacy") is not None,
         )
 
 

@@ -29,8 +29,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-DEFAULT_DELTA = 1e-5
-DEFAULT_CLIP = 1.0
 FALSE_REJECTION = 1e-9  # the chance that an honest private log fails g_bound (over all of its values)
 
 
@@ -106,6 +104,29 @@ def stream_seed(private_seed: int, stream: int, step: int) -> int:
 def private_batch(examples: int, batch_size: int, rng: np.random.Generator) -> list[int]:
     """``batch_size`` distinct example indices drawn uniformly from ``examples`` (a private step's sample)."""
     return [int(i) for i in rng.choice(examples, size=batch_size, replace=False)]
+
+
+def step_sample(private_seed: int, step: int, examples: int, batch_size: int) -> list[int]:
+    """Step ``step``'s sample of a private run (stream 0): the same whatever ran before, so a resumed run and
+    every backend draw the same."""
+    return private_batch(examples, batch_size, np.random.default_rng(stream_seed(private_seed, 0, step)))
+
+
+def step_privatizer(private_seed: int, step: int, clip: float, std: float) -> Privatizer:
+    """The privatizer whose next ``noise`` is step ``step``'s (stream 1), whatever ran before."""
+    return Privatizer.seeded(clip, std, stream_seed(private_seed, 1, step))
+
+
+def ledger_epsilon(runs: list[tuple[float, int, int, int]], delta: float) -> float:
+    """The epsilon at ``delta`` of several private runs together, each (noise multiplier, steps, batch size,
+    examples): one accountant composes them all (a user's privacy ledger). 0 for none."""
+    if not runs:
+        return 0.0
+    accountant = _accountant()
+    for sigma, steps, batch_size, examples in runs:
+        _check_sampling(batch_size, examples)
+        accountant.compose(_event(sigma, steps, batch_size, examples))
+    return float(accountant.get_epsilon(delta))
 
 
 @dataclass

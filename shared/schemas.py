@@ -192,6 +192,55 @@ class TaskSpec(BaseModel):
         return "custom-" + hashlib.sha256(blob).hexdigest()[:12]
 
 
+class Privacy(_Strict):
+    """A private job (DP-ZO, ``shared.privacy``, docs/guide/privacy.md): (epsilon, delta)-differential privacy for
+    each of the device's examples over the job's steps. The device clips each example's projected difference to
+    [-clip, clip], noises g, samples its batches without replacement from at least ``min_examples`` examples, and
+    uploads g alone (no losses)."""
+
+    epsilon: float = Field(gt=0, le=100, allow_inf_nan=False, description="the privacy target over the whole job")
+    delta: float = Field(default=defaults.DP_DELTA, gt=0, le=1e-3, allow_inf_nan=False)
+    clip: float = Field(default=defaults.DP_CLIP, gt=0, le=1000, allow_inf_nan=False, description="C, per example")
+    min_examples: int = Field(
+        ge=2,
+        le=MAX_DB_INT,
+        description="a lower bound on the device's training examples, stated by the user (the server never sees "
+        "the data): the accountant counts batch/min_examples as the sampling rate; a device with fewer refuses",
+    )
+    noise_multiplier: float | None = Field(
+        default=None, gt=0, description="sigma for (epsilon, delta), set by the server at submit (not to be sent)"
+    )
+
+
+class PrivacyBudget(_Strict):
+    """What a user's private jobs may spend together: epsilon at delta, composed over all of them."""
+
+    epsilon: float = Field(gt=0, le=1000, allow_inf_nan=False)
+    delta: float = Field(default=defaults.DP_DELTA, gt=0, le=1e-3, allow_inf_nan=False)
+
+
+class PrivacyEntry(BaseModel):
+    """One private job in the ledger: what it asked for and the noise it got; ``spends``: whether it counts (it may
+    have touched data: every job but one that ended before any device leased it)."""
+
+    job_id: int
+    status: str
+    steps: int
+    batch_size: int
+    privacy: Privacy
+    spends: bool
+
+
+class PrivacyLedgerPublic(BaseModel):
+    """A user's privacy ledger (``GET /v1/privacy``): the budget, epsilon spent by the jobs that count (composed
+    by one accountant at the budget's delta), what remains, and the jobs."""
+
+    budget: PrivacyBudget
+    spent: float
+    remaining: float
+    jobs: list[PrivacyEntry]
+
+
 class HyperParams(BaseModel):
     """The method's hyperparameters (defaults: ``shared.defaults``); ``batch_size`` is the total per step, split
     into q groups of E."""
@@ -251,6 +300,7 @@ class HyperParams(BaseModel):
         "answers) or lm (cross-entropy over the whole vocabulary); default: classification for a classification "
         "task whose answers are single tokens with the model's tokenizer, lm otherwise or when answer_len > 1",
     )
+    privacy: Privacy | None = Field(default=None, description="a private job (default: not private)")
 
     # Which of the tuned values (``defaults.TUNED``, and alpha) took the defaults (not given): a federated job's spec
     # is rebuilt with its cohort's task, whose objective the defaults depend on (``server.routes.cohorts``).
@@ -284,6 +334,8 @@ class HyperParams(BaseModel):
             raise FieldError("eval_every", f"{self.steps} steps every {self.eval_every} is over {MAX_EVALS} points")
         if len(set(self.targets)) != len(self.targets) or not all(t.isidentifier() for t in self.targets):
             raise FieldError("targets", "module names must be distinct identifiers like q_proj")
+        if self.privacy is not None and self.batch_size > self.privacy.min_examples:
+            raise FieldError("privacy", f"a batch of {self.batch_size} needs min_examples >= {self.batch_size}")
         return self
 
 
@@ -386,6 +438,12 @@ class FederatedJobCreate(HyperParams, FederationSpec):
     model_config = ConfigDict(extra="forbid")
 
     answer_len: int | None = Field(default=None, ge=1, le=256, description="default: from the task's verbalizer")
+
+    @model_validator(mode="after")
+    def _not_private(self) -> FederatedJobCreate:
+        if self.privacy is not None:
+            raise FieldError("privacy", "federated rounds do not run private steps yet: submit a personal job")
+        return self
 
 
 class RoundClientPublic(BaseModel):

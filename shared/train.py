@@ -109,8 +109,8 @@ class TrainConfig:
     # A private run (shared.privacy, mobizo only): the (epsilon, delta) it may spend and the clip C of each example's
     # projected difference; None: not private.
     dp_epsilon: float | None = None
-    dp_delta: float = privacy.DEFAULT_DELTA
-    dp_clip: float = privacy.DEFAULT_CLIP
+    dp_delta: float = defaults.DP_DELTA
+    dp_clip: float = defaults.DP_CLIP
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -418,8 +418,7 @@ def _step_batch(run: _Run, k: int, private_seed: int | None) -> Batch:
     if private_seed is None:
         indices = batch_indices(len(run.train), cfg.batch_size, cfg.seed, k)
     else:
-        rng = np.random.default_rng(privacy.stream_seed(private_seed, 0, k))
-        indices = privacy.private_batch(len(run.train), cfg.batch_size, rng)
+        indices = privacy.step_sample(private_seed, k, len(run.train), cfg.batch_size)
     examples = [run.train[i] for i in indices]
     batch = to_device(training_batch(examples, pad_token_id(run.tokenizer), *run.widths), run.step.device)
     batch.candidates = run.candidates
@@ -488,7 +487,7 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
         _at_step(run, state, k, start)
         batch, seed = _step_batch(run, k, private_seed), step_seed(cfg.seed, k)
         if private_seed is not None:  # step k's noise, whatever ran before (a resumed run draws the same)
-            run.step.privatizer.generator.manual_seed(privacy.stream_seed(private_seed, 1, k))
+            run.step.privatizer = privacy.step_privatizer(private_seed, k, cfg.dp_clip, run.private["noise_std"])
         lr = lr_at(cfg.lr, schedule_span(cfg), k, cfg.lr_schedule, cfg.warmup_steps, cfg.lr_floor)  # float32, as logged
         begin = time.perf_counter()
         losses, g = (t.float().cpu() for t in run.step(batch, seed, lr))  # .cpu() waits for the device
@@ -516,7 +515,7 @@ def _private_seed(run: _Run, history: dict[str, list]) -> int | None:
     steps = schedule_span(cfg)  # the whole run's, for a run trained in pieces (``schedule_steps``)
     sigma = privacy.noise_multiplier(cfg.dp_epsilon, cfg.dp_delta, steps, cfg.batch_size, len(run.train))
     std = privacy.noise_std(sigma, cfg.dp_clip, cfg.batch_size // cfg.q)
-    run.step.privatizer = privacy.Privatizer.seeded(cfg.dp_clip, std, privacy.stream_seed(seed, 1, 0))
+    run.step.privatizer = privacy.step_privatizer(seed, 0, cfg.dp_clip, std)
     run.private = {"noise_multiplier": sigma, "noise_std": std, "examples": len(run.train)}
     return seed
 

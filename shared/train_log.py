@@ -110,5 +110,11 @@ def parse_log(text: str, source: str = "log", private: bool = False) -> list[dic
     return records
 
 
-def read_log(path: Path, private: bool = False) -> list[dict]:
-    return parse_log(Path(path).read_text(), str(path), private)
+def read_log(path: Path, private: bool | None = False) -> list[dict]:
+    """``parse_log`` of a file; ``private`` None: whichever kind its first line is (``mobizo replay`` replays
+    both), every line then of that kind."""
+    text = Path(path).read_text()
+    if private is None:
+        first = text.lstrip().split("\n", 1)[0]
+        private = '"losses"' not in first
+    return parse_log(text, str(path), private)

@@ -28,7 +28,7 @@ class StepRecord:
     step: int
     seed: int
     lr: float  # the float32 lr the step ran at: its batch record's (device_agent.batches)
-    losses: np.ndarray  # float32 [2q]
+    losses: np.ndarray  # float32 [2q] (a private step's stay on the device: not logged)
     g: np.ndarray  # float32 [q]
     seconds: float  # wall time of the step as the backend saw it
 
@@ -46,6 +46,9 @@ class TrainRun:
     init_b: np.ndarray  # B before step 0 (zeros or the job's starting adapter): a .pte carries no B of its own
     checkpoint: Path
     checkpoint_every: int  # 0: only when stopped
+    # A private job's step k -> (clip, the noise of its q g's) from the device's private seed (device_agent.job);
+    # None: not private
+    private: Callable[[int], tuple[float, np.ndarray]] | None = None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ class Engine(Protocol):
 
     def set_b(self, b: np.ndarray) -> None: ...
 
-    def step(self, batch: StepBatch, lr: float, eps: float) -> tuple[np.ndarray, np.ndarray]: ...
+    def step(
+        self, batch: StepBatch, lr: float, eps: float, private: tuple[float, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 def run_steps(
@@ -36,16 +38,18 @@ def run_steps(
     should_stop: ShouldStop,
     checkpoint: Callable[[int], None] | None = None,
     every: int = 0,
+    private: Callable[[int], tuple[float, np.ndarray]] | None = None,
 ) -> int:
     """Run steps ``[start, len(batches))``, each at its record's lr; returns the next step (``len(batches)`` when
     all ran).
 
-    ``checkpoint(next_step)`` is called every ``every`` steps and when a stop is requested (after the step).
+    ``checkpoint(next_step)`` is called every ``every`` steps and when a stop is requested (after the step);
+    ``private(k)``: a private job's clip and noise for step k (``TrainRun.private``).
     """
     for k in range(start, len(batches)):
         batch = batches[k]
         began = time.perf_counter()
-        losses, g = engine.step(batch, batch.lr, eps)
+        losses, g = engine.step(batch, batch.lr, eps, None if private is None else private(k))
         on_step(StepRecord(k, batch.seed, batch.lr, losses, g, time.perf_counter() - began))
         done = k + 1
         stopping = done < len(batches) and should_stop()
@@ -84,7 +88,8 @@ class LocalBackend:
             save_checkpoint(run.checkpoint, Checkpoint(run.key, next_step, engine.get_b()))
 
         batches = BatchesFile(run.batches)
-        done = run_steps(engine, batches, run.eps, start, on_step, should_stop, checkpoint, run.checkpoint_every)
+        every = run.checkpoint_every
+        done = run_steps(engine, batches, run.eps, start, on_step, should_stop, checkpoint, every, run.private)
         return Outcome(done, engine.get_b() if done == len(batches) else None)
 
 

@@ -55,9 +55,14 @@ class TorchSession:
     def set_b(self, b: np.ndarray) -> None:
         self.module.set_lora_b(self._tensor(b, self._torch.float32))
 
-    def step(self, batch: StepBatch, lr: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    def step(
+        self, batch: StepBatch, lr: float, eps: float, private: tuple[float, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         torch = self._torch
         ids, mask = fit_width(batch.input_ids, batch.attention_mask, self.widths)
+        extra = ()
+        if private is not None:  # a private step: the clip and the noise of its g's
+            extra = (self._tensor([private[0]], torch.float32), self._tensor(private[1], torch.float32))
         with torch.no_grad():
             losses, g = self.module(
                 self._tensor(ids, torch.long),
@@ -66,6 +71,7 @@ class TorchSession:
                 self._tensor([batch.seed], torch.long),
                 self._tensor([lr], torch.float32),
                 self._tensor([eps], torch.float32),
+                *extra,
             )
         return losses.cpu().numpy().copy(), g.cpu().numpy().copy()
 

@@ -63,6 +63,7 @@ _FEDERATION = (
     "global_lr",
     "max_abs_g",
 )
+_PRIVACY = ("epsilon", "delta", "clip", "min_examples")  # --dp-<name> → JobCreate.privacy.<name>
 _PERSONAL_ONLY = ("model", "task", "template", "verbalizer", "steps", "device_id", "device_backend", "init_adapter_id")
 
 
@@ -140,6 +141,16 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--upload", choices=("full", "log"), help="full: the device sends B and its log (default); log: the log alone"
     )
+    dp = p.add_argument_group("private jobs (docs/guide/privacy.md: the device uploads noised g alone, no losses)")
+    dp.add_argument("--dp-epsilon", type=float, help="(epsilon, delta)-DP for each of the device's examples")
+    dp.add_argument("--dp-delta", type=float, help="delta (default 1e-5)")
+    dp.add_argument("--dp-clip", type=float, help="C: each example's projected difference is clipped to [-C, C]")
+    dp.add_argument(
+        "--dp-min-examples",
+        type=int,
+        help="at least this many training examples on the device (required with --dp-epsilon: the accountant's "
+        "sampling rate; a device with fewer refuses the job)",
+    )
     fed = p.add_argument_group("federated jobs (--cohort; admin token; model and task come from the cohort)")
     fed.add_argument("--cohort", type=int, help="run federated rounds on this cohort's member devices")
     for field, kind, text in (
@@ -175,7 +186,7 @@ def job_body(args: argparse.Namespace) -> dict:
     import json
 
     from shared.errors import UsageError
-    from shared.schemas import JobCreate
+    from shared.schemas import JobCreate, Privacy
 
     if args.cohort is not None:
         return _federated_body(args)
@@ -192,7 +203,13 @@ def job_body(args: argparse.Namespace) -> dict:
             body["verbalizer"] = json.loads(args.verbalizer)
         except json.JSONDecodeError as exc:
             raise UsageError("verbalizer", f"not JSON ({exc.msg})") from None
-    return _validated(JobCreate, body)
+    privacy = {name: getattr(args, f"dp_{name}") for name in _PRIVACY if getattr(args, f"dp_{name}") is not None}
+    if privacy:
+        for required in ("epsilon", "min_examples"):
+            if required not in privacy:
+                raise UsageError(f"dp_{required}", "required for a private job")
+        body["privacy"] = _validated(Privacy, privacy, renamed={name: f"dp_{name}" for name in _PRIVACY})
+    return _validated(JobCreate, body, renamed={"privacy": "dp_min_examples"})  # what JobCreate checks of it
 
 
 def _validated(schema, body: dict, renamed: dict[str, str] | None = None) -> dict:
@@ -206,7 +223,7 @@ def _validated(schema, body: dict, renamed: dict[str, str] | None = None) -> dic
 
     try:
         model = schema.model_validate(body)
-        return model.model_dump(mode="json", exclude_unset=True, exclude=model.defaulted)
+        return model.model_dump(mode="json", exclude_unset=True, exclude=getattr(model, "defaulted", set()))
     except ValidationError as exc:
         error = usage_error(exc)
         raise UsageError((renamed or {}).get(error.field, error.field), error.reason) from None

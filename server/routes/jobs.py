@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi import HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate, queries, quotas, registry
+from server import federation, jobstate, privacy, queries, quotas, registry
 from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
 from server.model_lookup import registered_model
 from server.responses import errors, field_error, not_found
@@ -65,6 +65,15 @@ def _check_chat_template(model: Model, body: JobCreate) -> None:
         raise field_error("chat_template", "the model's tokenizer has no chat template")
 
 
+def _check_privacy(body: JobCreate) -> None:
+    if body.privacy is None:
+        return
+    if body.privacy.noise_multiplier is not None:
+        raise field_error("privacy", "noise_multiplier is set by the server from epsilon and delta")
+    if body.device_backend in jobstate.NO_PRIVATE_BACKENDS:
+        raise field_error("device_backend", f"{body.device_backend} devices cannot run private steps yet")
+
+
 def _check_answer_len(body: JobCreate) -> None:
     """Only a verbalizer fixes the answers in advance; other tasks take their answers from the device's data."""
     if body.answer_len is None and get_task(body.task_name, body.template, body.verbalizer).kind != "classification":
@@ -83,7 +92,10 @@ def _check_answer_len(body: JobCreate) -> None:
         413,
         422,
         429,
+        409,
+        503,
         e404="device_id or init_adapter_id names no device or adapter of yours",
+        e409="a private job that would pass your privacy budget (the detail names what remains)",
         e429="too many unfinished or compiling jobs (Retry-After)",
     ),
 )
@@ -96,16 +108,27 @@ def submit(
     _check_init_adapter(session, user, model, body)
     _check_chat_template(model, body)
     _check_answer_len(body)
+    _check_privacy(body)
+    spec, charge = body.model_dump(mode="json"), None
+    if body.privacy is not None:
+        spec["privacy"] = privacy.resolve(body.privacy, body.steps, body.batch_size).model_dump(mode="json")
+        charge = privacy.charge(user, settings, spec)
     job = jobstate.submit(
         session,
+        charge,
         user_id=user.id,
         model_id=model.id,
         task=body.task_key,
-        spec=body.model_dump(mode="json"),
+        spec=spec,
+        private=body.privacy is not None,
         device_id=body.device_id,
         device_backend=body.device_backend,
         init_adapter_id=body.init_adapter_id,
     )
+    if job is None:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, "your other private submits hold the ledger", {"Retry-After": "1"}
+        )
     queue.submit(job.id)
     return job_public(session, job, model.name, None)
 

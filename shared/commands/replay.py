@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         if not (path.is_dir() if is_dir else path.is_file()):
             raise UsageError(field, f"{path} does not exist")
     config, lora_a, lora_b = read_adapter(args.init)
-    log = read_log(args.log)
+    log = read_log(args.log, private=None)  # a private job's log (g alone) replays as any other
     b = replay(flatten_b(lora_b), log)
     replayed = unflatten_b(b, {n: tuple(t.shape) for n, t in lora_b.items()})
     save_adapter(

@@ -358,3 +358,33 @@ def test_the_device_measures_its_adapter_on_held_out_data(stack: Stack, local_da
     )
     assert len({e["loss"] for e in curve}) == 4  # B_8 and B_16, rebuilt from the log, are not B_0 or B_20
     assert stack.adapter(job_id)["metrics"]["eval"] == curve
+
+
+def test_a_private_job_uploads_noised_g_alone_and_its_log_replays(
+    stack: Stack, local_data: Path, program_factory, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A private job (DP-ZO) end to end: the device samples its batches and draws its noise from a seed it keeps,
+    its log holds g alone, every |g| within the server's bound, and the server's replay is the device's B bit
+    for bit; its held-out figures stay on the device."""
+    import json
+
+    from server.verify import private_g_bound
+    from tests.device_agent.stack import SPEC
+    from tests.utils.program_cache import seed_server_program
+
+    private = {"epsilon": 8.0, "min_examples": 64}  # the device holds 64 rows
+    seeded = seed_server_program(stack.artifacts, tiny_model_dir, {**SPEC, "privacy": private}, program_factory)
+    assert seeded.private
+    job_id = stack.submit(steps=12, privacy=private)
+    agent = make_agent(stack, local_data, "private")
+    assert agent.start().wait() == 0, agent.tail()
+    job = stack.job(job_id)
+    assert job["status"] == "succeeded" and job["progress"]["loss"] is None  # no loss left the device
+    lines = [json.loads(line) for line in stack.uploaded_log(job_id).read_text().splitlines()]
+    assert len(lines) == 12 and all(set(line) == {"step", "seed", "lr", "eps", "g"} for line in lines)
+    bound = private_g_bound(job["spec"] | {"answer_len": 1})
+    assert max(abs(g) for line in lines for g in line["g"]) <= bound
+    metrics = stack.adapter(job_id)["metrics"]
+    assert metrics["losses"] is None and not metrics.get("eval") and metrics["server"]["replay_max_abs_diff"] == 0.0
+    assert_adapter_is_replay_of_uploaded_log(stack, job_id, tmp_path)
+    assert not any("private_seed" in json.dumps(e) for e in agent.events())

@@ -1,0 +1,177 @@
+"""Private jobs on the server: the noise fixed at submit, the per-user ledger (budget, refusal, races) on SQLite and
+PostgreSQL, the lease filter, and the checks of a private log (no losses; |g| within the clip plus the noise's tail)."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from server.app import create_app
+from server.verify import private_g_bound
+from shared import privacy
+from tests.server.factories import (
+    ADMIN_TOKEN,
+    FakeCompileQueue,
+    b_flat_bytes,
+    bearer,
+    create_user,
+    enroll_device,
+    make_fake_model,
+    register_model,
+    submit_job,
+    upload,
+)
+from tests.server.live import app_in_thread
+
+# One private configuration throughout: its noise multiplier is calibrated once per test process (about 5 s).
+PRIVATE = {"epsilon": 3.0, "min_examples": 100}
+SPEC = {"q": 2, "batch_size": 4, "steps": 3}
+BUDGET = 3.2  # room for one such job: two compose to epsilon 3.46 (RDP composition is sublinear)
+
+
+def sigma() -> float:
+    return privacy.noise_multiplier(3.0, 1e-5, SPEC["steps"], SPEC["batch_size"], 100)
+
+
+@pytest.fixture
+def user(client, tmp_path):
+    register_model(client, make_fake_model(tmp_path / "model"))
+    return create_user(client)
+
+
+def test_a_private_job_gets_its_noise_and_spends_from_the_ledger(client, user):
+    job = submit_job(client, user, privacy=PRIVATE)
+    assert job["spec"]["privacy"]["noise_multiplier"] == sigma()
+    ledger = client.get("/v1/privacy", headers=user).json()
+    assert ledger["budget"] == {"epsilon": 10.0, "delta": 1e-5}  # the server's default budget
+    assert [e["job_id"] for e in ledger["jobs"]] == [job["id"]] and ledger["jobs"][0]["spends"]
+    assert 2.99 <= ledger["spent"] <= 3.0  # the calibration never overshoots its target
+    assert ledger["remaining"] == pytest.approx(10.0 - ledger["spent"])
+    submit_job(client, user)  # a job without privacy leaves the ledger as it is
+    assert client.get("/v1/privacy", headers=user).json()["spent"] == ledger["spent"]
+
+
+def test_a_job_past_the_budget_is_refused_naming_what_remains(client, user):
+    assert client.put("/v1/privacy", json={"epsilon": BUDGET}, headers=user).status_code == 200
+    submit_job(client, user, privacy=PRIVATE)
+    r = client.post("/v1/jobs", json={"model": "tiny", "task": "sst2", **SPEC, "privacy": PRIVATE}, headers=user)
+    assert r.status_code == 409, r.text
+    assert f"over your budget of {BUDGET:g}" in r.json()["detail"] and "remains" in r.json()["detail"]
+    assert client.get("/v1/jobs", headers=user).json()["count"] == 1  # nothing stored
+    spent = client.get("/v1/privacy", headers=user).json()["spent"]
+    r = client.put("/v1/privacy", json={"epsilon": 1.0}, headers=user)  # below what was spent
+    assert r.status_code == 409 and r.json()["detail"][0]["loc"] == ["body", "epsilon"]
+    assert f"{spent:.3g}" in r.json()["detail"][0]["msg"]
+
+
+def test_a_job_cancelled_before_any_lease_gives_its_budget_back(client, user):
+    assert client.put("/v1/privacy", json={"epsilon": BUDGET}, headers=user).status_code == 200
+    job = submit_job(client, user, privacy=PRIVATE)
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=user).status_code == 200
+    ledger = client.get("/v1/privacy", headers=user).json()
+    assert ledger["spent"] == 0.0 and not ledger["jobs"][0]["spends"]
+    submit_job(client, user, privacy=PRIVATE)  # fits again
+
+
+@pytest.mark.parametrize(
+    ("privacy_change", "other", "field"),
+    [
+        ({"noise_multiplier": 0.1}, {}, "privacy"),  # the server's to set
+        ({"min_examples": 2}, {}, "privacy"),  # fewer than a batch
+        ({"epsilon": 0}, {}, "epsilon"),
+        ({"delta": 0.5}, {}, "delta"),
+        ({}, {"device_backend": "adb"}, "device_backend"),  # the native runner takes no clip and noise yet
+    ],
+)
+def test_bad_private_specs_answer_422_naming_the_field(client, user, privacy_change, other, field):
+    body = {"model": "tiny", "task": "sst2", **SPEC, **other, "privacy": {**PRIVATE, **privacy_change}}
+    r = client.post("/v1/jobs", json=body, headers=user)
+    assert r.status_code == 422, r.text
+    error = r.json()["detail"][0]
+    assert field in error["loc"] or f"{field}:" in error["msg"]  # by place, or (a model's check) by name
+
+
+def test_private_jobs_are_not_leased_to_adb_devices(client, user):
+    adb, phone = enroll_device(client, user, "adb-phone", backend="adb"), enroll_device(client, user)
+    job = submit_job(client, user, privacy=PRIVATE)
+    assert client.post("/v1/leases", headers=adb["headers"]).status_code == 204
+    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+    assert lease["job_id"] == job["id"] and lease["spec"]["privacy"]["noise_multiplier"] == sigma()
+    assert lease["manifest"]["config"]["private"]  # the job's program takes the clip and the noise
+
+
+def _private_log(spec: dict, g_scale: float, losses: bool = False) -> tuple[np.ndarray, str]:
+    import json
+
+    import torch
+
+    from server.verify import expected_lr
+    from shared.noise import step_seed
+    from shared.replay import replay
+    from shared.train_log import log_line, log_record
+
+    rng = np.random.default_rng(0)
+    records = []
+    for step in range(spec["steps"]):
+        g = (rng.standard_normal(spec["q"]) * g_scale).astype(np.float32)
+        logged = np.ones(2 * spec["q"], np.float32) if losses else None
+        lr = expected_lr(spec, step)
+        records.append(
+            json.loads(log_line(log_record(step, step_seed(spec["seed"], step), lr, spec["eps"], g, logged)))
+        )
+    return replay(torch.zeros(int(spec["d"])), records).numpy(), "".join(map(log_line, records))
+
+
+def test_a_private_log_is_checked_without_losses(client, user):
+    phone = enroll_device(client, user)
+    job = submit_job(client, user, privacy=PRIVATE)
+    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+    spec = lease["spec"] | {"d": lease["manifest"]["lora_size"]}
+    bound = private_g_bound(lease["spec"])
+    assert bound > PRIVATE.get("clip", 1.0)
+    _, with_losses = _private_log(spec, 0.1, losses=True)
+    r = upload(client, phone, job["id"], b_flat_bytes(np.zeros(spec["d"], np.float32)), with_losses)
+    assert r.status_code == 422 and "holds no losses" in r.text
+    b, too_far = _private_log(spec, 10 * bound)
+    r = upload(client, phone, job["id"], b_flat_bytes(b), too_far)
+    assert r.status_code == 422 and "above the bound" in r.text
+    b, honest = _private_log(spec, 0.1)
+    r = upload(client, phone, job["id"], b_flat_bytes(b), honest)
+    assert r.status_code == 201, r.text
+
+
+def _race(call) -> list:
+    """``call()`` from two threads released together → their results."""
+    start, results = threading.Barrier(2), []
+
+    def run() -> None:
+        start.wait()
+        results.append(call())
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_two_racing_private_submits_cannot_both_spend_the_rest(settings, tmp_path):
+    """Two threads of one user submit at once over real sockets, with room in the budget for one job: one is taken
+    and one refused, on both databases (the ledger version serializes them)."""
+    app = create_app(settings, queue_factory=FakeCompileQueue().bind)
+    body = {"model": "tiny", "task": "sst2", **SPEC, "privacy": PRIVATE}
+    sigma()  # calibrated before the race (the server process shares this cache)
+    with app_in_thread(app) as url:
+        admin = httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=60)
+        admin.post("/v1/models", json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))})
+        for round_ in range(3):
+            key = admin.post("/v1/users", json={"name": f"racer{round_}"}).json()["api_key"]
+            http = httpx.Client(base_url=url, headers=bearer(key), timeout=60)
+            assert http.put("/v1/privacy", json={"epsilon": BUDGET}).status_code == 200
+            codes = _race(lambda: http.post("/v1/jobs", json=body).status_code)  # noqa: B023
+            assert sorted(codes) == [202, 409], codes
+            assert len(http.get("/v1/privacy").json()["jobs"]) == 1
