@@ -62,10 +62,12 @@ class Ledger:
         return ledger_epsilon(runs + ([_run(extra)] if extra else []), self.delta)
 
 
-def ledger(session: Session, user: User, settings: Settings) -> Ledger:
-    session.refresh(user)  # the version and budget as committed now
+def ledger(session: Session, user: User, settings: Settings, delta: float | None = None) -> Ledger:
+    """The user's ledger as committed now (``delta``: read at this delta instead of the budget's)."""
+    session.refresh(user)
     epsilon = user.privacy_epsilon if user.privacy_epsilon is not None else settings.privacy_budget_epsilon
-    delta = user.privacy_delta if user.privacy_delta is not None else defaults.DP_DELTA
+    if delta is None:
+        delta = user.privacy_delta if user.privacy_delta is not None else defaults.DP_DELTA
     return Ledger(epsilon, delta, user.privacy_version, queries.private_jobs_of(session, user.id))
 
 

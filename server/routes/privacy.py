@@ -38,15 +38,13 @@ def show(user: CurrentUser, session: SessionDep, settings: SettingsDep) -> Priva
 @router.put(
     "",
     response_model=PrivacyLedgerPublic,
-    responses=errors(401, 403, 409, 422, e409="the budget is below what your private jobs have spent"),
+    responses=errors(400, 401, 403, 409, 413, 422, e409="the budget is below what your private jobs have spent"),
 )
 def set_budget(
     body: PrivacyBudget, user: CurrentUser, session: SessionDep, settings: SettingsDep
 ) -> PrivacyLedgerPublic:
     """Set the budget the user's private jobs spend from; it cannot go below what they spent already."""
-    book = privacy.ledger(session, user, settings)
-    book.delta = body.delta
-    if (spent := book.spent()) > body.epsilon:
+    if (spent := privacy.ledger(session, user, settings, body.delta).spent()) > body.epsilon:
         raise field_error(
             "epsilon", f"your private jobs spent {spent:.3g} at delta {body.delta:g}", status.HTTP_409_CONFLICT
         )
