@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -185,8 +186,7 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
                 f"job {lease.job_id}: private: this device has {len(examples)} training examples, fewer than the "
                 f"{spec.privacy.min_examples} the job's privacy was computed for"
             )
-        seed = jobs.private_seed()
-        sample = lambda k: step_sample(seed, k, len(examples), spec.batch_size)  # noqa: E731
+        sample = partial(step_sample, jobs.private_seed(), examples=len(examples), batch_size=spec.batch_size)
     steps = step_batches(examples, tokenizer, shape, spec.seed, spec.steps, *schedule, candidates, sample)
     write_batches(jobs.batches, shape, steps)
     ctx.reporter.event("data", job_id=lease.job_id, examples=len(examples), held_out=len(held_out), steps=spec.steps)
