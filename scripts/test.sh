@@ -9,6 +9,7 @@ if [ -f device_agent/runner/build.sh ]; then
   echo "test: building the native runner"
   bash device_agent/runner/build.sh >/dev/null
 fi
+bash scripts/browser.sh  # Chromium and chromedriver for the dashboard's browser tests
 if url=$(bash scripts/postgres.sh); then
   export MOBIZO_TEST_DATABASE_URL="$url"
   echo "test: PostgreSQL answers; server tests run on SQLite and on $url"

@@ -1,4 +1,5 @@
-"""Who and what the service knows: users, enrollment codes, devices, base models, cohorts and their members. With
+"""Who and what the service knows: users, enrollment codes, devices, base models, cohorts and their members,
+the dashboard's signed-in browsers. With
 ``server.jobstate`` (jobs and rounds) this is the server's state layer: routes call these functions and write
 nothing themselves (``tests/server/test_structure.py``).
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, or_, select, update
+from sqlalchemy import Connection, bindparam, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -26,6 +27,7 @@ from server.tables import (
     LeasingDevice,
     Model,
     User,
+    WebSession,
     utcnow,
 )
 
@@ -162,4 +164,19 @@ def leave_cohort(session: Session, cohort_id: int, user_id: int) -> None:
         .values(left_at=utcnow())
         .execution_options(synchronize_session=False)
     )
+    session.commit()
+
+
+def open_web_session(session: Session, token_hash: str, user_id: int | None, csrf_token: str, ttl: timedelta) -> None:
+    """A dashboard sign-in (``user_id`` None: the admin), valid for ``ttl``; expired rows of anyone are removed in
+    the same transaction. Commits."""
+    now = utcnow()
+    session.execute(delete(WebSession).where(WebSession.expires_at < now))
+    session.add(WebSession(token_hash=token_hash, user_id=user_id, csrf_token=csrf_token, expires_at=now + ttl))
+    session.commit()
+
+
+def close_web_session(session: Session, token_hash: str) -> None:
+    """Sign out: the cookie's session is gone, whoever holds a copy of the cookie. Commits."""
+    session.execute(delete(WebSession).where(WebSession.token_hash == token_hash))
     session.commit()

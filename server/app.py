@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from prometheus_client import start_http_server
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -31,6 +32,7 @@ from server.db import make_engine, make_sessionmaker, migrate, startup_lock
 from server.inference_builds import InferenceBuilds
 from server.limits import BodyLimits, RefusedUploads, UploadSlots
 from server.lru import LRUCache
+from server.metrics import RequestMetrics, app_registry
 from server.object_store import shared_objects
 from server.pool import WorkerPool
 from server.responses import http_error, validation_error
@@ -38,12 +40,14 @@ from server.routes import (
     adapters,
     blobs,
     cohorts,
+    dashboard,
     devices,
     enrollment,
     health,
     inference,
     jobs,
     leases,
+    metrics,
     models,
     privacy,
     results,
@@ -52,6 +56,7 @@ from server.routes import (
 )
 from server.settings import Settings, get_settings
 from server.store import ArtifactStore
+from server.ui import SignInRequired, sign_in_required
 
 if TYPE_CHECKING:
     from server.celery_queue import CeleryVerifyPool
@@ -130,6 +135,12 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
             settings.max_uploads, settings.max_uploads_per_device, settings.max_uploads_per_user
         )
         app.state.inference_builds = InferenceBuilds(store, queue, settings.compile_workers, settings.compile_paused)
+        app.state.metrics_registry = app_registry(engine)
+        metrics_server = None
+        if settings.metrics_port is not None:
+            metrics_server, _ = start_http_server(
+                settings.metrics_port, settings.metrics_host, registry=app.state.metrics_registry
+            )
         with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
             migrate(engine)
             if lock is not None or first:
@@ -157,6 +168,8 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
             app.state.inference_builds.close()
             sweeper.join(timeout=5)
             round_sweeper.join(timeout=5)
+            if metrics_server is not None:
+                metrics_server.shutdown()
             engine.dispose()
             if lock is not None:
                 lock.close()
@@ -182,10 +195,14 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         rounds,
         inference,
         privacy,
+        metrics,
+        dashboard,
     ):
         app.include_router(module.router)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(SignInRequired, sign_in_required)
     app.add_middleware(BodyLimits, upload_limit=int(settings.max_upload_mb * 1024 * 1024))
-    app.add_middleware(RefusedUploads, delay_s=settings.upload_refusal_delay_s)  # outermost: sees every 429
+    app.add_middleware(RefusedUploads, delay_s=settings.upload_refusal_delay_s)  # sees every 429
+    app.add_middleware(RequestMetrics)  # outermost: counts every answer, the other middlewares' too
     return app

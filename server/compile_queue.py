@@ -12,13 +12,14 @@ inference build waits for a free process of the same pool.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from server import jobstate
+from server import jobstate, metrics
 from server.compile import build_inference, build_program
 from server.jobstate import CompileInput
 from server.pool import WorkerPool
@@ -61,15 +62,18 @@ def compile_job(
         work = jobstate.start_compiling(session, job_id, resume=resume)
     if work is None:
         return
+    start = time.perf_counter()
     try:
         built = export(work)
     except Exception as exc:  # any failure of the export is the job's error text
+        metrics.EXPORT_SECONDS.labels("failed").observe(time.perf_counter() - start)
         if abandoned():
             return
         log.warning("job %d: compile failed: %s", job_id, exc)
         with sessions() as session:
             jobstate.fail(session, job_id, f"compile failed: {type(exc).__name__}: {exc}", ("compiling",))
         return
+    metrics.EXPORT_SECONDS.labels("built").observe(time.perf_counter() - start)
     with sessions() as session:
         jobstate.finish_compiling(session, job_id, built)
 

@@ -30,7 +30,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from server import jobstate, registry
+from server import jobstate, metrics, registry
 from server.pool import WorkerDied, WorkerPool, WorkTimedOut
 from server.settings import Settings
 from server.store import ArtifactStore
@@ -186,15 +186,18 @@ def close_round(session: Session, store: ArtifactStore, pool: WorkerPool, settin
     job = session.get_one(Job, round_.job_id)
     try:
         _aggregate_and_publish(session, store, pool, settings, job, round_, closing_at)
+        metrics.ROUND_CLOSES.labels("closed").inc()
     except jobstate.CloseTakenOver as error:
         session.rollback()
         log.warning("%s; this close publishes nothing", error)
     except (WorkerDied, WorkTimedOut, OperationalError) as error:
         session.rollback()
+        metrics.ROUND_CLOSES.labels("retried").inc()
         log.warning("closing round %d of job %d stopped (%s); it will be closed again", round_.index, job.id, error)
         jobstate.retry_close(session, round_, closing_at)
     except Exception as error:  # noqa: BLE001 - whatever broke, the round must not stay "closing" silently
         session.rollback()
+        metrics.ROUND_CLOSES.labels("failed").inc()
         log.exception("closing round %d of job %d failed", round_.index, job.id)
         jobstate.abort_close(session, round_, closing_at, f"aggregation failed: {type(error).__name__}: {error}")
     return True

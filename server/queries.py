@@ -13,7 +13,19 @@ from sqlalchemy import Connection, Row, func, select
 from sqlalchemy.orm import Session
 
 from server import federation
-from server.tables import Adapter, Cohort, CohortMember, Device, Job, Model, Round, RoundClient
+from server.tables import (
+    Adapter,
+    Cohort,
+    CohortMember,
+    Device,
+    Job,
+    Model,
+    Round,
+    RoundClient,
+    User,
+    WebSession,
+    utcnow,
+)
 
 
 def models(session: Session) -> list[Model]:
@@ -85,3 +97,40 @@ def heartbeat_refusal(conn: Connection, job_id: int, device_id: int) -> tuple[Ro
 def private_jobs_of(session: Session, user_id: int) -> list[Job]:
     """The user's private jobs (``spec["privacy"]`` set), oldest first: the entries of its privacy ledger."""
     return list(session.scalars(select(Job).where(Job.user_id == user_id, Job.private).order_by(Job.id)))
+
+
+def web_session(session: Session, token_hash: str) -> WebSession | None:
+    """The dashboard session a cookie names, unless it expired."""
+    return session.scalar(
+        select(WebSession).where(WebSession.token_hash == token_hash, WebSession.expires_at > utcnow())
+    )
+
+
+def users(session: Session) -> list[Row[Any]]:
+    """Every user with counts of their devices and jobs, by id: (user, devices, jobs)."""
+    devices = select(func.count(Device.id)).where(Device.user_id == User.id).scalar_subquery()
+    jobs = select(func.count(Job.id)).where(Job.user_id == User.id).scalar_subquery()
+    return list(session.execute(select(User, devices, jobs).order_by(User.id)).all())
+
+
+def jobs_by_status(conn: Connection | Session) -> dict[str, int]:
+    """How many jobs are in each status (statuses with none are absent)."""
+    return dict(conn.execute(select(Job.status, func.count(Job.id)).group_by(Job.status)).all())
+
+
+def active_leases(conn: Connection | Session) -> dict[str, int]:
+    """Leases held now: running jobs and leased round parts."""
+    jobs = conn.execute(select(func.count(Job.id)).where(Job.status == "running")).scalar_one()
+    parts = conn.execute(select(func.count(RoundClient.id)).where(RoundClient.status == "leased")).scalar_one()
+    return {"job": jobs, "round": parts}
+
+
+def device_work(session: Session, device_ids: list[int]) -> dict[int, list[int]]:
+    """The jobs each of the devices holds a lease on now: device id → job ids."""
+    rows = session.execute(
+        select(Job.leased_device_id, Job.id).where(Job.status == "running", Job.leased_device_id.in_(device_ids))
+    ).all()
+    work: dict[int, list[int]] = {}
+    for device_id, job_id in rows:
+        work.setdefault(device_id, []).append(job_id)
+    return work

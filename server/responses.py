@@ -53,6 +53,10 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
         {"loc": [_short(p) for p in e["loc"]], "msg": _unquoted(e["msg"], e.get("input"), e["loc"]), "type": e["type"]}
         for e in exc.errors()
     ]
+    from server import ui
+
+    if ui.is_page(request):  # a malformed address or form of the dashboard
+        return ui.error_page(request, StarletteHTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "invalid request"))
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
@@ -97,7 +101,12 @@ def _short(part: str | int) -> str | int:
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    """FastAPI's answer, but a 405 lists the methods of every route matching the path."""
+    """FastAPI's answer, but a 405 lists the methods of every route matching the path; a dashboard page's error is a
+    page (``server.ui``)."""
+    from server import ui  # the dashboard's templates load only when a page fails
+
+    if ui.is_page(request):
+        return ui.error_page(request, exc)
     if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
         allow = ", ".join(allowed_methods(request.app, request.scope["path"]))
         exc = StarletteHTTPException(exc.status_code, exc.detail, headers={"Allow": allow})

@@ -106,6 +106,17 @@ class Settings(BaseSettings):
     enrollment_codes_per_hour: int = Field(
         default=60, ge=1, description="enrollment codes a user may make per hour (more: 429 Retry-After)"
     )
+    ui_session_hours: float = Field(
+        default=12.0, gt=0, le=24 * 30, description="a dashboard sign-in lasts this long (then sign in again)"
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="also serve the Prometheus metrics, without a token, on this port of MOBIZO_METRICS_HOST (unset: "
+        "only GET /metrics, to the admin token)",
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="the address the metrics port listens on")
 
     @field_validator("store_url")
     @classmethod

@@ -259,3 +259,16 @@ class Adapter(Base):
     metrics: Mapped[dict[str, Any]]
     held_out: Mapped[dict[str, Any] | None]  # shared.schemas.HeldOut: before/after on the device's held-out data
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebSession(Base):
+    """A signed-in browser of the dashboard (``server.ui``): the cookie holds a random secret, the row its SHA-256,
+    the user (or the admin: ``user_id`` None) and the CSRF token its forms carry. Signing out deletes the row."""
+
+    __tablename__ = "web_sessions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Message
 
+from server import metrics
 from server.pool import OwnerBusy, WorkerDied, WorkerPool, WorkTimedOut
 from server.responses import field_error, try_later
 from server.settings import Settings
@@ -255,7 +256,8 @@ def run_verification(pool: WorkerPool, settings: Settings, owner: int | None, fn
     verifications per user run or wait (429 past that); a replay that runs past ``verify_timeout_s`` is stopped and
     answers 503, as does a worker that died: neither says the upload is bad."""
     try:
-        return pool.run(fn, *args, timeout=settings.verify_timeout_s, owner=owner)
+        with metrics.VERIFY_SECONDS.time():
+            return pool.run(fn, *args, timeout=settings.verify_timeout_s, owner=owner)
     except ResultRejected as exc:
         raise field_error(exc.field, exc.message) from None
     except OwnerBusy:

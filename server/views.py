@@ -1,5 +1,7 @@
-"""The public shape of a job (``JobPublic``), built in one place for the routes that answer with one: a user's jobs
-(``routes/jobs.py``) and a cohort's federated jobs (``routes/cohorts.py``)."""
+"""What a caller may see, decided in one place for the REST routes and the dashboard (``server.routes.dashboard``):
+a job, an adapter or a device of the caller's (404 for anyone else's: missing and not-yours look alike), and the
+public shape of a job (``JobPublic``): a user's jobs (``routes/jobs.py``) and a cohort's federated jobs
+(``routes/cohorts.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server import federation
-from server.tables import Adapter, Job, Model
+from server.responses import not_found, serve_file
+from server.store import ArtifactStore
+from server.tables import Adapter, Device, Job, Model, User
 from shared.schemas import FederationSpec, JobCreate, JobProgress, JobPublic
 
 
@@ -42,3 +46,39 @@ def job_public(
         federation=FederationSpec.model_validate(job.federation) if fed else None,
         federation_progress=federation.progress(session, job) if fed else None,
     )
+
+
+def caller_job(session: Session, user: User | None, job_id: int) -> Job:
+    """The job if it belongs to the user (``user``), or is a cohort's federated job (the admin: ``user`` None);
+    404 otherwise."""
+    job = session.get(Job, job_id)
+    if job is None or (job.user_id != user.id if user is not None else job.cohort_id is None):
+        raise not_found("job")
+    return job
+
+
+def user_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter:
+    """The adapter if it is the user's, or a cohort's the user is in now (``federation.visible_adapter``); 404
+    otherwise."""
+    adapter = federation.visible_adapter(session, user_id, adapter_id)
+    if adapter is None:
+        raise not_found("adapter")
+    return adapter
+
+
+def caller_device(session: Session, user: User | None, device_id: int) -> Device:
+    """The device if it is the user's (the admin, ``user`` None: any); 404 otherwise. Ends the read transaction."""
+    device = session.get(Device, device_id)
+    session.commit()
+    if device is None or (user is not None and device.user_id != user.id):
+        raise not_found("device")
+    return device
+
+
+def archive_response(session: Session, store: ArtifactStore, adapter: Adapter, if_none_match: str | None = None):
+    """The adapter's PEFT archive as a download named ``<model>-<task>-v<version>.zip``. Ends the read transaction."""
+    model_name = session.get_one(Model, adapter.model_id).name
+    session.commit()
+    filename = f"{model_name}-{adapter.task}-v{adapter.version}.zip"
+    sha256 = adapter.archive_sha256
+    return serve_file(store.archive(sha256), sha256, filename, if_none_match, "application/zip")

@@ -5,26 +5,17 @@ from __future__ import annotations
 
 from fastapi import Query, Response
 from fastapi.responses import FileResponse
-from sqlalchemy.orm import Session
 
-from server import federation, queries
+from server import queries
 from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
 from server.registry import adapter_public as public
-from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
+from server.responses import FILE_RESPONSE, IfNoneMatch, errors
 from server.router import Router
-from server.tables import Adapter, Model
+from server.tables import Model
+from server.views import archive_response, user_adapter
 from shared.schemas import MAX_DB_INT, AdapterPublic, AdaptersPublic
 
 router = Router(prefix="/v1/adapters", tags=["adapters"])
-
-
-def user_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter:
-    """The adapter if it is the user's, or a cohort's the user is in now (``federation.visible_adapter``); 404
-    otherwise."""
-    adapter = federation.visible_adapter(session, user_id, adapter_id)
-    if adapter is None:
-        raise not_found("adapter")
-    return adapter
 
 
 @router.get("", response_model=AdaptersPublic, responses=errors(401, 403, 422))
@@ -63,9 +54,4 @@ def download(
     if_none_match: str | None = IfNoneMatch,
 ) -> Response:
     """A zip that unpacks to a PEFT adapter directory: ``PeftModel.from_pretrained(base, that_dir)``."""
-    adapter = user_adapter(session, user.id, adapter_id)
-    model_name = session.get_one(Model, adapter.model_id).name
-    session.commit()
-    filename = f"{model_name}-{adapter.task}-v{adapter.version}.zip"
-    sha256 = adapter.archive_sha256
-    return serve_file(store.archive(sha256), sha256, filename, if_none_match, "application/zip")
+    return archive_response(session, store, user_adapter(session, user.id, adapter_id), if_none_match)

@@ -8,10 +8,11 @@ from fastapi import HTTPException, status
 
 from server import accounts, jobstate, queries
 from server.deps import CurrentUser, ObjectId, SessionDep, UserOrAdmin
-from server.responses import errors, not_found
+from server.responses import errors
 from server.router import Router
 from server.security import DEVICE_TOKEN, hash_secret, make_token, new_secret, normalize_code
 from server.tables import Device
+from server.views import caller_device
 from shared.schemas import DeviceCreate, DeviceEnrolled, DevicePublic, DevicesPublic
 
 router = Router(prefix="/v1/devices", tags=["devices"])
@@ -57,10 +58,7 @@ def list_devices(user: CurrentUser, session: SessionDep) -> DevicesPublic:
 def revoke(device_id: ObjectId, caller: UserOrAdmin, session: SessionDep) -> DevicePublic:
     """Revoke a device (a lost or sold phone): its token is refused from now on and the work it held goes back to
     the queue. Revoking a revoked device changes nothing. A user revokes their own devices; the admin any."""
-    device = session.get(Device, device_id)
-    session.commit()
-    if device is None or (caller is not None and device.user_id != caller.id):
-        raise not_found("device")
+    device = caller_device(session, caller, device_id)
     jobstate.revoke_device(session, device_id)
     session.refresh(device)
     session.commit()

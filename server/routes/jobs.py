@@ -11,24 +11,15 @@ from sqlalchemy.orm import Session
 from server import federation, jobstate, privacy, queries, quotas, registry
 from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
 from server.model_lookup import registered_model
-from server.responses import errors, field_error, not_found
+from server.responses import errors, field_error
 from server.router import Router
-from server.tables import Device, Job, Model, User
-from server.views import job_public
+from server.tables import Device, Model, User
+from server.views import caller_job, job_public
 from shared.model_files import has_chat_template
 from shared.schemas import MAX_DB_INT, JobCreate, JobPublic, JobsPublic
 from shared.tasks import get_task
 
 router = Router(prefix="/v1/jobs", tags=["jobs"])
-
-
-def caller_job(session: Session, user: User | None, job_id: int) -> Job:
-    """The job if it belongs to the user (``user``), or is a cohort's federated job (the admin: ``user`` None);
-    404 otherwise (missing and not-yours look alike)."""
-    job = session.get(Job, job_id)
-    if job is None or (job.user_id != user.id if user is not None else job.cohort_id is None):
-        raise not_found("job")
-    return job
 
 
 def _check_model(session: Session, body: JobCreate) -> Model:

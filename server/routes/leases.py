@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import HTTPException, Response, status
 from sqlalchemy.orm import Session
 
-from server import accounts, federation, jobstate, queries
+from server import accounts, federation, jobstate, metrics, queries
 from server.db import read_only
 from server.deps import (
     CurrentDevice,
@@ -127,11 +127,13 @@ def lease(
     jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
     job = jobstate.lease_next(session, asking, settings.lease_s)
     if job is not None:
+        metrics.LEASES.labels("job").inc()
         manifest = device_manifest(session, manifests, job.program_id)
         return _lease(session, store, manifest, job, settings.heartbeat_s)
     if body is None or body.eligible is not False:  # round work only for devices whose policy holds
         client = federation.lease_round(session, store, asking, settings.lease_s)
         if client is not None:
+            metrics.LEASES.labels("round").inc()
             return _round_lease(session, store, manifests, client, settings.heartbeat_s)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
@@ -155,6 +157,7 @@ def lease(
 def heartbeat(
     job_id: ObjectId, body: HeartbeatCreate, device: DeviceId, engine: EngineDep, settings: SettingsDep
 ) -> HeartbeatPublic:
+    metrics.HEARTBEATS.labels("job").inc()
     with engine.begin() as conn:
         expires = jobstate.heartbeat(conn, job_id, device.id, settings.lease_s, body)
         accounts.record_seen(conn, device)

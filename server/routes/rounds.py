@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, Response, status
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate, queries
+from server import federation, jobstate, metrics, queries
 from server.deps import (
     AdminDep,
     CurrentDevice,
@@ -88,6 +88,7 @@ _CLIENT = "/v1/round-clients/{client_id}"
 def heartbeat(client: DeviceClient, body: HeartbeatCreate, session: SessionDep, settings: SettingsDep):
     """Extends the client's lease; ``cancelled: true`` once its part is over (the round closed without it, its
     lease ran out, or the job ended): the device stops and forgets it."""
+    metrics.HEARTBEATS.labels("round").inc()
     expires = jobstate.client_heartbeat(session, client, settings.lease_s, body.step)
     job = _job(session, client)[1]
     session.commit()

@@ -186,3 +186,9 @@ class Agent:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def make_agent(stack: Stack, local_data: Path, name: str, backend: str = "executorch", extra=(), env=None) -> Agent:
+    """A device of the stack's user, enrolled now, whose agent works under ``stack.tmp``."""
+    config = stack.enroll(backend, env)
+    return Agent(config, stack.tmp / f"work-{name}", local_data, stack.tmp / f"agent-{name}.log", list(extra), env)

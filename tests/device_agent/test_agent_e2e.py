@@ -26,7 +26,7 @@ import pytest
 from device_agent.checkpoint import load_checkpoint
 from mobizo.cli import main
 from tests.device_agent.conftest import ADB_STANDIN_DIR
-from tests.device_agent.stack import Agent, Stack, server_env, wait_for
+from tests.device_agent.stack import Agent, Stack, make_agent, server_env, wait_for
 from tests.device_agent.test_eligibility import fake_sysfs
 from tests.server import live
 
@@ -42,11 +42,6 @@ def backend_setup(backend: str, tmp_path: Path, runner: Path, model_dir: Path) -
         env = {"MOBIZO_FAKE_DEVICE_ROOT": str(tmp_path / "phone"), "PATH": path}
         return ["--runner", str(runner)], env
     return [], {}
-
-
-def make_agent(stack: Stack, local_data: Path, name: str, backend: str = "executorch", extra=(), env=None) -> Agent:
-    config = stack.enroll(backend, env)
-    return Agent(config, stack.tmp / f"work-{name}", local_data, stack.tmp / f"agent-{name}.log", list(extra), env)
 
 
 class Charger:

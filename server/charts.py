@@ -1,0 +1,141 @@
+"""Charts for the dashboard, drawn on the server as inline SVG: no JavaScript, no charting library in the page.
+
+``line_chart`` draws learning curves (one ``<polyline class="series">`` per series, one vertex per point, so a
+curve of a job's 200 logged steps has 200 vertices); ``lineage_chart`` draws an adapter's versions as a row of
+nodes with an arc from each version to the one it started from. Every text is escaped; every number is formatted
+by this module, so the markup can be put in a page as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+
+COLORS = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed")
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    points: Sequence[tuple[float, float]]  # (x, y), x increasing
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About ``count`` round values (1, 2 or 5 times a power of ten apart) covering [low, high]."""
+    if not math.isfinite(low) or not math.isfinite(high):
+        return [0.0]
+    if high <= low:
+        high = low + (abs(low) or 1.0)
+    raw = (high - low) / max(1, count - 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.floor(low / step) * step
+    ticks = [first]
+    while ticks[-1] < high - 1e-12 * step:
+        ticks.append(ticks[-1] + step)
+    return ticks
+
+
+def _label(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def line_chart(
+    series: Sequence[Series],
+    title: str,
+    x_label: str,
+    y_label: str,
+    width: int = 480,
+    height: int = 260,
+    y_range: tuple[float, float] | None = None,
+) -> str:
+    """An SVG line chart of ``series`` sharing both axes (the axes span the data, rounded to ticks, and
+    ``y_range`` when given: an accuracy's 0 to 1)."""
+    points = [p for s in series for p in s.points if math.isfinite(p[1])]
+    if not points:
+        return f'<p class="empty">{escape(title)}: nothing measured yet</p>'
+    left, right, top, bottom = 56, 16, 28, 40
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    y_low, y_high = (min(ys), max(ys)) if y_range is None else (min(y_range[0], *ys), max(y_range[1], *ys))
+    x_ticks, y_ticks = nice_ticks(min(xs), max(xs)), nice_ticks(y_low, y_high)
+    x0, x1, y0, y1 = x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1]
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / ((x1 - x0) or 1) * plot_w
+
+    def sy(y: float) -> float:
+        return top + plot_h - (y - y0) / ((y1 - y0) or 1) * plot_h
+
+    parts = [
+        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="{escape(title)}">',
+        f'<text x="{left}" y="16" class="title">{escape(title)}</text>',
+    ]
+    for y in y_ticks:
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" class="grid"/>')
+        parts.append(f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" class="tick" text-anchor="end">{_label(y)}</text>')
+    for x in x_ticks:
+        parts.append(
+            f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">{_label(x)}</text>'
+        )
+    parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" class="axis" text-anchor="middle">{escape(x_label)}</text>'
+    )
+    parts.append(
+        f'<text transform="translate(14 {top + plot_h / 2:.1f}) rotate(-90)" class="axis" '
+        f'text-anchor="middle">{escape(y_label)}</text>'
+    )
+    for i, s in enumerate(series):
+        color = COLORS[i % len(COLORS)]
+        kept = [(x, y) for x, y in s.points if math.isfinite(y)]
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in kept)
+        parts.append(
+            f'<polyline class="series" data-series="{escape(s.name)}" data-points="{len(kept)}" points="{coords}" '
+            f'fill="none" stroke="{color}" stroke-width="1.5"/>'
+        )
+        if len(kept) <= 40:  # a short curve (held-out measurements): every measurement marked
+            parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in kept]
+        if len(series) > 1:
+            lx = left + 8 + 150 * i
+            parts.append(f'<rect x="{lx}" y="{top + 6}" width="10" height="10" fill="{color}"/>')
+            parts.append(f'<text x="{lx + 14}" y="{top + 15}" class="legend">{escape(s.name)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Node:
+    id: int
+    label: str
+    parent: int | None
+
+
+def lineage_chart(nodes: Sequence[Node], height: int = 90, gap: int = 70) -> str:
+    """The versions of one lineage left to right (``nodes`` oldest first), an arc from each to its parent: a
+    version that started from an older one than its predecessor shows as a longer arc."""
+    if not nodes:
+        return ""
+    place = {node.id: 30 + i * gap for i, node in enumerate(nodes)}
+    width, base = 60 + gap * (len(nodes) - 1), height - 30
+    parts = [
+        f'<svg class="lineage" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="adapter lineage">'
+    ]
+    for node in nodes:
+        if node.parent in place:
+            a, b = place[node.parent], place[node.id]
+            lift = min(base - 8, 14 + (b - a) / 4)
+            parts.append(
+                f'<path d="M {a} {base - 10} Q {(a + b) / 2} {base - 10 - lift} {b} {base - 10}" class="edge" '
+                f'data-from="{node.parent}" data-to="{node.id}"/>'
+            )
+    for node in nodes:
+        x = place[node.id]
+        parts.append(f'<a href="/ui/adapters/{node.id}"><circle cx="{x}" cy="{base}" r="10" class="node"/>')
+        parts.append(f'<text x="{x}" y="{base + 24}" text-anchor="middle" class="tick">{escape(node.label)}</text></a>')
+    parts.append("</svg>")
+    return "\n".join(parts)

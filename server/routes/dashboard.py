@@ -1,0 +1,287 @@
+"""The dashboard at ``/ui``: server-rendered pages (Jinja2 templates in ``server/templates``, charts as inline SVG
+from ``server.charts``, no JavaScript) over the same reads, scoping and writes as the REST API: a user sees and acts
+on their own jobs, devices and adapters (and their cohorts' adapters), anyone else's is a 404 page; the admin sees
+the cohorts' federated jobs, users, models and the queues. Sign-in, the session cookie and CSRF: ``server.ui``."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Annotated, Any
+
+from fastapi import Form, HTTPException, Query, Request, Response, status
+from fastapi.responses import RedirectResponse
+from fastapi.security import HTTPAuthorizationCredentials
+
+from server import accounts, jobstate, queries, registry
+from server.charts import Node, Series, line_chart, lineage_chart
+from server.deps import ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
+from server.registry import adapter_public
+from server.router import Router
+from server.tables import Model
+from server.ui import (
+    PREFIX,
+    SESSION_COOKIE,
+    SIGN_IN_COOKIE,
+    CurrentViewer,
+    Viewer,
+    check_csrf,
+    page,
+    sign_in,
+    sign_in_page,
+)
+from server.views import archive_response, caller_device, caller_job, job_public, user_adapter
+from shared.schemas import MAX_DB_INT, TERMINAL_STATUSES, HeldOut, JobPublic
+
+router = Router(prefix=PREFIX, include_in_schema=False)
+CsrfField = Annotated[str, Form(max_length=256)]
+MAX_CHART_POINTS = 2000  # a longer training curve is drawn at every k-th step
+
+
+def _see_other(path: str) -> RedirectResponse:
+    return RedirectResponse(f"{PREFIX}{path}", status.HTTP_303_SEE_OTHER)
+
+
+def _need_user(viewer: Viewer) -> None:
+    if viewer.user is None:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this page is a user's; the admin has no devices or adapters")
+
+
+# --- signing in and out -------------------------------------------------------------------------------------------
+
+
+@router.get("")
+def home() -> Response:
+    return _see_other("/jobs")
+
+
+@router.get("/login")
+def login_form(request: Request) -> Response:
+    return sign_in_page(request)
+
+
+@router.post("/login")
+def login(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    api_key: Annotated[str, Form(max_length=256)] = "",
+    csrf_token: CsrfField = "",
+) -> Response:
+    """The API key (or the admin token), checked as the REST API checks it; a new session on success."""
+    check_csrf(request.cookies.get(SIGN_IN_COOKIE, ""), csrf_token)
+    credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=api_key.strip())
+    try:
+        user = get_user_or_admin(credentials, session, settings)
+    except HTTPException:
+        return sign_in_page(request, "not a valid API key or admin token", status.HTTP_401_UNAUTHORIZED)
+    response = _see_other("/jobs")
+    sign_in(response, session, user, settings.ui_session_hours)
+    return response
+
+
+@router.post("/logout")
+def logout(viewer: CurrentViewer, session: SessionDep, csrf_token: CsrfField = "") -> Response:
+    check_csrf(viewer.csrf, csrf_token)
+    accounts.close_web_session(session, viewer.token_hash)
+    response = _see_other("/login")
+    response.delete_cookie(SESSION_COOKIE, path=PREFIX, secure=True, httponly=True, samesite="strict")
+    return response
+
+
+# --- jobs ---------------------------------------------------------------------------------------------------------
+
+
+def _eta_s(job: JobPublic) -> float | None:
+    step, rate = job.progress.step, job.progress.steps_per_s
+    if job.status != "running" or step is None or not rate:
+        return None
+    return max(0.0, (job.spec.steps - step) / rate)
+
+
+@router.get("/jobs")
+def jobs(
+    request: Request,
+    viewer: CurrentViewer,
+    session: SessionDep,
+    skip: int = Query(0, ge=0, le=MAX_DB_INT),
+    limit: int = Query(50, ge=1, le=500),
+) -> Response:
+    rows, count = queries.jobs_of(session, None if viewer.admin else viewer.user.id, skip, limit)
+    shown = [job_public(session, *row) for row in rows]
+    return page(
+        request,
+        "jobs.html",
+        viewer,
+        jobs=[(job, _eta_s(job)) for job in shown],
+        count=count,
+        skip=skip,
+        limit=limit,
+    )
+
+
+def training_chart(metrics: dict[str, Any] | None) -> str | None:
+    """The device's mean path loss at every step (every k-th past ``MAX_CHART_POINTS``); None when the upload has
+    none (a private job uploads no loss)."""
+    losses = (metrics or {}).get("losses")
+    if not losses:
+        return None
+    every = -(-len(losses) // MAX_CHART_POINTS)
+    points = [(step, losses[step - 1]) for step in range(1, len(losses) + 1, every)]
+    title = "training loss (mean over the step's 2q paths)" + (f", every {every}th step" if every > 1 else "")
+    return line_chart([Series("training loss", points)], title, "step", "loss")
+
+
+def held_out_charts(held_out: HeldOut | None) -> list[str]:
+    """Accuracy and loss on the device's held-out data at each measurement (``eval_every``), or before and after."""
+    if held_out is None:
+        return []
+    curve = held_out.curve or [held_out.before, held_out.after]
+    charts = []
+    for name in ("accuracy", "loss"):
+        points = [(e.step or 0, getattr(e, name)) for e in curve if getattr(e, name) is not None]
+        if points:
+            title = f"held-out {name} ({held_out.n or '?'} examples on the device)"
+            y_range = (0.0, 1.0) if name == "accuracy" else None
+            charts.append(line_chart([Series(f"held-out {name}", points)], title, "step", name, y_range=y_range))
+    return charts
+
+
+def _rounds(session: SessionDep, job_id: int) -> tuple[list[dict[str, Any]], str | None]:
+    """A federated job's rounds (participants, refusals) and the chart of the aggregate's mean loss by round."""
+    rounds = []
+    for round_, clients in queries.rounds_of(session, job_id):
+        by_status = defaultdict(list)
+        for client in clients:
+            by_status[client.status].append(client)
+        rounds.append({"round": round_, "clients": clients, "by_status": by_status})
+    points = [(r["round"].index, r["round"].mean_loss) for r in rounds if r["round"].mean_loss is not None]
+    chart = line_chart([Series("mean loss", points)], "reported clients' mean loss by round", "round", "loss")
+    return rounds, chart if points else None
+
+
+@router.get("/jobs/{job_id}")
+def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: SessionDep) -> Response:
+    found = caller_job(session, viewer.user, job_id)
+    shown = job_public(session, found)
+    adapter = registry.job_adapter(session, job_id)
+    rounds, rounds_chart = _rounds(session, job_id) if found.federation is not None else ([], None)
+    return page(
+        request,
+        "job.html",
+        viewer,
+        job=shown,
+        eta_s=_eta_s(shown),
+        finished=shown.status in TERMINAL_STATUSES,
+        training=training_chart(adapter.metrics if adapter is not None else None),
+        private=shown.spec.privacy is not None,
+        held_out=held_out_charts(shown.held_out),
+        rounds=rounds,
+        rounds_chart=rounds_chart,
+    )
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel(
+    job_id: ObjectId, viewer: CurrentViewer, session: SessionDep, queue: QueueDep, csrf_token: CsrfField = ""
+) -> Response:
+    check_csrf(viewer.csrf, csrf_token)
+    found = caller_job(session, viewer.user, job_id)
+    if jobstate.cancel(session, found):
+        queue.cancel(job_id)
+    return _see_other(f"/jobs/{job_id}")
+
+
+# --- devices ------------------------------------------------------------------------------------------------------
+
+
+@router.get("/devices")
+def devices(request: Request, viewer: CurrentViewer, session: SessionDep) -> Response:
+    _need_user(viewer)
+    mine = queries.devices_of(session, viewer.user.id)
+    work = queries.device_work(session, [d.id for d in mine])
+    return page(request, "devices.html", viewer, devices=[(d, work.get(d.id, [])) for d in mine])
+
+
+@router.post("/devices/{device_id}/revoke")
+def revoke(device_id: ObjectId, viewer: CurrentViewer, session: SessionDep, csrf_token: CsrfField = "") -> Response:
+    check_csrf(viewer.csrf, csrf_token)
+    _need_user(viewer)
+    jobstate.revoke_device(session, caller_device(session, viewer.user, device_id).id)
+    return _see_other("/devices")
+
+
+# --- adapters -----------------------------------------------------------------------------------------------------
+
+
+@router.get("/adapters")
+def adapters(request: Request, viewer: CurrentViewer, session: SessionDep) -> Response:
+    """The adapters the user may see, one lineage (model, task, owner) per table, with its graph."""
+    _need_user(viewer)
+    rows, _ = queries.adapters_of(session, viewer.user.id, None, None, 0, 1000)
+    lineages: dict[tuple, list] = defaultdict(list)
+    for adapter, model_name in sorted(rows, key=lambda row: row[0].id):
+        lineages[(model_name, adapter.task, adapter.cohort_id)].append(adapter_public(session, adapter, model_name))
+    shown = [
+        {
+            "model": model,
+            "task": task,
+            "cohort_id": cohort_id,
+            "versions": versions,
+            "graph": lineage_chart(
+                [Node(a.id, f"v{a.version}", a.parent_adapter_id or _previous(versions, a)) for a in versions]
+            ),
+        }
+        for (model, task, cohort_id), versions in lineages.items()
+    ]
+    return page(request, "adapters.html", viewer, lineages=shown)
+
+
+def _previous(versions: list, adapter: Any) -> int | None:
+    """A cohort's version follows the one before it (round r+1 starts from round r's adapter)."""
+    if adapter.cohort_id is None:
+        return None
+    earlier = [a.id for a in versions if a.version == adapter.version - 1]
+    return earlier[0] if earlier else None
+
+
+@router.get("/adapters/{adapter_id}")
+def adapter(request: Request, adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep) -> Response:
+    _need_user(viewer)
+    found = user_adapter(session, viewer.user.id, adapter_id)
+    shown = adapter_public(session, found, session.get_one(Model, found.model_id).name)
+    return page(
+        request,
+        "adapter.html",
+        viewer,
+        adapter=shown,
+        training=training_chart(shown.metrics),
+        held_out=held_out_charts(shown.held_out),
+    )
+
+
+@router.get("/adapters/{adapter_id}/download")
+def download(adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep, store: StoreDep) -> Response:
+    """The PEFT archive, as ``GET /v1/adapters/{id}/download`` serves it."""
+    _need_user(viewer)
+    return archive_response(session, store, user_adapter(session, viewer.user.id, adapter_id))
+
+
+# --- the admin ----------------------------------------------------------------------------------------------------
+
+
+@router.get("/admin")
+def admin(request: Request, viewer: CurrentViewer, session: SessionDep, settings: SettingsDep) -> Response:
+    if not viewer.admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this page is the admin's")
+    by_status = queries.jobs_by_status(session)
+    return page(
+        request,
+        "admin.html",
+        viewer,
+        users=queries.users(session),
+        models=queries.models(session),
+        by_status=by_status,
+        depth=by_status.get("queued", 0) + by_status.get("compiling", 0),
+        leases=queries.active_leases(session),
+        settings=settings,
+    )

@@ -1,0 +1,132 @@
+"""The dashboard's plumbing: who is signed in, CSRF, pages and their error pages (the pages themselves:
+``server.routes.dashboard``).
+
+Signing in takes the same credential as the REST API (a user's API key, or the admin token), checked by the same
+code (``server.deps.get_user_or_admin``). The browser then holds a session cookie: 256 random bits, of which the
+server keeps only the SHA-256 (``tables.WebSession``), ``HttpOnly`` (no script reads it), ``Secure`` (sent over
+HTTPS only; browsers treat ``localhost`` and ``127.0.0.1`` as secure, so a local server works over plain HTTP),
+``SameSite=Strict`` (no other site's page sends it) and scoped to ``/ui``. Signing out deletes the row, so a copy
+of the cookie is worthless from then on.
+
+CSRF: every form carries the session's own random token (the synchronizer-token pattern) and every POST compares
+it in constant time, 403 when it is missing or wrong. The sign-in form, which has no session yet, carries a token
+that must equal a cookie set with the form (double submit), so that no other site can sign a browser in to an
+account of its choosing. The pages run no JavaScript at all, and their Content-Security-Policy says so.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi.responses import RedirectResponse
+from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server import accounts, queries
+from server.deps import SessionDep
+from server.security import constant_time_equal, hash_secret, new_secret
+from server.tables import User
+
+PREFIX = "/ui"
+SESSION_COOKIE = "mobizo_session"
+SIGN_IN_COOKIE = "mobizo_sign_in"
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is signed in: a user, or the admin (``user`` None), and the CSRF token of their forms."""
+
+    user: User | None
+    csrf: str
+    token_hash: str
+
+    @property
+    def admin(self) -> bool:
+        return self.user is None
+
+    @property
+    def name(self) -> str:
+        return "admin" if self.user is None else self.user.name
+
+
+class SignInRequired(Exception):
+    """No valid session cookie: the page answers with a redirect to the sign-in form."""
+
+
+async def sign_in_required(request: Request, exc: SignInRequired) -> Response:
+    return RedirectResponse(f"{PREFIX}/login", status.HTTP_303_SEE_OTHER)
+
+
+def current_viewer(request: Request, session: SessionDep) -> Viewer:
+    cookie = request.cookies.get(SESSION_COOKIE)
+    row = queries.web_session(session, hash_secret(cookie)) if cookie else None
+    user = session.get(User, row.user_id) if row is not None and row.user_id is not None else None
+    session.commit()  # see server.deps: no transaction left open between thread-pool calls
+    if row is None:
+        raise SignInRequired
+    return Viewer(user, row.csrf_token, row.token_hash)
+
+
+CurrentViewer = Annotated[Viewer, Depends(current_viewer)]
+
+
+def check_csrf(expected: str, sent: str) -> None:
+    if not sent or not constant_time_equal(sent, expected):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "the form's CSRF token is missing or wrong: reload the page")
+
+
+def sign_in(response: Response, session: SessionDep, user: User | None, hours: float) -> None:
+    """A new session for ``user`` (None: the admin), its cookie set on ``response``."""
+    secret = new_secret()
+    ttl = timedelta(hours=hours)
+    accounts.open_web_session(session, hash_secret(secret), None if user is None else user.id, new_secret(), ttl)
+    response.set_cookie(
+        SESSION_COOKIE,
+        secret,
+        max_age=int(ttl.total_seconds()),
+        path=PREFIX,
+        secure=True,
+        httponly=True,
+        samesite="strict",
+    )
+    response.delete_cookie(SIGN_IN_COOKIE, path=PREFIX, secure=True, httponly=True, samesite="strict")
+
+
+def sign_in_page(request: Request, error: str | None = None, code: int = status.HTTP_200_OK) -> Response:
+    """The sign-in form; its token is also set as a short-lived cookie (double submit)."""
+    token = secrets.token_urlsafe(32)
+    response = page(request, "login.html", None, code, error=error, sign_in_token=token)
+    response.set_cookie(SIGN_IN_COOKIE, token, max_age=3600, path=PREFIX, secure=True, httponly=True, samesite="strict")
+    return response
+
+
+def page(request: Request, name: str, viewer: Viewer | None, code: int = 200, **context: Any) -> Response:
+    return templates.TemplateResponse(request, name, {"viewer": viewer, **context}, status_code=code, headers=_HEADERS)
+
+
+_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def is_page(request: Request) -> bool:
+    return request.url.path == PREFIX or request.url.path.startswith(PREFIX + "/")
+
+
+def error_page(request: Request, exc: StarletteHTTPException) -> Response:
+    """An error of a dashboard page as a page (a 404 for another tenant's job looks like any missing page)."""
+    detail = exc.detail if isinstance(exc.detail, str) else "the request is invalid"
+    return page(request, "error.html", None, exc.status_code, error_code=exc.status_code, detail=detail)

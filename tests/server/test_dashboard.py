@@ -1,0 +1,210 @@
+"""The dashboard (``/ui``) and the metrics (``/metrics``) in process, on SQLite and PostgreSQL: sign-in and its
+cookie, CSRF on every form, the REST API's tenant scoping, the curves' SVG, the admin's pages, and the metrics'
+access and series. A real browser drives the pages in ``tests/device_agent/test_dashboard_e2e.py``."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from server.charts import Node, Series, line_chart, lineage_chart, nice_ticks
+from tests.server.factories import (
+    ADMIN,
+    ADMIN_TOKEN,
+    b_flat_bytes,
+    create_user,
+    enroll_device,
+    leased_job,
+    make_fake_model,
+    register_model,
+    submit_job,
+    upload,
+)
+
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def browser(client: TestClient) -> TestClient:
+    """The app over HTTPS (the session cookie is ``Secure``: httpx, like a browser, sends it over HTTPS only)."""
+    client.base_url = client.base_url.copy_with(scheme="https")
+    client.follow_redirects = False
+    return client
+
+
+def sign_in(client: TestClient, key: str) -> str:
+    """Signs the client in with ``key`` → the CSRF token of its pages."""
+    form = client.get("/ui/login")
+    token = CSRF.search(form.text).group(1)
+    answer = client.post("/ui/login", data={"api_key": key, "csrf_token": token})
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/jobs", answer.text
+    return CSRF.search(client.get("/ui/jobs").text).group(1)
+
+
+def key_of(headers: dict[str, str]) -> str:
+    return headers["Authorization"].split()[1]
+
+
+def test_pages_need_a_session_and_sign_in_takes_a_real_key_and_the_form_token(client: TestClient) -> None:
+    client = browser(client)
+    alice = create_user(client)
+    assert client.get("/ui/jobs").headers["location"] == "/ui/login"
+    form = client.get("/ui/login")
+    assert form.status_code == 200 and "default-src 'none'" in form.headers["content-security-policy"]
+    token = CSRF.search(form.text).group(1)
+    wrong = client.post("/ui/login", data={"api_key": key_of(alice)[:-2] + "xx", "csrf_token": token})
+    assert wrong.status_code == 401 and "not a valid API key" in wrong.text
+    token = CSRF.search(wrong.text).group(1)  # a failed sign-in gives a new form
+    client.cookies.delete("mobizo_sign_in")  # a page of another site can post the form, not set our cookie
+    forged = client.post("/ui/login", data={"api_key": key_of(alice), "csrf_token": token})
+    assert forged.status_code == 403 and "CSRF" in forged.text
+    assert "mobizo_session" not in client.cookies
+
+    form = client.get("/ui/login")
+    answer = client.post("/ui/login", data={"api_key": key_of(alice), "csrf_token": CSRF.search(form.text).group(1)})
+    assert answer.status_code == 303
+    cookie = answer.headers["set-cookie"].lower()
+    assert "mobizo_session=" in cookie
+    assert all(flag in cookie for flag in ("httponly", "secure", "samesite=strict", "path=/ui"))
+    page = client.get("/ui/jobs")
+    assert page.status_code == 200 and "alice" in page.text and "No jobs yet" in page.text
+
+
+def test_a_user_sees_only_their_own_jobs_devices_and_adapters(client: TestClient, tmp_path: Path) -> None:
+    client = browser(client)
+    work = leased_job(client, tmp_path / "model")
+    bob = create_user(client, "bob")
+    bobs_phone = enroll_device(client, bob, "bobs-phone")
+    bobs_job = submit_job(client, bob)
+    ok = upload(client, work["phone"], work["job"]["id"], b_flat_bytes(work["b"]), work["log"])
+    assert ok.status_code == 201, ok.text
+    alices_adapter = ok.json()["adapter_id"]
+
+    csrf = sign_in(client, key_of(bob))
+    listed = client.get("/ui/jobs").text
+    assert f'href="/ui/jobs/{bobs_job["id"]}"' in listed and f'href="/ui/jobs/{work["job"]["id"]}"' not in listed
+    for path in (
+        f"/ui/jobs/{work['job']['id']}",
+        f"/ui/adapters/{alices_adapter}",
+        f"/ui/adapters/{alices_adapter}/download",
+    ):
+        refused = client.get(path)
+        assert refused.status_code == 404 and "not found" in refused.text, path
+    for path in (f"/ui/jobs/{work['job']['id']}/cancel", f"/ui/devices/{work['phone']['id']}/revoke"):
+        assert client.post(path, data={"csrf_token": csrf}).status_code == 404, path
+    assert client.get(f"/v1/jobs/{work['job']['id']}", headers=work["user"]).json()["status"] == "succeeded"
+    devices = client.get("/ui/devices").text
+    assert f"#{bobs_phone['id']} bobs-phone" in devices and f"#{work['phone']['id']} phone" not in devices
+    assert "No adapters yet" in client.get("/ui/adapters").text  # alice's adapter is hers
+    assert client.get("/ui/admin").status_code == 403  # the admin's page
+
+
+def test_every_form_needs_the_sessions_csrf_token(client: TestClient, tmp_path: Path) -> None:
+    client = browser(client)
+    register_model(client, make_fake_model(tmp_path / "model"))
+    alice = create_user(client)
+    job = submit_job(client, alice)
+    csrf = sign_in(client, key_of(alice))
+    for sent in ({}, {"csrf_token": ""}, {"csrf_token": csrf[:-1] + ("A" if csrf[-1] != "A" else "B")}):
+        refused = client.post(f"/ui/jobs/{job['id']}/cancel", data=sent)
+        assert refused.status_code == 403 and "CSRF" in refused.text
+    assert client.get(f"/v1/jobs/{job['id']}", headers=alice).json()["status"] != "cancelled"
+    assert client.post(f"/ui/jobs/{job['id']}/cancel", data={"csrf_token": csrf}).status_code == 303
+    assert client.get(f"/v1/jobs/{job['id']}", headers=alice).json()["status"] == "cancelled"
+    assert client.post("/ui/logout", data={}).status_code == 403  # signing out too
+
+
+def test_signing_out_ends_the_session_for_every_copy_of_the_cookie(client: TestClient) -> None:
+    client = browser(client)
+    alice = create_user(client)
+    csrf = sign_in(client, key_of(alice))
+    copy = client.cookies.get("mobizo_session")
+    out = client.post("/ui/logout", data={"csrf_token": csrf})
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+    assert "mobizo_session" not in client.cookies  # the browser forgot it; a copy made before is refused
+    client.cookies.set("mobizo_session", copy)
+    assert client.get("/ui/jobs").headers["location"] == "/ui/login"
+
+
+def test_a_finished_jobs_page_draws_one_point_per_logged_step(client: TestClient, tmp_path: Path) -> None:
+    client = browser(client)
+    work = leased_job(client, tmp_path / "model", steps=7)
+    losses = [json.loads(line)["losses"] for line in work["log"].splitlines()]
+    mean = [sum(step) / len(step) for step in losses]
+    metrics = json.dumps({"steps": 7, "losses": mean}).encode()
+    assert upload(client, work["phone"], work["job"]["id"], b_flat_bytes(work["b"]), work["log"], metrics).is_success
+    sign_in(client, key_of(work["user"]))
+    page = client.get(f"/ui/jobs/{work['job']['id']}").text
+    curve = re.search(
+        r'<polyline class="series" data-series="training loss" data-points="(\d+)" points="([^"]+)"', page
+    )
+    assert curve is not None and int(curve.group(1)) == 7 and len(curve.group(2).split()) == 7
+    ys = [float(p.split(",")[1]) for p in curve.group(2).split()]
+    assert ys.index(max(ys)) == mean.index(min(mean))  # SVG's y grows downwards: the lowest loss is drawn highest
+
+
+def test_the_admin_sees_users_models_and_the_queue(client: TestClient, tmp_path: Path) -> None:
+    client = browser(client)
+    leased_job(client, tmp_path / "model")
+    sign_in(client, ADMIN_TOKEN)
+    page = client.get("/ui/admin")
+    assert page.status_code == 200
+    assert "alice" in page.text and "tiny" in page.text and "0 jobs queued or compiling" in page.text
+    assert "1 job," in page.text  # one lease held
+    assert client.get("/ui/devices").status_code == 403
+
+
+def test_metrics_are_the_admins_and_count_what_happened(client: TestClient, tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    work = leased_job(client, tmp_path / "model")
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=work["user"]).status_code == 403
+
+    def scrape() -> dict[tuple[str, tuple], float]:
+        text = client.get("/metrics", headers=ADMIN).text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    before = scrape()
+    assert before[("mobizo_jobs", (("status", "running"),))] == 1
+    assert before[("mobizo_active_leases", (("kind", "job"),))] == 1
+    refused = upload(client, work["phone"], work["job"]["id"], b"not safetensors", work["log"])
+    assert refused.status_code == 422
+    assert upload(client, work["phone"], work["job"]["id"], b_flat_bytes(work["b"]), work["log"]).status_code == 201
+    after = scrape()
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert after[("mobizo_jobs", (("status", "succeeded"),))] == 1
+    assert after[("mobizo_active_leases", (("kind", "job"),))] == 0
+    assert grew("mobizo_uploads_total", kind="job", outcome="accepted") == 1
+    assert grew("mobizo_uploads_total", kind="job", outcome="invalid_or_not_replayed") == 1
+    assert grew("mobizo_verify_duration_seconds_count") == 1  # the refused one never reached a replay
+    route = "/v1/jobs/{job_id}/result"
+    assert grew("mobizo_http_requests_total", method="POST", route=route, status="201") == 1
+
+
+def test_charts_escape_their_text_and_span_the_data() -> None:
+    for low, high in ((0.12, 0.97), (3.2, 1771.0), (-0.004, 0.013)):
+        ticks = nice_ticks(low, high)
+        steps = {round(b - a, 12) for a, b in zip(ticks, ticks[1:])}
+        assert ticks[0] <= low and ticks[-1] >= high and 2 <= len(ticks) <= 6 and len(steps) == 1
+        mantissa = steps.pop() / 10 ** math.floor(math.log10(ticks[1] - ticks[0]))
+        assert round(mantissa, 9) in (1, 2, 5)
+    ticks = nice_ticks(3.0, 3.0)
+    assert ticks[0] <= 3.0 <= ticks[-1] and len(ticks) >= 2
+    svg = line_chart([Series("<b>", [(1, 2.0), (2, float("nan")), (3, 1.0)])], "a & b", "step", "loss")
+    assert "<b>" not in svg and "&lt;b&gt;" in svg and "a &amp; b" in svg
+    assert 'data-points="2"' in svg  # a non-finite value is not drawn
+    assert "nothing measured" in line_chart([Series("x", [])], "t", "x", "y")
+    graph = lineage_chart([Node(1, "v1", None), Node(2, "v2", 1), Node(3, "v3", 1)])
+    assert re.findall(r'data-from="(\d+)" data-to="(\d+)"', graph) == [("1", "2"), ("1", "3")]
