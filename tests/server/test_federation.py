@@ -10,6 +10,7 @@ the job fails with the reason); a late upload answers 409; a cohort's adapters a
 from __future__ import annotations
 
 import io
+import re
 import time
 from pathlib import Path
 
@@ -430,3 +431,34 @@ def test_a_round_parts_files_are_granted_to_its_device_while_it_holds_the_part(c
     assert r.status_code == 204, r.text
     for url in urls:  # the part is over: nothing is granted any more
         assert client.get(url, headers=world["devices"]["a"]["headers"]).status_code == 404
+
+
+def test_the_dashboard_shows_a_federated_jobs_rounds_and_the_cohorts_adapter_lineage(client: TestClient, world: dict):
+    """The admin's job page lists each round's participants and the parts not counted; a member's adapters page
+    shows the cohort's versions as one lineage (round r+1's adapter started from round r's)."""
+    from tests.server.test_dashboard import browser, sign_in
+
+    join(client, world, "a", "b", "c")
+    job = submit(client, world, rounds=2, clients_per_round=2, round_timeout_s=600)
+    for index in range(2):
+        leases = {name: lease(client, world, name) for name in ("ab" if index == 0 else "bc")}
+        for i, name in enumerate(leases):
+            assert report(client, world, name, leases[name], 10 * index + i)[0].status_code == 201
+    assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "succeeded"
+
+    client = browser(client)
+    sign_in(client, ADMIN["Authorization"].split()[1])
+    page = client.get(f"/ui/jobs/{job['id']}").text
+    table = page[page.index('<table id="rounds">') :]
+    assert table.count("2 reported") == 2 and table.count('class="status closed"') == 2
+    assert 'data-series="mean loss" data-points="2"' in page
+    client.post("/ui/logout", data={"csrf_token": re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)})
+
+    sign_in(client, world["users"]["c"]["Authorization"].split()[1])
+    adapters = client.get("/ui/adapters").text
+    edges = re.findall(r'data-from="(\d+)" data-to="(\d+)"', adapters)
+    assert "cohort" in adapters and len(edges) == 1 and int(edges[0][1]) > int(edges[0][0])
+    version = client.get(f"/ui/adapters/{edges[0][1]}")
+    assert version.status_code == 200 and "round 1" in version.text
+    archive = client.get(f"/ui/adapters/{edges[0][1]}/download")
+    assert archive.status_code == 200 and archive.content[:2] == b"PK"
