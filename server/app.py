@@ -138,9 +138,12 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         app.state.metrics_registry = app_registry(engine)
         metrics_server = None
         if settings.metrics_port is not None:
-            metrics_server, _ = start_http_server(
-                settings.metrics_port, settings.metrics_host, registry=app.state.metrics_registry
-            )
+            try:
+                metrics_server, _ = start_http_server(
+                    settings.metrics_port, settings.metrics_host, registry=app.state.metrics_registry
+                )
+            except OSError as error:  # with --workers N, the first API process to start serves the port
+                log.warning("metrics port %d not served by this process: %s", settings.metrics_port, error)
         with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
             migrate(engine)
             if lock is not None or first:

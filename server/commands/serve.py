@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if settings.admin_token is None:
         logging.warning("MOBIZO_ADMIN_TOKEN is not set: admin endpoints (users, models) will refuse every request")
+    logging.info("dashboard at http://%s:%d/ui (sign in with an API key); metrics at /metrics", args.host, args.port)
     if args.workers == 1:
         uvicorn.run(
             create_app(settings),

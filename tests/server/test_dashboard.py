@@ -9,6 +9,7 @@ import math
 import re
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from server.charts import Node, Series, line_chart, lineage_chart, nice_ticks
@@ -208,3 +209,19 @@ def test_charts_escape_their_text_and_span_the_data() -> None:
     assert "nothing measured" in line_chart([Series("x", [])], "t", "x", "y")
     graph = lineage_chart([Node(1, "v1", None), Node(2, "v2", 1), Node(3, "v3", 1)])
     assert re.findall(r'data-from="(\d+)" data-to="(\d+)"', graph) == [("1", "2"), ("1", "3")]
+
+
+def test_the_metrics_port_serves_them_without_a_token(settings, queue) -> None:
+    import httpx
+
+    from server.app import create_app
+    from tests.server.live import free_port
+
+    port = free_port()
+    app = create_app(settings.model_copy(update={"metrics_port": port}), queue_factory=queue.bind)
+    with TestClient(app) as client:
+        assert client.get("/metrics").status_code == 401  # the API's route still wants the admin token
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert scraped.status_code == 200 and 'mobizo_jobs{status="queued"} 0.0' in scraped.text
+    with pytest.raises(httpx.ConnectError):  # closed with the app
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
