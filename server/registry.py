@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server.tables import Adapter, Job, Round
-from shared.schemas import AdapterPublic
+from shared.schemas import AdapterPrivacy, AdapterPublic
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,29 @@ def add_cohort_version(
     return adapter
 
 
-def adapter_public(session: Session, adapter: Adapter, model_name: str) -> AdapterPublic:
-    """An adapter as the REST answers show it (to its user, the cohort's members, and the user's devices)."""
+def adapter_privacy(spec: dict[str, Any] | None) -> AdapterPrivacy | None:
+    """The guarantee of a private job's adapter, from the job's spec as submitted (σ set by the server)."""
+    private = (spec or {}).get("privacy")
+    if private is None:
+        return None
+    return AdapterPrivacy(
+        epsilon=private["epsilon"],
+        delta=private["delta"],
+        noise_multiplier=private["noise_multiplier"],
+        clip=private["clip"],
+        steps=spec["steps"],
+        sampling_rate=spec["batch_size"] / private["min_examples"],
+    )
+
+
+def adapter_public(
+    session: Session, adapter: Adapter, model_name: str, job_spec: dict[str, Any] | None = None
+) -> AdapterPublic:
+    """An adapter as the REST answers show it (to its user, the cohort's members, and the user's devices);
+    ``job_spec``: its job's, when the caller joined it in (else read here)."""
     round_ = None if adapter.round_id is None else session.get_one(Round, adapter.round_id)
+    if job_spec is None and adapter.job_id is not None:
+        job_spec = session.get_one(Job, adapter.job_id).spec
     return AdapterPublic(
         id=adapter.id,
         model=model_name,
@@ -137,5 +157,6 @@ def adapter_public(session: Session, adapter: Adapter, model_name: str) -> Adapt
         b_sha256=adapter.b_sha256,
         metrics=adapter.metrics,
         held_out=adapter.held_out,
+        privacy=adapter_privacy(job_spec),
         created_at=adapter.created_at,
     )

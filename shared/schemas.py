@@ -686,6 +686,19 @@ class UploadMetrics(_Metrics):
 # --- adapters, health ---------------------------------------------------------------------------------------------
 
 
+class AdapterPrivacy(BaseModel):
+    """What a private job's adapter was trained under: (epsilon, delta)-DP for each of the device's examples, the
+    noise multiplier sigma, the clip C per example, the steps and the sampling rate (batch / min_examples) the
+    accountant counted."""
+
+    epsilon: float
+    delta: float
+    noise_multiplier: float
+    clip: float
+    steps: int
+    sampling_rate: float
+
+
 class AdapterPublic(BaseModel):
     id: int
     model: str
@@ -702,6 +715,7 @@ class AdapterPublic(BaseModel):
     b_sha256: str
     metrics: dict[str, Any]
     held_out: HeldOut | None = Field(default=None, description="accuracy and loss on the device's held-out data")
+    privacy: AdapterPrivacy | None = Field(default=None, description="a private job's guarantee; None: not private")
     created_at: datetime
 
 

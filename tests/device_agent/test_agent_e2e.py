@@ -26,7 +26,7 @@ import pytest
 from device_agent.checkpoint import load_checkpoint
 from mobizo.cli import main
 from tests.device_agent.conftest import ADB_STANDIN_DIR
-from tests.device_agent.stack import Agent, Stack, make_agent, server_env, wait_for
+from tests.device_agent.stack import Agent, Stack, make_agent, ok, server_env, wait_for
 from tests.device_agent.test_eligibility import fake_sysfs
 from tests.server import live
 
@@ -379,7 +379,18 @@ def test_a_private_job_uploads_noised_g_alone_and_its_log_replays(
     assert len(lines) == 12 and all(set(line) == {"step", "seed", "lr", "eps", "g"} for line in lines)
     bound = private_g_bound(job["spec"] | {"answer_len": 1})
     assert max(abs(g) for line in lines for g in line["g"]) <= bound
-    metrics = stack.adapter(job_id)["metrics"]
+    adapter = stack.adapter(job_id)
+    metrics, shown = adapter["metrics"], job["spec"]["privacy"]
     assert metrics["losses"] is None and not metrics.get("eval") and metrics["server"]["replay_max_abs_diff"] == 0.0
+    assert adapter["privacy"] == {  # the registry says what the adapter was trained under
+        "epsilon": 8.0,
+        "delta": shown["delta"],
+        "noise_multiplier": shown["noise_multiplier"],
+        "clip": shown["clip"],
+        "steps": 12,
+        "sampling_rate": job["spec"]["batch_size"] / 64,
+    }
+    listed = ok(stack.user.get("/v1/adapters"))["data"]
+    assert [a["privacy"] for a in listed if a["id"] == adapter["id"]] == [adapter["privacy"]]
     assert_adapter_is_replay_of_uploaded_log(stack, job_id, tmp_path)
     assert not any("private_seed" in json.dumps(e) for e in agent.events())
