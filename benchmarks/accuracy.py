@@ -28,6 +28,12 @@ and ``OUT/curves.png``.
     python -m benchmarks.accuracy --model DIR --tasks sst2,rte,boolq --steps 20000 --device cuda --out runs/acc
     python -m benchmarks.accuracy --model DIR --runner program --methods zero-shot,mobizo-q4 --lr mobizo-q4=1e-2 \
         --tasks sst2 --steps 200 --out runs/acc-program
+    python -m benchmarks.accuracy --model DIR --methods mobizo-q4 --optimizers sgd,momentum,normalized \
+        --lr mobizo-q4=4e-2 --lr mobizo-q4+momentum=4e-2 --lr mobizo-q4+normalized=1.5e-2 --tasks sst2 --out runs/opt
+
+``--optimizers`` runs each mobizo method once per optimizer (``shared.zo_optim``, eager), as rows
+``mobizo-q4+momentum``, ...; a second table gives the steps each took to reach the validation accuracy that ``sgd``
+ended with.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,7 +52,7 @@ import numpy as np
 import torch
 
 from shared import defaults
-from shared.backends import OBJECTIVES
+from shared.backends import OBJECTIVES, OPTIMIZERS
 from shared.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from shared.data import load_examples, read_jsonl
 from shared.evaluate import evaluate
@@ -72,6 +78,7 @@ class Method:
     q: int = 1
     eps: float = defaults.for_method("mobizo").eps  # the paper's 1e-2 for ZO on LoRA-FA
     lrs: tuple[float, ...] = ()
+    optimizer: str = "sgd"  # how g moves B (shared.zo_optim); a row "mobizo-q4+momentum" names another
 
 
 # The paper's MobiZO grid, widened at the top for SmolLM2: the classification objective learns at 4e-2 there (rank 4)
@@ -90,6 +97,22 @@ RUNNERS = ("eager", "program")
 PROGRAM_METHODS = ("zero-shot", "mezo-lora", "mobizo-q1", "mobizo-q4", "mobizo-q16")  # what --runner program runs
 
 
+def method_of(name: str) -> Method | None:
+    """The row ``name``: a method of ``METHODS``, or a mobizo method with another optimizer (``mobizo-q4+momentum``)."""
+    base, _, optimizer = name.partition("+")
+    method = METHODS[base]
+    return method if not optimizer else replace(method, optimizer=optimizer)
+
+
+def with_optimizers(methods: list[str], optimizers: list[str]) -> list[str]:
+    """Each mobizo row once per optimizer (``sgd`` keeps the plain name), the other rows as they are."""
+    rows = []
+    for name in methods:
+        mobizo = METHODS[name] is not None and METHODS[name].method == "mobizo"
+        rows += [name if opt == "sgd" else f"{name}+{opt}" for opt in optimizers] if mobizo else [name]
+    return rows
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
@@ -97,6 +120,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--out", required=True, type=Path, metavar="DIR", help="results folder (resumable: rerun to continue)")
     add("--tasks", default="sst2,rte,boolq", help=f"comma-separated, from {', '.join(TASK_FILES)}")
     add("--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)}")
+    add(
+        "--optimizers",
+        default="sgd",
+        help=f"comma-separated, from {', '.join(OPTIMIZERS)}: each mobizo method runs once with each (eager), "
+        "same seed and batches; the table adds the steps each took to reach sgd's final validation accuracy",
+    )
     add("--steps", type=int, default=2000, help="training steps of each method (paper: 20000)")
     add("--pilot-steps", type=int, default=200, help="steps of each learning-rate pilot")
     add("--eval-every", type=int, default=100, metavar="K", help="validation (and checkpoint) every K steps")
@@ -148,6 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def lr_grids(args: argparse.Namespace) -> dict[str, tuple[float, ...]]:
     """Each method's grid: the default, or what ``--lr METHOD=a,b`` says."""
     grids = {name: m.lrs for name, m in METHODS.items() if m is not None}
+    grids |= {name: METHODS[name.partition("+")[0]].lrs for name in getattr(args, "variants", [])}
     for item in args.lr:
         name, _, values = item.partition("=")
         if name not in grids or not values:
@@ -222,6 +252,7 @@ def run_config(
         warmup_steps=args.warmup_steps,
         lr_floor=args.lr_floor,
         eps=method.eps,
+        optimizer=method.optimizer,
         seed=args.seed,
         dtype=args.dtype,
         device=args.device,
@@ -260,7 +291,7 @@ def pick_lr(
     args: argparse.Namespace, task: str, files: dict[str, Path], name: str, grid: tuple[float, ...], base: Path
 ) -> tuple[float, list[dict]]:
     """The grid's learning rate whose pilot ends with the lowest validation loss, and every pilot's summary."""
-    method = METHODS[name]
+    method = method_of(name)
     steps = min(args.pilot_steps, args.steps)
     pilots = []
     for lr in grid:
@@ -275,7 +306,7 @@ def train_method(
     args: argparse.Namespace, task: str, files: dict[str, Path], name: str, grid: tuple[float, ...]
 ) -> dict[str, Any]:
     """Pilots, then the winning pilot continued to ``--steps``; returns the run's summary (no test yet)."""
-    method = METHODS[name]
+    method = method_of(name)
     base = args.out / "runs" / task / (name if args.runner == "eager" else f"{name}-program")
     if len(grid) == 1:
         lr, pilots = grid[0], []
@@ -409,8 +440,30 @@ def run_task(args: argparse.Namespace, task: str, methods: list[str], grids: dic
     return rows
 
 
+def steps_to_reach(curve: list[dict], accuracy: float) -> int | None:
+    """The first evaluated step whose validation accuracy is at least ``accuracy`` (None: never)."""
+    return next((e["step"] for e in curve if e["accuracy"] is not None and e["accuracy"] >= accuracy), None)
+
+
+def reach_table(results: dict[str, Any]) -> str:
+    """Per mobizo method with more than one optimizer: the steps each optimizer took to reach the validation
+    accuracy ``sgd`` ended with (the issue's measure: fewer steps to the same accuracy)."""
+    lines = []
+    for task, rows in results["tasks"].items():
+        for name, row in rows.items():
+            variants = {n: r for n, r in rows.items() if n.partition("+")[0] == name}
+            if "+" in name or len(variants) < 2:
+                continue
+            target = row["curve"][-1]["accuracy"]
+            for variant, r in variants.items():
+                reached = steps_to_reach(r["curve"], target)
+                ratio = "—" if not reached else f"{row['steps'] / reached:.2f}x"
+                lines.append(f"{task:<6} {variant:<22} reaches {target:.3f} at step {reached!s:>5}  ({ratio} of sgd's)")
+    return "\n".join(lines)
+
+
 def table(results: dict[str, Any]) -> str:
-    head = f"{'task':<6} {'method':<11} {'lr':>8} {'steps':>6} {'best':>6} {'val acc':>8} {'test acc':>8} {'s/step':>7}"
+    head = f"{'task':<6} {'method':<22} {'lr':>8} {'steps':>6} {'best':>6} {'val acc':>8} {'test acc':>8} {'s/step':>7}"
     lines = [head, "-" * len(head)]
     for task, rows in results["tasks"].items():
         for name, row in rows.items():
@@ -420,7 +473,7 @@ def table(results: dict[str, Any]) -> str:
             best = "—" if row.get("best_step") is None else row["best_step"]
             step_time = f"{row['step_time_s']:.2f}" if "step_time_s" in row else "—"
             val = f"{row['val_accuracy']:.3f}"
-            lines.append(f"{task:<6} {name:<11} {lr:>8} {steps:>6} {best!s:>6} {val:>8} {test:>8} {step_time:>7}")
+            lines.append(f"{task:<6} {name:<22} {lr:>8} {steps:>6} {best!s:>6} {val:>8} {test:>8} {step_time:>7}")
     return "\n".join(lines)
 
 
@@ -458,10 +511,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    tasks, methods = args.tasks.split(","), args.methods.split(",")
+    tasks, methods, optimizers = args.tasks.split(","), args.methods.split(","), args.optimizers.split(",")
     unknown = [t for t in tasks if t not in TASK_FILES] + [m for m in methods if m not in METHODS]
+    unknown += [o for o in optimizers if o not in OPTIMIZERS]
     if unknown:
-        raise SystemExit(f"unknown task or method: {', '.join(unknown)}")
+        raise SystemExit(f"unknown task, method or optimizer: {', '.join(unknown)}")
+    if optimizers != ["sgd"] and args.runner == "program":
+        raise SystemExit("--optimizers: the device program updates B with sgd; other optimizers run eagerly")
+    methods = with_optimizers(methods, optimizers)
+    args.variants = [m for m in methods if "+" in m]
     grids = lr_grids(args)
     # The tasks here all have single-token answers: their objective is classification unless --objective says lm.
     chosen = defaults.for_method(defaults.METHOD, objective=args.objective or "classification")
@@ -494,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plot:
         plot(results, args.out / "curves.png")
     print(table(results))
+    reached = reach_table(results)
+    if reached:
+        print(reached)
     return 0
 
 

@@ -22,6 +22,9 @@ PARALLEL_MODES: tuple[str, ...] = get_args(Parallel)
 # MeZO's --train_as_classification), or language modelling (cross-entropy over the whole vocabulary).
 Objective = Literal["classification", "lm"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
+# How a step's g moves B (``shared.zo_optim``).
+Optimizer = Literal["sgd", "momentum", "normalized"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 OBJECTIVE_HELP = (
     "what the loss measures: classification (cross-entropy over the task's single-token answers, the default for "
     "classification tasks whose answers are single tokens) or lm (cross-entropy over the whole vocabulary)"

@@ -39,6 +39,7 @@ class Checkpoint:
     fingerprint: dict[str, Any]
     best: dict[str, Any] | None = None  # the best evaluation entry ({step, accuracy, loss})
     best_b: torch.Tensor | None = field(default=None, repr=False)
+    opt_state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # shared.zo_optim's
 
     def note_eval(self, entry: dict[str, Any], b: torch.Tensor) -> None:
         """Keep ``b`` if ``entry`` beats the best evaluation so far."""
@@ -64,6 +65,7 @@ def save_checkpoint(out: Path, checkpoint: Checkpoint) -> Path:
         tensors = {"b": checkpoint.b.detach().cpu().contiguous()}
         if checkpoint.best_b is not None:
             tensors["best_b"] = checkpoint.best_b.cpu().contiguous()
+        tensors |= {f"opt.{name}": t.detach().cpu().contiguous() for name, t in checkpoint.opt_state.items()}
         save_file(tensors, str(tmp / TENSORS_FILE))
         state = {
             "step": checkpoint.step,
@@ -92,4 +94,5 @@ def load_checkpoint(out: Path) -> Checkpoint | None:
         fingerprint=state["fingerprint"],
         best=state["best"],
         best_b=tensors.get("best_b"),
+        opt_state={name[4:]: t for name, t in tensors.items() if name.startswith("opt.")},
     )

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from shared import defaults, privacy
 from shared.adapter import save_lora
-from shared.backends import OBJECTIVES, PARALLEL_MODES
+from shared.backends import OBJECTIVES, OPTIMIZERS, PARALLEL_MODES
 from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
 from shared.batch import Batch
 from shared.checkpoint import Checkpoint, fingerprint, load_checkpoint, save_checkpoint
@@ -60,6 +60,7 @@ from shared.schedule import check_schedule, lr_at
 from shared.tasks import Rendered, Task, get_task, with_chat
 from shared.train_log import log_line, log_record
 from shared.zo import zo_step
+from shared.zo_optim import new_state, step_lr, update
 
 METHODS: tuple[str, ...] = ("mobizo", "mezo-lora", "mezo", "fo-lora")
 ONE_QUERY_METHODS = ("mezo-lora", "mezo", "fo-lora")  # q must be 1: they estimate (or compute) one gradient
@@ -106,6 +107,7 @@ class TrainConfig:
     verbalizer: dict[str, str] | None = None
     chat_template: bool = False  # prompts inside the model's chat template (instruct models)
     objective: str | None = None  # None: the task's default (shared.data.resolve_objective)
+    optimizer: str = "sgd"  # how g moves B (shared.zo_optim; mobizo only): sgd, momentum or normalized
     # A private run (shared.privacy, mobizo only): the (epsilon, delta) it may spend and the clip C of each example's
     # projected difference; None: not private.
     dp_epsilon: float | None = None
@@ -169,6 +171,10 @@ def _check_method(config: TrainConfig) -> None:
         raise UsageError("q", f"must be at least 1, got {config.q}")
     if config.method in ONE_QUERY_METHODS and config.q != 1:
         raise UsageError("q", f"{config.method} uses one query per step: --q must be 1, got {config.q}")
+    if config.optimizer not in OPTIMIZERS:
+        raise UsageError("optimizer", f"unknown optimizer {config.optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
+    if config.optimizer != "sgd" and config.method != "mobizo":
+        raise UsageError("optimizer", f"{config.optimizer} moves a mobizo run's B; {config.method} takes sgd")
     if config.dp_epsilon is not None and config.method != "mobizo":
         raise UsageError("dp_epsilon", f"a private run is a mobizo run (its g is privatized), not {config.method}")
     if config.method == "mezo" and config.checkpoint_every is not None:
@@ -266,6 +272,7 @@ class MethodStep:
         parallel: str = "both",
         lr: float = 1e-4,
         eps: float = 1e-2,
+        optimizer: str = "sgd",
     ) -> None:
         self.method, self.model, self.lora, self.q, self.parallel = method, model, lora, q, parallel
         self.device = next(model.parameters()).device
@@ -275,6 +282,13 @@ class MethodStep:
         self.eps_t = torch.tensor([eps], dtype=self.dtype, device=self.device)
         self.b = None if method == "mezo" else lora.zeros(self.dtype)
         self.privatizer: privacy.Privatizer | None = None  # set for a private run (mobizo)
+        self.optimizer = optimizer
+        self.opt_state = {} if self.b is None else new_state(optimizer, self.b.shape[0], self.dtype, self.device)
+
+    def _apply(self, b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+        """The optimizer's update (``shared.zo_optim``), its state kept here."""
+        b_new, self.opt_state = update(self.optimizer, b, z, g, lr, self.opt_state)
+        return b_new
 
     def _private(self) -> dict[str, torch.Tensor]:
         """A private step's clip and noise (``zo_step``'s), as tensors on the model's device; none otherwise."""
@@ -299,6 +313,7 @@ class MethodStep:
                     self.eps_t,
                     self.q,
                     self.parallel,
+                    apply=self._apply,
                     **self._private(),
                 )
                 return losses, g
@@ -350,6 +365,8 @@ def program_config(config: TrainConfig, objective: str, candidates: tuple[int, .
     other (``parallel`` none). ``UsageError`` naming the field a program cannot have."""
     if config.method not in ("mobizo", "mezo-lora"):
         raise UsageError("method", f"{config.method} has no device program (mobizo and mezo-lora have)")
+    if config.optimizer != "sgd":
+        raise UsageError("optimizer", f"the device program updates B with sgd; {config.optimizer} runs eagerly only")
     if config.seq_len is None:
         raise UsageError("seq_len", "a program has a longest row: give seq_len")
     if answer_len is None:
@@ -376,7 +393,9 @@ def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None =
     objective, ids, answer_len = resolve_objective(task, tokenizer, config.objective)
     widths: tuple[int | None, int | None] = (None, None)
     if step_factory is None:
-        step = MethodStep(config.method, model, lora, config.q, config.parallel, config.lr, config.eps)
+        step = MethodStep(
+            config.method, model, lora, config.q, config.parallel, config.lr, config.eps, config.optimizer
+        )
     else:  # the program's batches have its shape, as the agent's (device_agent.local_data.step_batches)
         program = program_config(config, objective, ids, answer_len)
         step, widths = step_factory(program, lora), (program.seq_len, program.answer_len)
@@ -431,6 +450,8 @@ def _start(run: _Run) -> Checkpoint:
     # A decaying schedule's span decides every step's lr, so it is the run's; a constant one's is not (its run extends).
     span = None if cfg.lr_schedule == "constant" else schedule_span(cfg)
     wanted = fingerprint(asdict(cfg) | {"schedule_steps": span})
+    if cfg.optimizer == "sgd":  # the fingerprint of a run made before there were optimizers
+        del wanted["optimizer"]
     history: dict[str, list] = {"losses": [], "times": [], "log": [], "eval": []}
     b = run.step.b if run.step.b is not None else torch.zeros(0)
     found = load_checkpoint(cfg.out) if cfg.checkpoint_every is not None else None
@@ -449,6 +470,8 @@ def _start(run: _Run) -> Checkpoint:
     if found.step > cfg.steps:
         raise UsageError("steps", f"the checkpoint in {cfg.out} is at step {found.step}, beyond --steps {cfg.steps}")
     run.step.b.copy_(found.b.to(run.step.b.device, run.step.b.dtype))
+    if found.opt_state:
+        run.step.opt_state = {k: v.to(run.step.b.device, run.step.b.dtype) for k, v in found.opt_state.items()}
     return found
 
 
@@ -463,6 +486,7 @@ def _at_step(run: _Run, state: Checkpoint, k: int, start: int) -> None:
     every = cfg.checkpoint_every
     if every is not None and k != start and (k % every == 0 or k == cfg.steps):
         state.step, state.b = k, run.step.b  # mobizo's step returns a new B rather than updating it in place
+        state.opt_state = getattr(run.step, "opt_state", {})
         save_checkpoint(cfg.out, state)
 
 
@@ -489,6 +513,7 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
         if private_seed is not None:  # step k's noise, whatever ran before (a resumed run draws the same)
             run.step.privatizer = privacy.step_privatizer(private_seed, k, cfg.dp_clip, run.private["noise_std"])
         lr = lr_at(cfg.lr, schedule_span(cfg), k, cfg.lr_schedule, cfg.warmup_steps, cfg.lr_floor)  # float32, as logged
+        lr = step_lr(cfg.optimizer, lr, k)
         begin = time.perf_counter()
         losses, g = (t.float().cpu() for t in run.step(batch, seed, lr))  # .cpu() waits for the device
         history["times"].append(time.perf_counter() - begin)

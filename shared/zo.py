@@ -15,6 +15,8 @@ only, for checks that rounding must not hide) runs the same steps on z's float32
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -191,8 +193,10 @@ def zo_step(
     trim: bool = True,
     clip: torch.Tensor | None = None,
     g_noise: torch.Tensor | None = None,
+    apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One MobiZO step → (losses [2q], g [q], new B). Used by eager training and, untrimmed, by the program.
+    ``apply(b, z, g, lr) → new B``: the optimizer's update (``shared.zo_optim``; default ``updated_b``, sgd).
 
     With ``clip`` [1] and ``g_noise`` [q] the step is private (``shared.privacy.private_g``): g from each example's
     difference clipped to ``clip``, plus the noise; B moves by that g, and the losses returned are for the device's
@@ -206,4 +210,4 @@ def zo_step(
         per_example = rge_losses(model, lora, batch, paths, q, parallel, trim, rows=True)
         g = private_g((per_example[0::2] - per_example[1::2]) / (eps * 2), clip, g_noise)
         losses = per_example.mean(dim=1)
-    return losses, g, updated_b(b, z, g, lr)
+    return losses, g, (apply or updated_b)(b, z, g, lr)

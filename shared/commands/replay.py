@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shared.backends import OPTIMIZERS
 from shared.errors import ExitCode
 
 HELP = "rebuild a trained adapter from its initial adapter and training log (bit-exact)"
@@ -15,6 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log", required=True, type=Path, help="the training log (JSON Lines, one line per step)")
     parser.add_argument("--out", required=True, type=Path, help="directory to write the replayed adapter to")
     parser.add_argument("--compare", type=Path, help="an adapter to compare the result with (exit 1 if B differs)")
+    parser.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=OPTIMIZERS,
+        help="the run's optimizer (mobizo train --optimizer; default sgd, as every job's)",
+    )
 
 
 def run(args: argparse.Namespace) -> ExitCode:
@@ -29,7 +36,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             raise UsageError(field, f"{path} does not exist")
     config, lora_a, lora_b = read_adapter(args.init)
     log = read_log(args.log, private=None)  # a private job's log (g alone) replays as any other
-    b = replay(flatten_b(lora_b), log)
+    b = replay(flatten_b(lora_b), log, args.optimizer)
     replayed = unflatten_b(b, {n: tuple(t.shape) for n, t in lora_b.items()})
     save_adapter(
         args.out,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from shared import defaults
-from shared.backends import OBJECTIVE_HELP, OBJECTIVES
+from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS
 from shared.errors import ExitCode
 from shared.schedule import SCHEDULES
 from shared.tasks import parse_verbalizer
@@ -96,6 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", default=_KEEP, type=int, help=f"run seed: batch order and step seeds (default {defaults.SEED})")
     add("--parallel", default=_KEEP, help="mobizo schedule: both (default), outer, inner, or none")
     add("--objective", default=_KEEP, choices=OBJECTIVES, help=OBJECTIVE_HELP)
+    add(
+        "--optimizer",
+        default=_KEEP,
+        choices=OPTIMIZERS,
+        help="how a step's g moves B (mobizo, eager): sgd (default), momentum (beta 0.9, an average of the steps' "
+        "directions) or normalized (the step divided by the running RMS of g); the log replays with the same "
+        "--optimizer",
+    )
     add("--dtype", default=_KEEP, help="float32 (default), bfloat16, float16, or float64 (exactness checks)")
     add(
         "--dp-epsilon",

@@ -193,3 +193,24 @@ def test_the_program_runner_trains_through_the_devices_program(
     again = load_checkpoint(resumed / "runs" / "sst2" / "mobizo-q4-program" / "main")
     assert torch.equal(again.b, final.b)
     assert _without_times(json.loads((resumed / "results.json").read_text())) == _without_times(results)
+
+
+def test_optimizers_make_a_row_each_and_the_steps_to_sgds_accuracy_are_read_off_the_curves(tmp_path: Path) -> None:
+    from benchmarks.accuracy import method_of, parse_args, reach_table, run_config, with_optimizers
+
+    rows = with_optimizers(["zero-shot", "mobizo-q4", "fo-lora"], ["sgd", "momentum"])
+    assert rows == ["zero-shot", "mobizo-q4", "mobizo-q4+momentum", "fo-lora"]
+    files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "val", "test")}
+    args = parse_args(["--model", "m", "--out", str(tmp_path)])
+    config = run_config(args, "sst2", files, method_of("mobizo-q4+momentum"), 1e-2, tmp_path, 10)
+    assert (config.optimizer, config.q) == ("momentum", 4)
+
+    def curve(*accuracies: float) -> list[dict]:
+        return [{"step": 50 * k, "accuracy": a} for k, a in enumerate(accuracies)]
+
+    results = {"tasks": {"sst2": {
+        "mobizo-q4": {"steps": 200, "curve": curve(0.5, 0.6, 0.65, 0.7, 0.72)},
+        "mobizo-q4+momentum": {"steps": 200, "curve": curve(0.5, 0.73, 0.75, 0.74, 0.76)},
+    }}}  # fmt: skip
+    lines = reach_table(results).splitlines()
+    assert "reaches 0.720 at step   200  (1.00x" in lines[0] and "at step    50  (4.00x" in lines[1]
