@@ -97,12 +97,16 @@ def default_objective(task_kind: str, answer_len: int | None = None) -> str:
     return "classification" if task_kind == "classification" and answer_len in (None, 1) else "lm"
 
 
-def for_method(method: str, quantize: str = QUANTIZE, objective: str | None = None) -> MethodDefaults:
-    """The defaults of ``method`` on a program whose base weights are ``quantize``, training ``objective`` (an
-    unknown method gets MobiZO's: it is refused later, naming the flag)."""
+def for_method(
+    method: str, quantize: str = QUANTIZE, objective: str | None = None, private: bool = False
+) -> MethodDefaults:
+    """The defaults of ``method`` on a program whose base weights are ``quantize``, training ``objective``, in a
+    ``private`` run or not (an unknown method gets MobiZO's: it is refused later, naming the flag)."""
     chosen = PER_METHOD.get(method, PER_METHOD[METHOD])
     if objective == "classification" and method in ZO_LORA_METHODS:
         chosen = CLASSIFICATION
+    if private and method in ZO_LORA_METHODS:
+        chosen = replace(chosen, lr=chosen.lr * DP_LR_SCALE)
     if quantize in QUANTIZED_EPS and method in ZO_LORA_METHODS:
         return replace(chosen, eps=QUANTIZED_EPS[quantize])
     return chosen
@@ -115,7 +119,8 @@ def describe() -> str:
     return (
         f"objective lm: {rows} (from {SOURCE}); objective classification (the default for classification tasks): "
         f"{' and '.join(ZO_LORA_METHODS)} {_describe(CLASSIFICATION)} (SmolLM2, SST-2: 0.516 -> 0.736 test "
-        f"accuracy in 200 steps); {quantized} for {' and '.join(ZO_LORA_METHODS)}; alpha: {SCALING:g} x rank"
+        f"accuracy in 200 steps); {quantized} for {' and '.join(ZO_LORA_METHODS)}; alpha: {SCALING:g} x rank; a "
+        f"private run: lr x {DP_LR_SCALE:g}"
     )
 
 
@@ -130,3 +135,8 @@ MAX_CONTEXT_LIMIT = 4096  # the largest a server compiles: the cache costs 2 x l
 # of each example's projected difference.
 DP_DELTA = 1e-5
 DP_CLIP = 1.0
+# A private run's lr where it gives none: its method's times this. Clipping each example's difference at C = 1
+# halves the step's signal, and a step twice as large wins it back: SmolLM2, SST-2, 200 steps, epsilon 8
+# (benchmarks/privacy.py, docs/benchmarks/privacy.md): 0.540 at the classification default's lr 4e-2, 0.645 at 8e-2,
+# 0.535 at 1.6e-1 (0.735 without privacy).
+DP_LR_SCALE = 2.0
