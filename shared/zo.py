@@ -115,13 +115,17 @@ def projected_gradients(losses: torch.Tensor, eps: torch.Tensor) -> torch.Tensor
     return (pairs[:, 0] - pairs[:, 1]) / (eps * 2)
 
 
-def updated_b(b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
-    """B - (lr/q) Σ g_i z_i, summed left to right so every implementation rounds the same way."""
-    q = z.shape[0]
+def weighted_sum(z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Σ g_i z_i, summed left to right so every implementation rounds the same way."""
     acc = z[0] * g[0]
-    for i in range(1, q):
+    for i in range(1, z.shape[0]):
         acc = acc + z[i] * g[i]
-    return b - acc * (lr / q)
+    return acc
+
+
+def updated_b(b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    """B - (lr/q) Σ g_i z_i (the ``sgd`` update of ``shared.zo_optim``)."""
+    return b - weighted_sum(z, g) * (lr / z.shape[0])
 
 
 def step_noise(seed: torch.Tensor, q: int, size: int) -> torch.Tensor:

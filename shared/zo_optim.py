@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from shared.backends import OPTIMIZERS
+from shared.zo import updated_b, weighted_sum
 
 BETA, BETA2, DELTA = 0.9, 0.99, 1e-8
 
@@ -53,29 +54,16 @@ def step_lr(optimizer: str, lr: float, step: int) -> float:
     return lr if factor == 1.0 else float(np.float32(lr * factor))
 
 
-def mean_direction(z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """u = (1/q) Σ g_i z_i, summed left to right so every implementation rounds the same way."""
-    q = z.shape[0]
-    acc = z[0] * g[0]
-    for i in range(1, q):
-        acc = acc + z[i] * g[i]
-    return acc / q
-
-
 def update(
     optimizer: str, b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(new B, new state) after one step; ``lr`` [1] is the step's (``lr_factor`` applied)."""
-    if optimizer == "sgd":
-        from shared.zo import updated_b  # today's exact arithmetic, which every existing log replays with
-
+    if optimizer == "sgd":  # today's exact arithmetic, which every existing log replays with
         return updated_b(b, z, g, lr), state
-    u = mean_direction(z, g)
+    u = weighted_sum(z, g) / z.shape[0]
     if optimizer == "momentum":
         m = state["m"] * BETA + u * (1.0 - BETA)
         return b - m * lr, {"m": m}
-    squares = g[0:1] * g[0:1]
-    for i in range(1, g.shape[0]):
-        squares = squares + g[i : i + 1] * g[i : i + 1]
+    squares = weighted_sum(g[:, None], g)  # Σ g_i², left to right
     v = state["v"] * BETA2 + (squares / g.shape[0]) * (1.0 - BETA2)
     return b - u * (lr / (torch.sqrt(v) + DELTA)), {"v": v}
