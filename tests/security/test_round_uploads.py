@@ -35,6 +35,7 @@ from tests.server.factories import (
     make_fake_model,
     register_model,
 )
+from tests.server.test_federation import wait_for
 
 STEPS, Q = 2000, 16
 
@@ -97,7 +98,13 @@ def test_a_round_part_of_2000_steps_at_q16_reports(cohort):
     url = f"/v1/round-clients/{lease['round']['client_id']}/result"
     response = http.post(url, files=files, headers=device)
     assert response.status_code == 201, response.text
-    job = http.get(f"/v1/jobs/{cohort['job']['id']}", headers=ADMIN).json()
+    # the K-th report closes the round, unless the round sweeper (every 0.5 s) began closing it first: then the report
+    # answers while the sweeper is still packaging, and the job succeeds moments later
+    job = wait_for(
+        lambda: (j := http.get(f"/v1/jobs/{cohort['job']['id']}", headers=ADMIN).json())["status"] != "running" and j,
+        60,
+        "the round to close",
+    )
     assert job["status"] == "succeeded", job
     (round_,) = http.get(f"/v1/jobs/{cohort['job']['id']}/rounds", headers=ADMIN).json()["data"]
     assert round_["status"] == "closed" and round_["clients"][0]["status"] == "reported"

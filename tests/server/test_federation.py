@@ -444,6 +444,8 @@ def test_the_dashboard_shows_a_federated_jobs_rounds_and_the_cohorts_adapter_lin
         leases = {name: lease(client, world, name) for name in ("ab" if index == 0 else "bc")}
         for i, name in enumerate(leases):
             assert report(client, world, name, leases[name], 10 * index + i)[0].status_code == 201
+        # the last report closes the round, or the round sweeper did, a moment later
+        wait_for(lambda i=index: rounds(client, job["id"])[i]["status"] == "closed", 60, f"round {index} to close")
     assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "succeeded"
 
     client = browser(client)
