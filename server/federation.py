@@ -6,7 +6,8 @@ it; each trains the job's local steps from B_r with its own seed (``client_seed`
 server replays the log from B_r in a verify worker (``server.verify.replay_log_only``: the log checks, then the
 replay), so each client's B_i is the replay of what it logged. The round closes when K clients reported, or at its
 deadline with at least M (fewer: reopened once, then the job fails); closing aggregates the deltas B_i − B_r in
-client order (``shared.aggregate``), writes B_{r+1} = B_r + ETA·aggregate, packages it as the cohort's next
+client order (``shared.aggregate``), writes B_{r+1} = B_r + ETA·aggregate (with ``server_momentum`` BETA > 0:
+B_r + ETA·m_{r+1}, m_{r+1} = BETA·m_r + aggregate, m kept in the store beside B), packages it as the cohort's next
 adapter version, and opens round r+1 from it. Every transition goes through ``server.jobstate``.
 
 Replay proves what a log *means*; it cannot prove that its g were honestly measured on real data. The defences
@@ -159,7 +160,9 @@ def reported_clients(session: Session, round_id: int) -> list[RoundClient]:
     )
 
 
-def _round_record(job: Job, round_: Round, fed: FederationSpec, clients: list[RoundClient], b_next: str) -> bytes:
+def _round_record(
+    job: Job, round_: Round, fed: FederationSpec, clients: list[RoundClient], b_next: str, m_next: str | None
+) -> bytes:
     """The round's account (stored with the adapter as its "log"): everything an offline recomputation needs."""
     record = {
         "job_id": job.id,
@@ -169,6 +172,9 @@ def _round_record(job: Job, round_: Round, fed: FederationSpec, clients: list[Ro
         "aggregation": fed.aggregation,
         "trim_fraction": fed.trim_fraction,
         "global_lr": fed.global_lr,
+        "server_momentum": fed.server_momentum,
+        "m_r_sha256": round_.momentum_sha256,
+        "m_next_sha256": m_next,
         "clients": [{"id": c.id, "seed": c.seed, "log_sha256": c.log_sha256, "b_sha256": c.b_sha256} for c in clients],
         "b_next_sha256": b_next,
     }
@@ -218,15 +224,18 @@ def _aggregate_and_publish(
     start = time.perf_counter()
     b_r = read_b_file(store.adapter_b(round_.b_sha256), ctx["d"])
     client_bs = [read_b_file(store.adapter_b(c.b_sha256), ctx["d"]) for c in clients]
-    b_next, _ = next_global_b(b_r, client_bs, fed.aggregation, fed.trim_fraction, fed.global_lr)
+    m_r = read_b_file(store.adapter_b(round_.momentum_sha256), ctx["d"]) if round_.momentum_sha256 else None
+    aggregated = (fed.aggregation, fed.trim_fraction, fed.global_lr, fed.server_momentum, m_r)
+    b_next, m_next = next_global_b(b_r, client_bs, *aggregated)
     aggregate_s = time.perf_counter() - start
     b_next_sha = store_b(store, b_next)
+    m_next_sha = store_b(store, m_next) if fed.server_momentum else None
     tmp = store.tmp_dir()
     try:
         archive = Path(pool.run(package_adapter, ctx, str(store.adapter_b(b_next_sha)), str(tmp)))
         archive_sha = store.keep(archive, "archives", ".zip")[1]
         record = tmp / "round.json"
-        atomic_write_bytes(record, _round_record(job, round_, fed, clients, b_next_sha))
+        atomic_write_bytes(record, _round_record(job, round_, fed, clients, b_next_sha, m_next_sha))
         record_sha = store.keep(record, "rounds", ".json")[1]
         archive_size = store.archive(archive_sha).stat().st_size
     finally:
@@ -243,7 +252,7 @@ def _aggregate_and_publish(
     files = registry.StoredFiles(b_next_sha, b_next_sha, record_sha, archive_sha, archive_size)
     adapter = registry.add_cohort_version(session, job, round_, files, metrics)
     stats = {"mean_loss": mean_loss, "aggregate_s": aggregate_s}
-    jobstate.finish_close(session, round_, closing_at, adapter.id, stats, b_next_sha)
+    jobstate.finish_close(session, round_, closing_at, adapter.id, stats, b_next_sha, m_next_sha)
     session.commit()
 
 

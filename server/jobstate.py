@@ -474,11 +474,18 @@ def _closing(round_: Round, closing_at: datetime) -> Any:
 
 
 def finish_close(
-    session: Session, round_: Round, closing_at: datetime, adapter_id: int, stats: dict[str, Any], next_b: str
+    session: Session,
+    round_: Round,
+    closing_at: datetime,
+    adapter_id: int,
+    stats: dict[str, Any],
+    next_b: str,
+    next_momentum: str | None = None,
 ) -> None:
-    """closing → closed with its published adapter; the next round opens from ``next_b`` (B_{r+1}), or after the
-    last round the job succeeds. Leased clients left behind are stragglers: expired. The caller commits; raises
-    ``CloseTakenOver`` (the caller rolls back) when this attempt no longer holds the round."""
+    """closing → closed with its published adapter; the next round opens from ``next_b`` (B_{r+1}) and
+    ``next_momentum`` (m_{r+1}, server-side momentum), or after the last round the job succeeds. Leased clients left
+    behind are stragglers: expired. The caller commits; raises ``CloseTakenOver`` (the caller rolls back) when this
+    attempt no longer holds the round."""
     now = utcnow()
     moved = session.execute(
         update(Round)
@@ -494,7 +501,9 @@ def finish_close(
     )
     job = session.get_one(Job, round_.job_id)
     if round_.index + 1 < job.federation["rounds"]:
-        session.add(Round(job_id=job.id, index=round_.index + 1, status="open", b_sha256=next_b))
+        session.add(
+            Round(job_id=job.id, index=round_.index + 1, status="open", b_sha256=next_b, momentum_sha256=next_momentum)
+        )
     else:
         session.execute(
             update(Job)

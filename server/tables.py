@@ -197,6 +197,9 @@ class Round(Base):
     status: Mapped[str] = mapped_column(String(16), doc="open, closing, closed, failed")
     closing_at: Mapped[datetime | None] = mapped_column(doc="when the current close began: it names the attempt")
     b_sha256: Mapped[str] = mapped_column(String(64))
+    momentum_sha256: Mapped[str | None] = mapped_column(
+        String(64), doc="m_r, server-side momentum the round starts with (a B file); None: zeros or no momentum"
+    )
     deadline_at: Mapped[datetime | None] = mapped_column(doc="set when the first client leases the round")
     reopened: Mapped[int] = mapped_column(default=0)
     adapter_id: Mapped[int | None]

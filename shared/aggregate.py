@@ -53,9 +53,26 @@ def aggregate(deltas: Sequence[np.ndarray], method: str, trim_fraction: float = 
     return (ordered[n // 2 - 1] + ordered[n // 2]) / np.float32(2)
 
 
-def next_global_b(b_r: np.ndarray, client_bs: Sequence[np.ndarray], method: str, trim_fraction: float, eta: float):
-    """B_{r+1} = B_r + ETA·aggregate(B_i − B_r) → (B_{r+1}, the aggregate), all float32."""
+def next_global_b(
+    b_r: np.ndarray,
+    client_bs: Sequence[np.ndarray],
+    method: str,
+    trim_fraction: float,
+    eta: float,
+    momentum: float = 0.0,
+    m_r: np.ndarray | None = None,
+):
+    """B_{r+1} = B_r + ETA·m_{r+1} with m_{r+1} = BETA·m_r + aggregate(B_i − B_r) → (B_{r+1}, m_{r+1}), all float32.
+
+    ``momentum`` BETA = 0 (the default) is FedAvg and its relatives: m_{r+1} is the round's aggregate alone. BETA > 0
+    is server-side momentum over rounds (FedAvgM, Hsu et al. 2019): the server keeps m (``m_r``, None: zeros before
+    the first round). The aggregates are the server's own data (the replays of the clients' logs), so momentum
+    across rounds needs nothing from the devices; each client runs its round as a fresh run from B_r.
+    """
     b_r = np.asarray(b_r, dtype=np.float32)
     deltas = [np.asarray(b, dtype=np.float32) - b_r for b in client_bs]
     update = aggregate(deltas, method, trim_fraction)
+    if momentum:
+        m_prev = np.zeros_like(update) if m_r is None else np.asarray(m_r, dtype=np.float32)
+        update = np.float32(momentum) * m_prev + update
     return b_r + np.float32(eta) * update, update

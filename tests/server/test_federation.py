@@ -116,24 +116,34 @@ def test_cohorts_are_created_by_the_admin_and_joined_and_left_by_users(client: T
     assert r.status_code == 422 and "min_clients" in r.text
 
 
-def _replay(b_r: np.ndarray, log_path: Path) -> np.ndarray:
+def _replay(b_r: np.ndarray, log_path: Path, optimizer: str = "sgd") -> np.ndarray:
     import torch
 
     from shared.replay import replay
     from shared.train_log import read_log
 
-    return replay(torch.from_numpy(b_r.copy()), read_log(log_path)).numpy()
+    return replay(torch.from_numpy(b_r.copy()), read_log(log_path), optimizer).numpy()
 
 
-def _recompute(store: Path, round_: dict, eta: float) -> np.ndarray:
-    """B_{r+1} offline from the round's accepted logs: replay each from B_r, mean of deltas summed left to right."""
-    b_r = load((store / "adapters" / f"{round_['b_sha256']}.safetensors").read_bytes())["b_flat"]
+def _stored_b(store: Path, sha256: str) -> np.ndarray:
+    return load((store / "adapters" / f"{sha256}.safetensors").read_bytes())["b_flat"]
+
+
+def _recompute(store: Path, round_: dict, eta: float, beta: float = 0.0, optimizer: str = "sgd"):
+    """(B_{r+1}, m_{r+1}) offline from the round's accepted logs: replay each from B_r (with the clients'
+    optimizer), mean of deltas summed left to right (with server momentum BETA: plus BETA times the momentum m_r the
+    round started with)."""
+    b_r = _stored_b(store, round_["b_sha256"])
     reported = [c for c in round_["clients"] if c["status"] == "reported"]
     total = None
     for c in reported:
-        delta = _replay(b_r, store / "logs" / f"{c['log_sha256']}.jsonl") - b_r
+        delta = _replay(b_r, store / "logs" / f"{c['log_sha256']}.jsonl", optimizer) - b_r
         total = delta if total is None else total + delta
-    return b_r + np.float32(eta) * (total / np.float32(len(reported)))
+    update = total / np.float32(len(reported))
+    if beta:
+        m_r = _stored_b(store, round_["momentum_sha256"]) if round_["momentum_sha256"] else np.zeros_like(update)
+        update = np.float32(beta) * m_r + update
+    return b_r + np.float32(eta) * update, update
 
 
 def test_rounds_are_the_aggregate_of_replayed_logs_bit_for_bit(client: TestClient, world: dict, settings):
@@ -182,7 +192,7 @@ def test_rounds_are_the_aggregate_of_replayed_logs_bit_for_bit(client: TestClien
         adapter = client.get(f"/v1/adapters/{round_['adapter_id']}", headers=a).json()
         assert (adapter["cohort_id"], adapter["round"], adapter["version"]) == (world["cohort"], index, index + 1)
         stored = load((settings.data_dir / "adapters" / f"{adapter['b_sha256']}.safetensors").read_bytes())["b_flat"]
-        expected = _recompute(settings.data_dir, round_, 0.5)
+        expected = _recompute(settings.data_dir, round_, 0.5)[0]
         assert np.array_equal(stored.view(np.int32), expected.view(np.int32))
         assert np.abs(stored).max() > 0
         if index + 1 < len(listed):
@@ -200,6 +210,33 @@ def test_rounds_are_the_aggregate_of_replayed_logs_bit_for_bit(client: TestClien
     personal = {"model": "tiny", "task": "sst2", **HYPER, "init_adapter_id": last}
     assert client.post("/v1/jobs", json=personal, headers=a).status_code == 202
     assert client.post("/v1/jobs", json=personal, headers=world["users"]["n"]).status_code == 404
+
+
+def test_server_momentum_carries_each_rounds_aggregate_into_the_next(client: TestClient, world: dict, settings):
+    """FedAvgM over three rounds, with clients running the momentum optimizer within their round (each part a fresh
+    run from B_r, its state rebuilt by the replay): B_{r+1} = B_r + ETA·m_{r+1}, m_{r+1} = BETA·m_r + the mean of the
+    replayed deltas, recomputed offline bit for bit; m_r is stored beside B_r."""
+    join(client, world, "a", "b")
+    hyper = {"rounds": 3, "clients_per_round": 2, "global_lr": 0.5, "server_momentum": 0.8, "optimizer": "momentum"}
+    job = submit(client, world, **hyper)
+    for index in range(3):
+        leases = {name: lease(client, world, name) for name in "ab"}
+        assert all(x["round"]["index"] == index and x["spec"]["optimizer"] == "momentum" for x in leases.values())
+        for i, name in enumerate("ab"):
+            assert report(client, world, name, leases[name], 10 * index + i)[0].status_code == 201
+        wait_for(lambda i=index: rounds(client, job["id"])[i]["status"] == "closed", 30, f"round {index} to close")
+    listed = rounds(client, job["id"])
+    assert listed[0]["momentum_sha256"] is None and all(r["momentum_sha256"] for r in listed[1:])
+    store = settings.data_dir
+    for index, round_ in enumerate(listed):
+        adapter = client.get(f"/v1/adapters/{round_['adapter_id']}", headers=world["users"]["a"]).json()
+        b_next, m_next = _recompute(store, round_, 0.5, 0.8, "momentum")
+        assert _stored_b(store, adapter["b_sha256"]).tobytes() == b_next.tobytes()
+        if index + 1 < len(listed):  # round r+1 starts from B_{r+1} and m_{r+1}
+            assert listed[index + 1]["b_sha256"] == adapter["b_sha256"]
+            assert _stored_b(store, listed[index + 1]["momentum_sha256"]).tobytes() == m_next.tobytes()
+    assert not np.array_equal(_recompute(store, listed[2], 0.5, 0.0, "momentum")[0], b_next)  # momentum counted
+    assert not np.array_equal(_recompute(store, listed[2], 0.5, 0.8, "sgd")[0], b_next)  # so did the clients'
 
 
 def test_a_round_short_of_m_clients_is_reopened_once_then_the_job_fails(client: TestClient, world: dict, settings):

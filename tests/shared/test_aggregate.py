@@ -57,3 +57,17 @@ def test_next_global_b_is_b_plus_eta_times_the_aggregate():
         aggregate([], "fedavg")
     with pytest.raises(ValueError, match="aggregation"):
         aggregate(deltas, "mean")
+
+
+def test_server_momentum_adds_beta_times_the_last_rounds_momentum():
+    b_r = np.linspace(-1, 1, 64, dtype=np.float32)
+    clients = [b_r + d for d in _deltas(3, seed=4)]
+    m_r = np.linspace(0.5, -0.25, 64, dtype=np.float32)
+    b_next, m_next = next_global_b(b_r, clients, "median", 0.0, 0.5, 0.9, m_r)
+    median = aggregate([c - b_r for c in clients], "median")
+    assert m_next.tobytes() == (np.float32(0.9) * m_r + median).tobytes()
+    assert b_next.tobytes() == (b_r + np.float32(0.5) * m_next).tobytes()
+    first, m_first = next_global_b(b_r, clients, "median", 0.0, 0.5, 0.9)  # round 0: m_r is zeros
+    assert m_first.tobytes() == median.tobytes() and first.tobytes() == (b_r + np.float32(0.5) * median).tobytes()
+    plain = next_global_b(b_r, clients, "median", 0.0, 0.5, 0.0, m_r)  # BETA 0: FedAvg's rule, m_r unused
+    assert plain[0].tobytes() == first.tobytes()
