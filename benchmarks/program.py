@@ -14,10 +14,13 @@ an ``inference`` program: the plain forward of the base model over the same 2q·
   memory estimate (``memory_mb``, what the server's lease filter compares with a device's free memory) next to the
   measured peak.
 
+With ``--optimizers momentum normalized`` the first schedule's program is exported once more per optimizer (runners
+``both+momentum``, ...): what each optimizer's update and state cost a step, in time and memory, against ``sgd``'s.
+
 Exports are kept in ``--workdir`` (default: a temporary folder) and reused by a later run with the same folder.
 
     python -m benchmarks.program --model DIR [--cells 1x1 16x1 16x4] [--seq-len 64] [--threads 1 2] [--steps 10]
-        [--quantize none|8da4w] [--schedules both none]
+        [--quantize none|8da4w] [--schedules both none] [--optimizers momentum normalized]
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from shared.backends import OPTIMIZERS
 
 SCHEDULES = ("both", "none")
 INFERENCE = "inference"
@@ -188,15 +193,18 @@ def bench_cell(model_dir: Path, batch: int, q: int, seq_len: int, args, workdir:
     model, _ = load_model(model_dir)
     vocab = model.config.vocab_size
     info, cfgs, files = {}, {}, {}
-    for kind in (*args.schedules, INFERENCE):
+    variants = [f"{args.schedules[0]}+{name}" for name in args.optimizers if name != "sgd"]
+    for kind in (*args.schedules, *variants, INFERENCE):
+        schedule, _, optimizer = kind.partition("+")
         cfg = ProgramConfig(
             q=q,
             batch_size=batch,
             seq_len=seq_len,
             answer_len=1,
             backend=args.backend,
-            parallel=kind if kind != INFERENCE else "both",
+            parallel=schedule if kind != INFERENCE else "both",
             quantize=args.quantize,
+            optimizer=optimizer or "sgd",
         )
         pte = workdir / f"b{batch}-q{q}-s{seq_len}-{args.backend}-{args.quantize}-{kind}.pte"
         info[kind] = export_measured(model_dir, cfg, pte, kind)
@@ -303,6 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantize", default="none", choices=["none", "8da4w"], help="base weights of every program")
     parser.add_argument(
         "--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES, help="training programs to export"
+    )
+    parser.add_argument(
+        "--optimizers",
+        nargs="+",
+        default=[],
+        choices=OPTIMIZERS,
+        help="also the first schedule's program with each of these optimizers (shared.zo_optim)",
     )
     parser.add_argument("--workdir", type=Path, help="keep exports here and reuse them (default: a temp folder)")
     parser.add_argument("--json-out", type=Path)

@@ -48,9 +48,22 @@ class ProgramSession:
         return self._methods["get_lora_b"].execute([])[0].numpy().copy()
 
     def set_b(self, b: np.ndarray) -> None:
+        """Start from ``b``; the optimizer's state, if it keeps one, from zeros."""
         import torch
 
         self._methods["set_lora_b"].execute([torch.from_numpy(np.asarray(b, dtype=np.float32).copy())])
+
+    def get_state(self) -> np.ndarray | None:
+        """The optimizer's state (``shared.zo_optim.flat_state``); None for a program without one (sgd)."""
+        if "get_opt_state" not in self._methods:
+            return None
+        return self._methods["get_opt_state"].execute([])[0].numpy().copy()
+
+    def set_state(self, state: np.ndarray) -> None:
+        """The optimizer's state, after ``set_b`` (a resumed run's)."""
+        import torch
+
+        self._methods["set_opt_state"].execute([torch.from_numpy(np.asarray(state, dtype=np.float32).copy())])
 
     def step(
         self, batch: StepBatch, lr: float, eps: float, private: tuple[float, np.ndarray] | None = None
@@ -99,28 +112,38 @@ class ProgramStep:
     (``benchmarks/accuracy.py --runner program``; ``shared.train.StepFactory``). The loop builds its batches at the
     program's shape, as the agent's are (each runs at its longest row). Each step puts ``b`` into the program, runs
     ``forward`` and reads B back: a resumed run's ``b``, set from its checkpoint, is what the next step starts
-    from.
+    from. The optimizer's state goes the same way (``opt_state``, as ``MethodStep`` keeps it).
     """
 
     def __init__(self, pte: Path, ptd: Path, eps: float, manifest: ProgramManifest) -> None:
         import torch
+
+        from shared.zo_optim import new_state
 
         self.q = manifest.config.q
         self.session = ProgramSession(pte, ptd, evaluate=False, widths=manifest.inputs.widths)
         self.eps = float(np.float32(eps))
         self.device = torch.device("cpu")
         self.b = torch.zeros(manifest.lora_size, dtype=torch.float32)
+        self.optimizer = manifest.config.optimizer
+        self.opt_state = new_state(self.optimizer, manifest.lora_size)
         self.privatizer = None  # a private run's (``shared.train``), for a private program
 
     def __call__(self, batch, seed: int, lr: float):
         import torch
 
+        from shared.zo_optim import flat_state, state_of
+
         ids, mask, targets = (t.cpu().numpy() for t in (batch.input_ids, batch.attention_mask, batch.targets))
         lr32 = float(np.float32(lr))
         self.session.set_b(self.b.numpy())
+        if self.opt_state:
+            self.session.set_state(flat_state(self.opt_state).numpy())
         private = None
         if self.privatizer is not None:
             private = (float(np.float32(self.privatizer.clip)), self.privatizer.noise(self.q).numpy())
         losses, g = self.session.step(StepBatch(seed, lr32, ids, mask, targets), lr32, self.eps, private)
         self.b = torch.from_numpy(self.session.get_b())
+        if self.opt_state:
+            self.opt_state = state_of(self.optimizer, torch.from_numpy(self.session.get_state()))
         return torch.from_numpy(losses), torch.from_numpy(g)

@@ -187,7 +187,8 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
                 f"{spec.privacy.min_examples} the job's privacy was computed for"
             )
         sample = partial(step_sample, jobs.private_seed(), examples=len(examples), batch_size=spec.batch_size)
-    steps = step_batches(examples, tokenizer, shape, spec.seed, spec.steps, *schedule, candidates, sample)
+    optimizer = lease.manifest.config.optimizer
+    steps = step_batches(examples, tokenizer, shape, spec.seed, spec.steps, *schedule, candidates, sample, optimizer)
     write_batches(jobs.batches, shape, steps)
     ctx.reporter.event("data", job_id=lease.job_id, examples=len(examples), held_out=len(held_out), steps=spec.steps)
 
@@ -230,7 +231,8 @@ def evaluate_held_out(
     shape, steps = program_shape(run.manifest.config), lease.spec.steps
     candidates = run.manifest.config.candidates
     evals = []
-    points = [*b_at_steps(run.init_b, records, eval_steps(steps, lease.spec.eval_every)[:-1]), (steps, final_b)]
+    at = eval_steps(steps, lease.spec.eval_every)[:-1]
+    points = [*b_at_steps(run.init_b, records, at, run.manifest.config.optimizer), (steps, final_b)]
     for step, b in points:
         session.set_b(b)
         evals.append({"step": step, **evaluate_program(session, held_out, tokenizer, shape, task.kind, candidates)})
@@ -244,16 +246,19 @@ def eval_steps(steps: int, every: int | None) -> list[int]:
     return sorted({0, steps, *(range(every, steps, every) if every else ())})
 
 
-def b_at_steps(init_b: np.ndarray, records: list[dict], steps: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+def b_at_steps(
+    init_b: np.ndarray, records: list[dict], steps: list[int], optimizer: str = "sgd"
+) -> Iterator[tuple[int, np.ndarray]]:
     """(k, B after k steps) for each k of ``steps`` (ascending), replaying the log from ``init_b``: the same
     update the device ran, so B_k is bit for bit the device's (the server's replay check rests on it)."""
     import torch
 
-    from shared.replay import replay
+    from shared.replay import replay_state
 
-    b, done = torch.from_numpy(np.asarray(init_b, dtype=np.float32)), 0
+    b, done, state = torch.from_numpy(np.asarray(init_b, dtype=np.float32)), 0, None
     for k in steps:
-        b, done = replay(b, records[done:k]), k
+        b, state = replay_state(b, records[done:k], optimizer, state)
+        done = k
         yield k, b.numpy()
 
 
@@ -266,7 +271,9 @@ def train(
     from shared.train_log import log_record
 
     ctx.backend.recover(run)
-    start, start_b = resume_point(jobs.log, jobs.checkpoint, run.key, run.init_b)
+    start, start_b, start_state = resume_point(
+        jobs.log, jobs.checkpoint, run.key, run.init_b, run.manifest.config.optimizer
+    )
     ctx.reporter.start_training(lease.job_id, lease.spec.steps, start)
     seconds: list[float] = []
 
@@ -283,7 +290,7 @@ def train(
 
     try:
         with LogWriter(jobs.log) as log:
-            outcome = ctx.backend.train(run, start, start_b, on_step, should_stop)
+            outcome = ctx.backend.train(run, start, start_b, on_step, should_stop, start_state)
     finally:
         ctx.reporter.end_training()
     if outcome.b is None:

@@ -6,7 +6,8 @@ Step k trains on exactly what ``mobizo train`` uses (``shared.train``): the exam
 batches file has one record size, so rows are padded to the program's ``seq_len`` and targets to its
 ``answer_len`` (the program then runs each step at its longest row, ``batches.fit_width``); prompts are cut from
 the left to fit ``seq_len`` (``shared.data.encode``), as ``mobizo train --seq-len`` does. Each step
-carries its learning rate from the job's schedule (``shared.schedule.lr_at``), as ``mobizo train`` computes it.
+carries its learning rate from the job's schedule (``shared.schedule.lr_at``) times its optimizer's factor
+(``shared.zo_optim.step_lr``), as ``mobizo train`` computes it.
 
 Only the examples some step uses are tokenized: rendering checks the whole file (a run never starts on a file it
 cannot fully read), but SST-2's 67k lines need not all pass through the tokenizer for a 100-step job.
@@ -67,17 +68,20 @@ def step_batches(
     lr_floor: float = defaults.LR_FLOOR,
     candidates: tuple[int, ...] = (),
     sample: Callable[[int], list[int]] | None = None,
+    optimizer: str = "sgd",
 ) -> Iterator[StepBatch]:
     """Steps ``0 .. steps-1`` of a run over the rendered ``examples`` (``shared.tasks.Rendered``); step k's lr is
     ``shared.schedule.lr_at(lr, steps, k, lr_schedule, warmup_steps, lr_floor)`` (the base ``lr`` and the schedule
     of the job; a bad one raises ``UsageError`` naming its field before anything is tokenized). A classification
     program's ``candidates`` must be every used example's answers (``DataError`` otherwise). ``sample(k)``: step k's
-    example indices in place of the run's walk through epochs (a private job's, ``shared.privacy.step_sample``)."""
+    example indices in place of the run's walk through epochs (a private job's, ``shared.privacy.step_sample``).
+    ``optimizer``: the program's (``normalized`` folds its bias correction into each step's lr)."""
     from shared.data import batch_indices, check_candidates, encode, pad_token_id, training_batch
     from shared.noise import step_seed
     from shared.schedule import lrs
+    from shared.zo_optim import step_lr
 
-    rates = lrs(lr, steps, lr_schedule, warmup_steps, lr_floor)
+    rates = [step_lr(optimizer, rate, k) for k, rate in enumerate(lrs(lr, steps, lr_schedule, warmup_steps, lr_floor))]
 
     pick = sample or (lambda k: batch_indices(len(examples), shape.rows, seed, k))
     chosen = [pick(k) for k in range(steps)]

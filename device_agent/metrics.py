@@ -36,6 +36,7 @@ def training_metrics(
         "alpha": config.alpha,
         "targets": list(config.targets),
         "a_seed": config.a_seed,
+        "optimizer": config.optimizer,
         "program_sha256": manifest.pte.sha256,
     }
     return metrics | run

@@ -9,13 +9,17 @@ The one exception is a phone (adb): its runner checkpoints by itself and outlive
 two, so its checkpoint can be ahead of the lines the agent logged. The log is what the server replays, so then
 the run continues after the last logged step, from B rebuilt by replaying the log (``shared.replay``: the same
 float32 arithmetic as the program's update, so bit for bit the runner's B).
+
+An optimizer that keeps a state (``shared.zo_optim``: momentum, normalized) needs it back too: it is a function of
+the logged g alone, so a resumed run's state is rebuilt by replaying the log's kept lines (a few vector operations
+per step), for every backend alike; checkpoints hold B and the next step only.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 import numpy as np
 
@@ -41,28 +45,41 @@ def read_complete(path: Path) -> list[dict]:
     return records
 
 
+class Resume(NamedTuple):
+    """Where a run continues: its first step, B before it and the optimizer's state (None: start over; no state)."""
+
+    step: int
+    b: np.ndarray | None
+    state: np.ndarray | None = None
+
+
 def resume_point(
-    log_path: Path, checkpoint_path: Path, key: str, init_b: np.ndarray | None
-) -> tuple[int, np.ndarray | None]:
-    """(first step to run, B before it) and the log cut back to match; (0, None) when starting over.
+    log_path: Path, checkpoint_path: Path, key: str, init_b: np.ndarray | None, optimizer: str = "sgd"
+) -> Resume:
+    """Where the run continues, with the log cut back to match; ``Resume(0, None)`` when starting over.
 
     A checkpoint of ``key`` that the log covers is resumed; one ahead of the log is replaced by the replay of the
-    log from ``init_b`` (B before step 0; None when not known: start over). Without a checkpoint, start over.
+    log from ``init_b`` (B before step 0; None when not known: start over). Without a checkpoint, start over. The
+    state of an ``optimizer`` that keeps one is the replay's (from ``init_b``; not known: start over).
     """
     records = read_complete(log_path)
     ckpt = load_checkpoint(checkpoint_path, key)
-    if ckpt is not None and ckpt.next_step <= len(records):
-        start, b = ckpt.next_step, ckpt.b
-    elif ckpt is not None and init_b is not None:
+    start, b = 0, None
+    if ckpt is not None and (init_b is not None or (ckpt.next_step <= len(records) and optimizer == "sgd")):
+        start = min(ckpt.next_step, len(records))
+        b = ckpt.b if ckpt.next_step <= len(records) else None
+    state = None
+    if start > 0 and (b is None or optimizer != "sgd"):
         import torch
 
-        from shared.replay import replay
+        from shared.replay import replay_state
+        from shared.zo_optim import flat_state
 
-        start, b = len(records), replay(torch.from_numpy(np.asarray(init_b, np.float32)), records).numpy()
-    else:
-        start, b = 0, None
+        replayed, kept = replay_state(torch.from_numpy(np.asarray(init_b, np.float32)), records[:start], optimizer)
+        b = replayed.numpy() if b is None else b
+        state = flat_state(kept).numpy() if kept else None
     atomic_write_bytes(Path(log_path), "".join(map(log_line, records[:start])).encode())
-    return start, b
+    return Resume(start, b, state)
 
 
 class LogWriter:

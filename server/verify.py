@@ -4,8 +4,9 @@ In the request (cheap, no torch; bad tensors are rejected before a worker is ask
 (``b_limit``, ``log_limit``, ``METRICS_LIMIT``), the B file's layout and values (``check_b``), the log's line
 count against the job's steps (``check_step_count``) and the metrics (``parse_metrics``, ``UploadMetrics``). In a
 worker process (``server.pool.WorkerPool``; torch is imported inside the functions): the log's checks against the
-job, the replay of the log from the starting B (bit for bit, except for devices running eager torch:
-``exact_replay``), and the archive of the *replayed* B (``verify_and_package``): the registry stores the replay,
+job, the replay of the log from the starting B with the job's optimizer, each step within that optimizer's bound
+on how far it moves B (``replayed``), compared with the upload bit for bit, except for devices running eager torch
+(``exact_replay``), and the archive of the *replayed* B (``verify_and_package``): the registry stores the replay,
 so stored B == replay(stored log) for every adapter. Arguments and results of the worker side are plain data, so
 they pickle.
 
@@ -155,10 +156,12 @@ def _check_g(rec: dict, eps: float, where: str) -> None:
 
 
 def expected_lr(spec: dict[str, Any], step: int) -> float:
-    """The float32 lr the job's schedule gives ``step`` (``shared.schedule.lr_at``, as the device computed it)."""
+    """The float32 lr the job's schedule gives ``step`` (``shared.schedule.lr_at``) times its optimizer's factor
+    (``shared.zo_optim.step_lr``), as the device computed it."""
     from shared.schedule import lr_at
+    from shared.zo_optim import step_lr
 
-    return lr_at(
+    scheduled = lr_at(
         spec["lr"],
         spec["steps"],
         step,
@@ -166,6 +169,23 @@ def expected_lr(spec: dict[str, Any], step: int) -> float:
         spec.get("warmup_steps", defaults.WARMUP_STEPS),
         spec.get("lr_floor", defaults.LR_FLOOR),
     )
+    return step_lr(optimizer(spec), scheduled, step)
+
+
+def optimizer(spec: dict[str, Any]) -> str:
+    """The job's optimizer (a spec stored before there were optimizers: sgd)."""
+    return spec.get("optimizer") or "sgd"
+
+
+def replayed(init_b, log: list[dict], spec: dict[str, Any]):
+    """B after the checked ``log``, replayed with the job's optimizer, each step within that optimizer's bound
+    (``shared.zo_optim.step_bound``) or ``ResultRejected``."""
+    from shared.replay import OutOfBounds, replay_state
+
+    try:
+        return replay_state(init_b, log, optimizer(spec), check=True)[0]
+    except OutOfBounds as exc:
+        raise ResultRejected("log", str(exc)) from None
 
 
 def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float | None = None) -> None:
@@ -228,17 +248,17 @@ def read_checked_log(log_path: str, spec: dict[str, Any], max_abs_g: float | Non
     return log
 
 
-def _replayed_b(init_path: str | None, b_path: str, log: list[dict], d: int, exact: bool, out: Path) -> dict:
+def _replayed_b(
+    init_path: str | None, b_path: str, log: list[dict], spec: dict[str, Any], d: int, exact: bool, out: Path
+) -> dict:
     """Replay the log, compare with the upload (bit for bit when ``exact``) and save the replay as ``out``."""
     import torch
 
-    from shared.replay import replay
-
     uploaded = _load_b(b_path, d)
-    replayed = replay(_load_b(init_path, d), log)
-    diff = float((replayed - uploaded).abs().max())
+    b = replayed(_load_b(init_path, d), log, spec)
+    diff = float((b - uploaded).abs().max())
     if exact:
-        if not torch.equal(replayed.view(torch.int32), uploaded.view(torch.int32)):
+        if not torch.equal(b.view(torch.int32), uploaded.view(torch.int32)):
             raise ResultRejected("b_flat", f"does not match the replay of the log bit for bit (max |diff| {diff:.3g})")
         tolerance = 0.0
     else:
@@ -247,7 +267,7 @@ def _replayed_b(init_path: str | None, b_path: str, log: list[dict], d: int, exa
             raise ResultRejected(
                 "b_flat", f"does not match the replay of the log: max |diff| {diff:.3g} > tolerance {tolerance:.3g}"
             )
-    out.write_bytes(b_file_bytes(replayed.numpy()))
+    out.write_bytes(b_file_bytes(b.numpy()))
     return {"replay_max_abs_diff": diff, "replay_tolerance": tolerance}
 
 
@@ -289,7 +309,7 @@ def verify_and_package(
     else:
         log = read_checked_log(log_path, job["spec"])
         stored_b = Path(out_dir) / "replayed_b_flat"
-        checks = _replayed_b(init_path, b_path, log, job["d"], job["exact"], stored_b)
+        checks = _replayed_b(init_path, b_path, log, job["spec"], job["d"], job["exact"], stored_b)
     return {"b_flat": str(stored_b), "archive": package_adapter(job, str(stored_b), out_dir), **checks}
 
 
@@ -302,13 +322,11 @@ def replay_log_only(job: dict[str, Any], log_path: str, init_path: str | None, o
     """
     import time
 
-    from shared.replay import replay
-
     log = read_checked_log(log_path, job["spec"], job.get("max_abs_g"))
     start = time.perf_counter()
-    replayed = replay(_load_b(init_path, job["d"]), log)
+    b = replayed(_load_b(init_path, job["d"]), log, job["spec"])
     seconds = time.perf_counter() - start
     out = Path(out_dir) / "replayed_b_flat"
-    out.write_bytes(b_file_bytes(replayed.numpy()))
+    out.write_bytes(b_file_bytes(b.numpy()))
     losses = [loss for rec in log for loss in rec["losses"]]
     return {"b_flat": str(out), "replay_s": seconds, "mean_loss": float(np.mean(losses))}

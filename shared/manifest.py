@@ -16,14 +16,15 @@ from typing import Any, Literal, Self, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from shared import defaults
-from shared.backends import Objective, Parallel, ProgramBackend, Quantization
+from shared.backends import Objective, Optimizer, Parallel, ProgramBackend, Quantization
 from shared.errors import FieldError
 
 # 2: the .pte carries no B; the device sets it before step 1. 3: forward and evaluate take any number of columns in
 # ``ProgramInputs.widths`` (a batch runs at its longest row, not at seq_len).
 FORMAT_VERSION = 3
-ProgramMethod = Literal["forward", "get_lora_b", "set_lora_b", "evaluate"]
-PROGRAM_METHODS: tuple[str, ...] = get_args(ProgramMethod)  # every program has all of them
+ProgramMethod = Literal["forward", "get_lora_b", "set_lora_b", "evaluate", "get_opt_state", "set_opt_state"]
+PROGRAM_METHODS: tuple[str, ...] = get_args(ProgramMethod)[:4]  # every program has these
+STATE_METHODS: tuple[str, ...] = get_args(ProgramMethod)[4:]  # and a program whose optimizer keeps a state, these
 
 
 def examples_per_query(batch_size: int, q: int) -> int:
@@ -67,6 +68,22 @@ class ProgramConfig(BaseModel):
     # A private program's ``forward`` takes two more inputs, the clip C [1] and the step's noise of its g's [q]
     # (``shared.privacy``): g from each example's clipped difference, plus that noise.
     private: bool = False
+    # How g moves B inside ``forward`` (``shared.zo_optim``); a program of another optimizer than ``sgd`` holds its
+    # state in a buffer beside B. Left out of the JSON when ``sgd``: the configs, keys and manifests of programs
+    # made before there were optimizers stay what they were.
+    optimizer: Optimizer = "sgd"
+
+    @model_serializer(mode="wrap")
+    def _sgd_unsaid(self, handler):
+        data = handler(self)
+        if self.optimizer == "sgd":
+            data.pop("optimizer", None)
+        return data
+
+    @property
+    def methods(self) -> list[str]:
+        """The methods of its program: ``PROGRAM_METHODS``, and ``STATE_METHODS`` when the optimizer keeps a state."""
+        return [*PROGRAM_METHODS, *(STATE_METHODS if self.optimizer != "sgd" else ())]
 
     @model_validator(mode="after")
     def _consistent(self) -> ProgramConfig:
@@ -121,6 +138,7 @@ class ProgramConfig(BaseModel):
             objective=objective,
             candidates=tuple(candidates),
             private=get("privacy") is not None,
+            optimizer=get("optimizer") or "sgd",  # specs stored before there were optimizers have none
         )
 
 

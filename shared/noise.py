@@ -29,6 +29,8 @@ _HALF = 1 << 16
 _CENTRE = 2 * (_HALF - 1)
 SCALE = float(np.float32(1.0 / np.sqrt(4.0 * (float(_HALF) ** 2 - 1.0) / 12.0)))
 MAX_INDEX = 1 << 32
+# The largest |z|: the centred sum is at most _CENTRE away from 0 (bounds on an update, ``shared.zo_optim``).
+MAX_Z = float(np.float32(_CENTRE) * np.float32(SCALE))
 MAX_SEED = 1 << 31
 
 

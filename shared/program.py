@@ -4,7 +4,10 @@ An inference engine only runs ``forward()``, so the whole ZO-SGD step lives insi
 seed (``shared.noise``), run the 2q perturbed paths in one pass (``shared.lora``), per-path losses, projected
 gradients, update of the master B — all by ``shared.zo.zo_step``, the same function eager training uses. The
 master B is one flat float32 mutable buffer that persists across ``execute()`` calls; extra methods read it, set
-it and evaluate with it. The ``.pte`` carries no value for B (its buffer is memory-planned, uninitialised): the
+it and evaluate with it. A program whose optimizer keeps a state (``shared.zo_optim``: momentum's m, normalized's
+v) holds it in a second flat mutable buffer, which ``set_lora_b`` zeros (a run starting from a B starts its state
+too) and ``set_opt_state`` sets after it (a resumed run's state, rebuilt from its log). The ``.pte`` carries no value
+for B (its buffer is memory-planned, uninitialised): the
 device always sets B with ``set_lora_b`` before step 1 — zeros, a previous adapter's B, or a checkpoint's — so
 no program holds copies of a starting B, and one program serves every starting point. The methods are listed in
 docs/contracts.md; the program's config and manifest (torch-free) in ``shared.manifest``.
@@ -29,7 +32,6 @@ from shared.lora import MPLoRA
 from shared.lowering import Methods, program_file
 from shared.manifest import (
     FORMAT_VERSION,
-    PROGRAM_METHODS,
     ProgramConfig,
     ProgramFile,
     ProgramInputs,
@@ -39,6 +41,7 @@ from shared.manifest import (
     read_manifest,
 )
 from shared.zo import candidate_scores, forward_losses, zo_step
+from shared.zo_optim import flat_state, state_of, state_size, update
 
 
 class MobileMPLoRA(nn.Module):
@@ -53,9 +56,11 @@ class MobileMPLoRA(nn.Module):
         parallel: str = "both",
         candidates: tuple[int, ...] = (),
         private: bool = False,
+        optimizer: str = "sgd",
     ) -> None:
         super().__init__()
         self.private = private
+        self.optimizer = optimizer
         self.model = model
         self.lora = lora
         self.q = q
@@ -64,6 +69,8 @@ class MobileMPLoRA(nn.Module):
         # The classification objective's candidate ids (a constant of the .pte, not of the shared .ptd).
         ids = torch.tensor(candidates, dtype=torch.long, device=self.lora_b.device) if candidates else None
         self.register_buffer("candidate_ids", ids)
+        size = state_size(optimizer, lora.size)
+        self.register_buffer("opt_state", torch.zeros(size, device=self.lora_b.device) if size else None)
 
     def _batch(self, input_ids, attention_mask, targets) -> Batch:
         return Batch(input_ids, attention_mask, position_ids(attention_mask), targets, self.candidate_ids)
@@ -72,16 +79,36 @@ class MobileMPLoRA(nn.Module):
         """One step; a private program's also takes the clip [1] and the noise of its g's [q]."""
         batch = self._batch(input_ids, attention_mask, targets)
         step = (self.lora_b, seed, lr, eps, self.q, self.parallel)
-        losses, g, b_new = zo_step(self.model, self.lora, batch, *step, trim=False, clip=clip, g_noise=g_noise)
+        apply = self._apply if self.opt_state is not None else None
+        losses, g, b_new = zo_step(
+            self.model, self.lora, batch, *step, trim=False, clip=clip, g_noise=g_noise, apply=apply
+        )
         self.lora_b.copy_(b_new)
         return losses, g
+
+    def _apply(self, b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+        """The optimizer's update, its state read from and written back to the buffer."""
+        b_new, state = update(self.optimizer, b, z, g, lr, state_of(self.optimizer, self.opt_state))
+        self.opt_state.copy_(flat_state(state))
+        return b_new
 
     def get_lora_b(self) -> torch.Tensor:
         return self.lora_b.clone()
 
     def set_lora_b(self, b_flat: torch.Tensor) -> torch.Tensor:
+        """Start from ``b_flat``, and the optimizer's state from zeros."""
         self.lora_b.copy_(b_flat)
+        if self.opt_state is not None:
+            self.opt_state.copy_(torch.zeros_like(self.opt_state))
         return self.lora_b.clone()
+
+    def get_opt_state(self) -> torch.Tensor:
+        return self.opt_state.clone()
+
+    def set_opt_state(self, state: torch.Tensor) -> torch.Tensor:
+        """The optimizer's state (``shared.zo_optim.flat_state``), after ``set_lora_b``: a resumed run's."""
+        self.opt_state.copy_(state)
+        return self.opt_state.clone()
 
     def evaluate(self, input_ids, attention_mask, targets) -> torch.Tensor:
         """With the master B, no perturbation: per-example losses [N] (objective ``lm``), or each row's candidates'
@@ -113,12 +140,15 @@ class MobileMPLoRA(nn.Module):
             # but are not all provable by the exporter.
             cols = {1: Dim.DYNAMIC(min=cfg.widths[0], max=cfg.widths[1])}
             columns = (cols, cols) + (None,) * (len(step) - 2)
-        return {
+        methods = {
             "forward": (step, columns),
             "get_lora_b": ((), None),
             "set_lora_b": ((torch.zeros(self.lora.size),), None),
             "evaluate": ((ids, mask, targets), columns[:3] if columns else None),
         }
+        if self.opt_state is not None:
+            methods |= {"get_opt_state": ((), None), "set_opt_state": ((torch.zeros_like(self.opt_state),), None)}
+        return methods
 
 
 def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor | None = None) -> MobileMPLoRA:
@@ -130,7 +160,7 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     model.config.use_cache = False
     lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
     quantize_base(model, cfg.quantize, cfg.group_size)
-    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates, cfg.private)
+    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates, cfg.private, cfg.optimizer)
 
 
 def lower(step: nn.Module, cfg: ProgramConfig):
@@ -217,7 +247,7 @@ def write_manifest(
         format=FORMAT_VERSION,
         model=str(Path(model_dir).resolve()),
         config=cfg,
-        methods=list(PROGRAM_METHODS),
+        methods=cfg.methods,
         lora=step.lora.modules,
         lora_size=step.lora.size,
         inputs=_input_spec(cfg),

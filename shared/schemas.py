@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 
 from shared import defaults
-from shared.backends import DeviceBackend, Objective, Parallel, ProgramBackend, Quantization
+from shared.backends import DeviceBackend, Objective, Optimizer, Parallel, ProgramBackend, Quantization
 from shared.errors import FieldError, UsageError
 from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
 from shared.schedule import Schedule, check_schedule
@@ -301,6 +301,12 @@ class HyperParams(BaseModel):
         "task whose answers are single tokens with the model's tokenizer, lm otherwise or when answer_len > 1",
     )
     privacy: Privacy | None = Field(default=None, description="a private job (default: not private)")
+    optimizer: Optimizer = Field(
+        default="sgd",
+        description="how the step's projected gradients move B (shared.zo_optim): sgd, momentum (an exponential "
+        "average of the updates, beta 0.9) or normalized (the update over the root mean square of recent g); the "
+        "program runs it, the server's replay rebuilds its state from the log",
+    )
 
     # Which of the tuned values (``defaults.TUNED``, and alpha) took the defaults (not given): a federated job's spec
     # is rebuilt with its cohort's task, whose objective the defaults depend on (``server.routes.cohorts``).
@@ -417,6 +423,13 @@ class FederationSpec(BaseModel):
     aggregation: Aggregation = "fedavg"
     trim_fraction: float = Field(default=0.1, ge=0, lt=0.5, description="trimmed-mean: cut this share at each end")
     global_lr: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False, description="ETA in B + ETA·aggregate")
+    server_momentum: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="BETA of momentum over rounds (FedAvgM): m = BETA·m + aggregate, B + ETA·m; 0: none",
+    )
     max_abs_g: float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="refuse a client log with any |g| above this"
     )
@@ -465,6 +478,9 @@ class RoundPublic(BaseModel):
     index: int
     status: Literal["open", "closing", "closed", "failed"]
     b_sha256: str = Field(description="B_r, the round's starting B")
+    momentum_sha256: str | None = Field(
+        default=None, description="m_r, the server's momentum the round starts with (server_momentum > 0)"
+    )
     deadline_at: datetime | None
     reopened: int
     adapter_id: int | None = Field(description="the cohort adapter version this round published (B_{r+1})")

@@ -365,8 +365,6 @@ def program_config(config: TrainConfig, objective: str, candidates: tuple[int, .
     other (``parallel`` none). ``UsageError`` naming the field a program cannot have."""
     if config.method not in ("mobizo", "mezo-lora"):
         raise UsageError("method", f"{config.method} has no device program (mobizo and mezo-lora have)")
-    if config.optimizer != "sgd":
-        raise UsageError("optimizer", f"the device program updates B with sgd; {config.optimizer} runs eagerly only")
     if config.seq_len is None:
         raise UsageError("seq_len", "a program has a longest row: give seq_len")
     if answer_len is None:
@@ -375,6 +373,7 @@ def program_config(config: TrainConfig, objective: str, candidates: tuple[int, .
     spec = {name: getattr(config, name) for name in ("batch_size", "seq_len", "rank", "alpha", "targets", "a_seed")}
     spec |= {"q": 1 if one_query else config.q, "parallel": "none" if one_query else config.parallel}
     spec |= {"program_backend": defaults.PROGRAM_BACKEND, "quantize": None, "group_size": None}
+    spec |= {"optimizer": config.optimizer}
     chat = model_chat_frame(config.model) if config.chat_template else None
     program = ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates)
     return program.model_copy(update={"private": True}) if config.dp_epsilon is not None else program

@@ -71,9 +71,16 @@ class Backend(Protocol):
         """Bring the newest checkpoint of ``run`` to ``run.checkpoint`` on this machine, if it lives elsewhere."""
 
     def train(
-        self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep, should_stop: ShouldStop
+        self,
+        run: TrainRun,
+        start: int,
+        start_b: np.ndarray | None,
+        on_step: OnStep,
+        should_stop: ShouldStop,
+        start_state: np.ndarray | None = None,
     ) -> Outcome:
-        """Run steps ``[start, N)`` from ``start_b`` (None: ``run.init_b``), set before the first step."""
+        """Run steps ``[start, N)`` from ``start_b`` (None: ``run.init_b``), set before the first step, and the
+        optimizer's ``start_state`` (None: zeros; a resumed run's, ``device_agent.trainlog.resume_point``)."""
 
     def forget(self, run: TrainRun) -> None:
         """Delete what the run left where the steps ran (its batches hold the user's tokens)."""

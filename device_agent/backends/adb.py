@@ -96,7 +96,9 @@ class AdbBackend:
     def forget(self, run: TrainRun) -> None:
         self.phone.shell(f"rm -rf {shlex.quote(self._job_dir(run))}", check=False)
 
-    def _stage(self, run: TrainRun, start: int, start_b: np.ndarray | None) -> dict[str, str]:
+    def _stage(
+        self, run: TrainRun, start: int, start_b: np.ndarray | None, start_state: np.ndarray | None
+    ) -> dict[str, str]:
         """Push what the runner needs; returns the phone paths by role."""
         job = self._job_dir(run)
         self.phone.shell(f"mkdir -p {self.root}/bin {self.root}/store {job} && rm -f {job}/STOP {job}/checkpoint.ckpt")
@@ -115,6 +117,10 @@ class AdbBackend:
                 save_b(Path(tmp) / "init.f32", run.init_b)
                 self.phone.run("push", str(Path(tmp) / "init.f32"), f"{job}/init.f32")
                 paths["init"] = f"{job}/init.f32"
+            if start_state is not None:  # a resumed run's optimizer state, set after B
+                save_b(Path(tmp) / "state.f32", start_state)
+                self.phone.run("push", str(Path(tmp) / "state.f32"), f"{job}/state.f32")
+                paths["state"] = f"{job}/state.f32"
         return paths
 
     def _command(self, run: TrainRun, paths: dict[str, str]) -> str:
@@ -144,12 +150,20 @@ class AdbBackend:
             args += ["--min-width", str(run.manifest.inputs.widths[0])]
         if "init" in paths:
             args += ["--init-b", paths["init"]]
+        if "state" in paths:
+            args += ["--init-state", paths["state"]]
         return " ".join(shlex.quote(a) for a in args)
 
     def train(
-        self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep, should_stop: ShouldStop
+        self,
+        run: TrainRun,
+        start: int,
+        start_b: np.ndarray | None,
+        on_step: OnStep,
+        should_stop: ShouldStop,
+        start_state: np.ndarray | None = None,
     ) -> Outcome:
-        paths = self._stage(run, start, start_b)
+        paths = self._stage(run, start, start_b, start_state)
         stop_file = f"touch {paths['job']}/STOP"
         done = threading.Event()
         watcher = threading.Thread(target=_watch, args=(should_stop, lambda: self.phone.shell(stop_file), done))

@@ -24,6 +24,8 @@ class Engine(Protocol):
 
     def set_b(self, b: np.ndarray) -> None: ...
 
+    def set_state(self, state: np.ndarray) -> None: ...
+
     def step(
         self, batch: StepBatch, lr: float, eps: float, private: tuple[float, np.ndarray] | None = None
     ) -> tuple[np.ndarray, np.ndarray]: ...
@@ -79,10 +81,18 @@ class LocalBackend:
         """Nothing to delete: the run's files are the caller's."""
 
     def train(
-        self, run: TrainRun, start: int, start_b: np.ndarray | None, on_step: OnStep, should_stop: ShouldStop
+        self,
+        run: TrainRun,
+        start: int,
+        start_b: np.ndarray | None,
+        on_step: OnStep,
+        should_stop: ShouldStop,
+        start_state: np.ndarray | None = None,
     ) -> Outcome:
         engine = self.open_engine(run)
         engine.set_b(start_b if start_b is not None else run.init_b)  # the program has no B of its own
+        if start_state is not None:  # a resumed run's optimizer state (setting B started it from zeros)
+            engine.set_state(start_state)
 
         def checkpoint(next_step: int) -> None:
             save_checkpoint(run.checkpoint, Checkpoint(run.key, next_step, engine.get_b()))

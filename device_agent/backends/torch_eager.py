@@ -53,7 +53,10 @@ class TorchSession:
         return self.module.get_lora_b().cpu().numpy().copy()
 
     def set_b(self, b: np.ndarray) -> None:
-        self.module.set_lora_b(self._tensor(b, self._torch.float32))
+        self.module.set_lora_b(self._tensor(b, self._torch.float32))  # and the optimizer's state from zeros
+
+    def set_state(self, state: np.ndarray) -> None:
+        self.module.set_opt_state(self._tensor(state, self._torch.float32))
 
     def step(
         self, batch: StepBatch, lr: float, eps: float, private: tuple[float, np.ndarray] | None = None

@@ -5,7 +5,8 @@ tokenizer (``tokenizer-<sha>.json``) are in ``--store`` (default: the program's 
 writes them. The data is tokenized here with the program's tokenizer, and step k uses the examples and seed that
 ``mobizo train`` would (``device_agent.local_data``), so the two agree step by step.
 
-Writes ``OUT/train_log.jsonl`` (replayable: ``mobizo replay --init OUT/init_adapter --log OUT/train_log.jsonl``),
+Writes ``OUT/train_log.jsonl`` (replayable: ``mobizo replay --init OUT/init_adapter --log OUT/train_log.jsonl``, with
+``--optimizer`` when the program's is not sgd),
 ``OUT/init_adapter/`` (A and the starting B: ``FILE.init.safetensors`` when the program was exported with
 ``--adapter``, else zeros; the program itself carries no B), ``OUT/adapter/`` (A and the trained B) and
 ``OUT/metrics.json``. With ``--eval``, accuracy and loss before and after training come from the program's own
@@ -206,7 +207,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     held_out = load_examples(task, args.eval) if args.eval is not None else None
     schedule = (args.lr_schedule, args.warmup_steps, args.lr_floor)
     candidates = manifest.config.candidates
-    batches = list(step_batches(examples, tokenizer, shape, args.seed, args.steps, args.lr, *schedule, candidates))
+    run = (args.seed, args.steps, args.lr, *schedule, candidates, None, manifest.config.optimizer)
+    batches = list(step_batches(examples, tokenizer, shape, *run))
     session = ProgramSession(args.program, ptd, widths=manifest.inputs.widths)
     state = _Run(manifest, session, tokenizer, shape, task.kind, held_out)
     init_b = _initial_b(args.program, manifest)

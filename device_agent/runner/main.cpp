@@ -4,10 +4,13 @@
 // Usage (see README.md):
 //   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --eps EPS --out-b B.f32
 //                 [--init-b B0.f32] [--checkpoint C.ckpt --checkpoint-every K] [--job-id ID]
-//                 [--steps N] [--stop-file PATH] [--min-width W]
+//                 [--steps N] [--stop-file PATH] [--min-width W] [--init-state S.f32]
 // --min-width: the program takes any number of columns from W to the batches' seq_len (its manifest's
 // inputs.widths); each step then runs at its longest row (at least W). Absent: every step at seq_len.
 // The program carries no B: it is set before step 1, from the checkpoint, --init-b, or zeros.
+// --init-state: the optimizer's state (raw float32) for a program whose optimizer keeps one (its methods
+// include set_opt_state), set after B, which starts it from zeros: a resumed run's state, rebuilt by the
+// agent from the log (shared.replay.replay_state). Absent: from zeros.
 // Each step's lr is its batches record's (the job's schedule); eps is one value for the run.
 // stdout: one JSON line per step {"step":k,"seed":s,"lr":lr,"losses":[...],"g":[...]}, flushed per line.
 // Exit codes: 0 done, 1 failure (message on stderr), 2 bad arguments, 75 stopped (SIGTERM, SIGINT,
@@ -49,7 +52,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct Options {
-  std::string program, data, batches, out_b, init_b, checkpoint, job_id, stop_file;
+  std::string program, data, batches, out_b, init_b, checkpoint, job_id, stop_file, init_state;
   float eps = 0;
   uint64_t checkpoint_every = 0, steps = UINT64_MAX, min_width = 0;
 };
@@ -92,6 +95,7 @@ Options parse_args(int argc, char** argv) {
   o.out_b = take("--out-b", true);
   o.eps = parse_float("--eps", take("--eps", true));
   o.init_b = take("--init-b", false);
+  o.init_state = take("--init-state", false);
   o.checkpoint = take("--checkpoint", false);
   o.job_id = take("--job-id", false);
   o.stop_file = take("--stop-file", false);
@@ -128,10 +132,11 @@ void set_b(Module& module, std::vector<float> b) {
 
 // Loads every method before any runs: loading a method re-initialises the shared B buffer, so a
 // method loaded lazily after training began would silently reset B.
-void load_methods(Module& module) {
+void load_methods(Module& module, bool state) {
   check(module.load(), "loading the program");
   for (const char* name : {"forward", "get_lora_b", "set_lora_b"})
     check(module.load_method(name), std::string("loading method ") + name);
+  if (state) check(module.load_method("set_opt_state"), "loading method set_opt_state (--init-state)");
 }
 
 void check_shapes(Module& module, const mobizo::BatchesReader& batches) {
@@ -184,6 +189,21 @@ uint64_t restore(Module& module, const Options& o, size_t d) {
     set_b(module, std::vector<float>(d, 0.0f));
   }
   return 0;
+}
+
+// The optimizer's state from --init-state, after B (setting B zeroed it).
+void restore_state(Module& module, const Options& o) {
+  auto meta = module.method_meta("set_opt_state");
+  check(meta.error(), "set_opt_state metadata");
+  auto input = meta->input_tensor_meta(0);
+  check(input.error(), "set_opt_state input 0");
+  const auto size = static_cast<size_t>(input->sizes()[0]);
+  std::vector<float> state = mobizo::read_b(o.init_state);
+  if (state.size() != size)
+    throw RunnerError(o.init_state + ": " + std::to_string(state.size()) + " values, the program's state has " +
+                      std::to_string(size));
+  const TensorPtr tensor = from_blob(state.data(), {static_cast<executorch::aten::SizesType>(size)}, ScalarType::Float);
+  check(module.execute("set_opt_state", std::vector<EValue>{EValue(tensor)}).error(), "set_opt_state");
 }
 
 // %.9g round-trips a float32 exactly; non-finite values use the spellings Python's json reads.
@@ -260,10 +280,11 @@ int train(const Options& o) {
     if (!mobizo::file_exists(path)) throw RunnerError("cannot open " + path + ": no such file");
   mobizo::BatchesReader batches(o.batches);
   Module module(o.program, o.data, Module::LoadMode::Mmap, nullptr, nullptr, nullptr, /*share_memory_arenas=*/true);
-  load_methods(module);
+  load_methods(module, !o.init_state.empty());
   check_shapes(module, batches);
   const uint64_t end = std::min<uint64_t>(o.steps, batches.steps());
   uint64_t step = restore(module, o, b_size(module));
+  if (!o.init_state.empty()) restore_state(module, o);
   for (; step < end; ++step) {
     run_step(module, batches, o, static_cast<uint32_t>(step));
     const bool due = o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0;

@@ -11,7 +11,15 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
-from shared.backends import DEVICE_BACKENDS, OBJECTIVE_HELP, OBJECTIVES, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
+from shared.backends import (
+    DEVICE_BACKENDS,
+    OBJECTIVE_HELP,
+    OBJECTIVES,
+    OPTIMIZERS,
+    PARALLEL_MODES,
+    PROGRAM_BACKENDS,
+    QUANTIZATIONS,
+)
 from shared.errors import ExitCode, cli_flag
 from shared.schedule import SCHEDULES
 
@@ -37,6 +45,7 @@ _HYPER = (
     "group_size",
     "parallel",
     "objective",
+    "optimizer",
 )
 # option → JobCreate field, for options whose value is used as given
 _FIELDS = (
@@ -61,6 +70,7 @@ _FEDERATION = (
     "aggregation",
     "trim_fraction",
     "global_lr",
+    "server_momentum",
     "max_abs_g",
 )
 _PRIVACY = ("epsilon", "delta", "clip", "min_examples")  # --dp-<name> → JobCreate.privacy.<name>
@@ -130,6 +140,12 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         choices=OBJECTIVES,
         help=OBJECTIVE_HELP,
     )
+    p.add_argument(
+        cli_flag("optimizer"),
+        choices=OPTIMIZERS,
+        help="how g moves B in the program: sgd (default), momentum (beta 0.9) or normalized (by the recent rms of "
+        "g); docs/method.md#optimizers-how-g-moves-b",
+    )
     p.add_argument(cli_flag("device_id"), dest="device_id", type=int, help="run on this device only")
     p.add_argument(cli_flag("device_backend"), choices=DEVICE_BACKENDS)
     p.add_argument(
@@ -161,6 +177,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         ("round_timeout_s", float, "seconds from a round's first lease to its deadline"),
         ("trim_fraction", float, "trimmed-mean: the share cut at each end"),
         ("global_lr", float, "ETA in B_{r+1} = B_r + ETA * aggregate"),
+        ("server_momentum", float, "BETA of momentum over rounds (FedAvgM): m = BETA*m + aggregate; default 0"),
         ("max_abs_g", float, "refuse a client log with any |g| above this"),
     ):
         fed.add_argument(cli_flag(field), dest=field, type=kind, help=text)

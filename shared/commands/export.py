@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared import defaults
-from shared.backends import OBJECTIVE_HELP, OBJECTIVES, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
+from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
 from shared.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--group-size", type=int, default=defaults.GROUP_SIZE, help="weights per 4-bit scale (a multiple of 32)"
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="sgd",
+        help="how g moves B inside forward: sgd (default), momentum or normalized (a state buffer beside B, with "
+        "get_opt_state / set_opt_state; replay the run's log with mobizo replay --optimizer)",
     )
     parser.add_argument(
         "--adapter",
@@ -99,6 +106,7 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
             chat=chat,
             objective=objective,
             candidates=candidates,
+            optimizer=args.optimizer,
         )
     except ValidationError as exc:
         raise usage_error(exc) from None

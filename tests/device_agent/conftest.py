@@ -16,7 +16,7 @@ from tests.device_agent.helpers import Program, random_steps
 from tests.device_agent.stack import SPEC, Stack, server_env
 from tests.server import live
 from tests.utils.program_cache import seed_server_program
-from tests.utils.programs import TINY_Q4, TINY_Q4_8DA4W
+from tests.utils.programs import TINY_Q4, TINY_Q4_8DA4W, TINY_Q4_MOMENTUM
 
 RUNNER_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "runner"
 ADB_STANDIN_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "adb_standin"
@@ -49,6 +49,15 @@ def tiny_program_8da4w(program_factory, tiny_program: Program) -> Program:
     )
 
 
+@pytest.fixture(scope="session")
+def tiny_program_momentum(program_factory, tiny_program: Program) -> Program:
+    """``TINY_Q4`` whose step moves B with momentum (``TINY_Q4_MOMENTUM``): its state buffer beside B."""
+    pte, manifest = program_factory(TINY_Q4_MOMENTUM)
+    return Program(
+        pte, pte.parent / manifest.ptd.file, tiny_program.shape, tiny_program.vocab, manifest.lora_size, manifest
+    )
+
+
 @pytest.fixture
 def make_batches(tmp_path: Path, tiny_program: Program) -> Callable[..., Path]:
     """Writes a batches file of ``count`` random steps for the tiny program (step k at ``lrs[k]``, default the
@@ -75,6 +84,8 @@ def make_batches(tmp_path: Path, tiny_program: Program) -> Callable[..., Path]:
 def _seeded_artifacts(program_factory, tiny_model_dir: Path, folder: Path) -> Path:
     seeded = seed_server_program(folder, tiny_model_dir, SPEC, program_factory)  # the jobs are ready at once
     assert seeded == TINY_Q4, "SPEC must describe the suite's TINY_Q4 program: one export serves every test"
+    momentum = seed_server_program(folder, tiny_model_dir, {**SPEC, "optimizer": "momentum"}, program_factory)
+    assert momentum == TINY_Q4_MOMENTUM  # a momentum job's program, the one the backend tests run
     return folder
 
 

@@ -42,10 +42,10 @@ def train_run(program: Program, batches: Path, tmp_path: Path, every: int = 3) -
     )
 
 
-def train(backend: Backend, run: TrainRun, start: int = 0, b=None, stop_after: int | None = None):
+def train(backend: Backend, run: TrainRun, start: int = 0, b=None, stop_after: int | None = None, state=None):
     """(records, outcome); ``stop_after``: ask to stop once that many steps of this session are done."""
     records: list[StepRecord] = []
-    outcome = backend.train(run, start, b, records.append, lambda: len(records) >= (stop_after or 10**9))
+    outcome = backend.train(run, start, b, records.append, lambda: len(records) >= (stop_after or 10**9), state)
     return records, outcome
 
 
@@ -99,6 +99,35 @@ def test_adb_backend_on_the_stand_in_phone_matches_executorch_across_a_stop(
     adb.forget(run)
     assert not (phone / "data/local/tmp/mobizo/jobs" / run.key).exists()
     assert any((phone / "data/local/tmp/mobizo/store").glob("*.ptd"))  # weights stay for the next job
+
+
+@pytest.mark.parametrize("name", ["executorch", "adb"])
+def test_a_momentum_program_resumes_from_b_and_its_state_bit_identical(
+    name: str, phone: Path, runner_binary: Path, tiny_program_momentum: Program, make_batches, tmp_path: Path
+) -> None:
+    """Stopped, a momentum run keeps B in its checkpoint; resumed, the agent sets B and then the momentum rebuilt
+    from the log (``trainlog.resume_point``; the runner's ``--init-state``): the run ends on the uninterrupted
+    run's bits, and its log replays to them under momentum (not under sgd)."""
+    from device_agent.trainlog import resume_point
+    from shared.train_log import log_line, log_record
+
+    # a tiny step takes about a millisecond and the stop file is polled every 0.2 s: enough steps that it lands
+    run = train_run(tiny_program_momentum, make_batches(1500), tmp_path, every=0)
+    full, done = train(make_backend("executorch"), run)
+    backend = make_backend(name, runner=runner_binary) if name == "adb" else make_backend(name)
+    first, stopped = train(backend, run, stop_after=4)
+    assert stopped.b is None and 4 <= stopped.next_step < 1500
+    log = tmp_path / "train_log.jsonl"
+    log.write_text("".join(log_line(log_record(r.step, r.seed, r.lr, EPS, r.g, r.losses)) for r in first))
+    start, b, state = resume_point(log, run.checkpoint, run.key, run.init_b, "momentum")
+    assert start == stopped.next_step and state.shape == (tiny_program_momentum.d,) and np.abs(state).max() > 0
+    rest, resumed = train(backend, run, start, b, state=state)
+    assert same_steps(first + rest, full) and resumed.b.tobytes() == done.b.tobytes()
+    records = as_log(full)
+    assert replay(torch.zeros(tiny_program_momentum.d), records, "momentum").numpy().tobytes() == done.b.tobytes()
+    assert replay(torch.zeros(tiny_program_momentum.d), records).numpy().tobytes() != done.b.tobytes()
+    _, restarted = train(backend, run, start, b)  # without the state: another trajectory
+    assert restarted.b.tobytes() != done.b.tobytes()
 
 
 def test_adb_backend_reports_a_failing_runner(phone: Path, tiny_program: Program, tmp_path: Path) -> None:

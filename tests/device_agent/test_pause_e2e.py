@@ -28,9 +28,14 @@ def _plug(sysfs: Path, status: str) -> None:
     (sysfs / "sys/class/power_supply/BAT0/status").write_text(status + "\n")
 
 
-def test_unplugging_pauses_and_plugging_in_resumes_bit_identically(stack: Stack, local_data: Path, tmp_path: Path):
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
+def test_unplugging_pauses_and_plugging_in_resumes_bit_identically(
+    stack: Stack, local_data: Path, tmp_path: Path, optimizer: str
+):
+    """With momentum the program's state is lost with the pause (setting B zeroes it): the agent rebuilds it from
+    the log it kept, and the server's replay accepts the upload only if the state was right."""
     sysfs = fake_sysfs(tmp_path / "sysfs", status="Discharging")
-    plain = stack.submit(steps=STEPS, seed=11)
+    plain = stack.submit(steps=STEPS, seed=11, optimizer=optimizer)
     agent = _agent(stack, local_data, "pausing", sysfs).start()
     wait_for(lambda: any(e["event"] == "ineligible" for e in agent.events()), 120, "the agent to refuse work")
     assert stack.job(plain)["status"] == "ready"  # unplugged: no lease taken
@@ -47,7 +52,7 @@ def test_unplugging_pauses_and_plugging_in_resumes_bit_identically(stack: Stack,
     events = [e["event"] for e in agent.events()]
     assert events.index("paused") < events.index("resumed") < events.index("uploaded")
     assert stack.job(plain)["status"] == "succeeded"
-    uninterrupted = stack.submit(steps=STEPS, seed=11)
+    uninterrupted = stack.submit(steps=STEPS, seed=11, optimizer=optimizer)
     other = _agent(stack, local_data, "plugged", fake_sysfs(tmp_path / "plugged")).start()
     assert other.wait() == 0, other.tail()
     assert stack.adapter(plain)["b_sha256"] == stack.adapter(uninterrupted)["b_sha256"]

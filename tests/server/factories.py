@@ -180,7 +180,7 @@ def fake_training(
     spec: dict[str, Any], d: int, init: np.ndarray | None = None, seed: int = 1
 ) -> tuple[np.ndarray, str]:
     """A log a device could have written (random losses, their g, the job's seeds and lr schedule) and the B it
-    leads to."""
+    leads to (with the job's optimizer)."""
     import torch
 
     from server.verify import expected_lr
@@ -197,7 +197,7 @@ def fake_training(
         lines.append(log_line(log_record(step, step_seed(spec["seed"], step), lr, spec["eps"], g, losses)))
     start = torch.zeros(d) if init is None else torch.from_numpy(init)
     records = [json.loads(line) for line in lines]
-    return replay(start, records).numpy(), "".join(lines)
+    return replay(start, records, spec.get("optimizer") or "sgd").numpy(), "".join(lines)
 
 
 def upload(client: TestClient, device: dict, job_id: int, b: bytes, log: str, metrics: bytes = b'{"steps": 3}'):

@@ -205,3 +205,48 @@ def test_adapters_are_scoped_and_versioned_per_task(client, leased):
     assert client.get("/v1/adapters", headers=bob).json()["count"] == 0
     assert client.get("/v1/adapters", params={"task": "rte"}, headers=leased["user"]).json()["count"] == 0
     assert client.get("/v1/adapters", params={"task": "sst2"}, headers=leased["user"]).json()["count"] == 1
+
+
+def test_an_optimizers_result_is_its_replay_with_the_state_rebuilt_from_the_log(client, tmp_path):
+    """A normalized job: the lease's program and spec carry the optimizer; the log's lr must be the schedule's with
+    normalized's bias correction, and B the replay under normalized (the state rebuilt from the logged g). The sgd
+    meaning of the same log, or the uncorrected lr, is refused."""
+    import torch
+
+    from server.verify import expected_lr
+    from shared.replay import replay
+    from shared.schedule import lr_at
+
+    job = leased_job(client, tmp_path / "model", steps=4, lr=0.01, optimizer="normalized")
+    spec, records = job["lease"]["spec"], [json.loads(line) for line in job["log"].splitlines()]
+    assert spec["optimizer"] == job["lease"]["manifest"]["config"]["optimizer"] == "normalized"
+    scheduled = [lr_at(0.01, 4, k, spec["lr_schedule"]) for k in range(4)]
+    assert [r["lr"] for r in records] == [expected_lr(spec, k) for k in range(4)] and records[0]["lr"] < scheduled[0]
+    as_sgd = replay(torch.zeros(job["b"].size), records).numpy()
+    r = upload(client, job["phone"], job["job"]["id"], b_flat_bytes(as_sgd), job["log"])
+    assert r.status_code == 422 and "replay" in r.text, r.text
+    uncorrected = _log_lines(job["log"], lambda rs: [rec.update(lr=lr) for rec, lr in zip(rs, scheduled, strict=True)])
+    r = upload(client, job["phone"], job["job"]["id"], b_flat_bytes(job["b"]), uncorrected)
+    assert r.status_code == 422 and "step 0: lr" in r.text, r.text
+    r = upload(client, job["phone"], job["job"]["id"], b_flat_bytes(job["b"]), job["log"])
+    assert r.status_code == 201, r.text
+
+
+def test_a_forged_log_beyond_the_optimizers_bound_is_refused(client, tmp_path):
+    """The bound on |g| holds whatever the optimizer: a momentum log whose g is not what its losses give, or whose
+    losses leave [0, MAX_LOSS] to make g large, is refused before any replay."""
+    from server.verify import MAX_LOSS
+
+    job = leased_job(client, tmp_path / "model", steps=3, optimizer="momentum")
+
+    def huge_g(records):
+        records[1]["g"] = [1e6] * len(records[1]["g"])
+
+    def huge_losses(records):
+        records[1]["losses"][0] = MAX_LOSS * 10
+        records[1]["g"][0] = (records[1]["losses"][0] - records[1]["losses"][1]) / (2 * records[1]["eps"])
+
+    for forge, words in ((huge_g, "follow from the losses"), (huge_losses, "finite number")):
+        r = upload(client, job["phone"], job["job"]["id"], b_flat_bytes(job["b"]), _log_lines(job["log"], forge))
+        assert r.status_code == 422 and "step 1" in r.text and words in r.text, r.text
+    _nothing_stored(client, job)

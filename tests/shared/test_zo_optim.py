@@ -1,6 +1,7 @@
 """The ZO optimizers (``shared.zo_optim``): each run's log replays to its B bit for bit (the state rebuilt from the
-logged g), a run in pieces (the state in the checkpoint) is the uninterrupted run, ``sgd`` is today's update, and
-``normalized`` cannot move B further than its bound whatever a log says."""
+logged g), a run in pieces (the state in the checkpoint) is the uninterrupted run, ``sgd`` is today's update, every
+step stays within its optimizer's bound whatever a log says, and each optimizer's device program is its eager step
+and its replay, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import torch
 
 from shared.checkpoint import load_checkpoint
 from shared.errors import UsageError
-from shared.replay import replay, replay_state
+from shared.noise import MAX_Z
+from shared.replay import OutOfBounds, replay, replay_state
 from shared.schedule import lr_at
-from shared.train import LOG_FILE, TrainConfig, program_config, train
-from shared.train_log import read_log
+from shared.train import LOG_FILE, TrainConfig, program_config, train, with_defaults
+from shared.train_log import log_record, read_log
 from shared.zo import step_noise, updated_b
-from shared.zo_optim import BETA2, lr_factor, new_state, step_lr, update
+from shared.zo_optim import BETA2, flat_state, lr_factor, new_state, state_size, step_bound, step_lr, update
 from tests.shared.test_train import TRAIN, adapter_flat_b
 
 pytestmark = pytest.mark.numerics
@@ -73,23 +75,111 @@ def test_replay_carries_the_state_across_pieces_of_a_log():
     assert torch.equal(rest[0], whole[0]) and torch.equal(rest[1]["m"], whole[1]["m"])
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "normalized"])
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
-def test_normalized_moves_b_no_further_than_its_bound_whatever_the_g(scale):
-    """|ΔB| ≤ lr·10·√q·max|z| per coordinate and step, for any g (the verifier's bound for a forged log)."""
+def test_every_step_moves_b_within_its_optimizers_bound(optimizer, scale):
+    """|ΔB| per coordinate within ``step_bound`` for any g: ordinary ones, one huge g beside tiny ones, all tiny after
+    large ones (what a forged log might try against normalized's running v) — the check the verifier's replay makes."""
     d, q, lr = 256, 4, 0.05
     rng = np.random.default_rng(int(scale))
-    b, state = torch.zeros(d), new_state("normalized", d)
-    for k in range(20):
+    b, state, carried = torch.zeros(d), new_state(optimizer, d), 0.0
+    for k in range(30):
+        g = rng.normal(size=q) * scale
+        if k % 10 == 7:
+            g = np.array([scale * 1e3, 1e-30, -1e-30, 0.0])
+        if k >= 20:
+            g = g * 1e-12
+        g = torch.from_numpy(g.astype(np.float32))
         z = step_noise(torch.tensor([k]), q, d)
-        g = torch.from_numpy((rng.normal(size=q) * scale * (10.0 if k == 19 else 1.0)).astype(np.float32))
-        b_new, state = update("normalized", b, z, g, torch.tensor([step_lr("normalized", lr, k)]), state)
-        assert float((b_new - b).abs().max()) <= lr * 10 * math.sqrt(q) * float(z.abs().max()) * (1 + 1e-6)
+        lr_k = step_lr(optimizer, lr, k)
+        b_new, state = update(optimizer, b, z, g, torch.tensor([lr_k]), state)
+        bound, carried = step_bound(optimizer, lr_k, g.numpy(), carried)
+        assert float((b_new - b).abs().max()) <= bound * (1 + 1e-5) + 2.0**-22 * float(b_new.abs().max())
+        if optimizer == "normalized":  # whatever the g
+            assert bound == pytest.approx(lr_k * MAX_Z * 10, rel=1e-12)
         b = b_new
 
 
-def test_an_optimizer_other_than_sgd_runs_eagerly_only(tmp_path):
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "normalized"])
+def test_a_checked_replay_refuses_a_step_beyond_the_bound(optimizer):
+    """g near float32's largest: the step overflows B to infinity, which no bound admits."""
+    log = [{"step": 0, "seed": 1, "lr": 1.0, "eps": 0.01, "g": [3e38, 3e38]}]
+    with pytest.raises(OutOfBounds, match=f"step 0: B moved by .*{optimizer}'s bound"):
+        replay_state(torch.zeros(64), log, optimizer, check=True)
+    honest = [{"step": 0, "seed": 1, "lr": 0.05, "eps": 0.01, "g": [0.5, -0.25]}]
+    b, _ = replay_state(torch.zeros(64), honest, optimizer, check=True)
+    assert torch.equal(b, replay(torch.zeros(64), honest, optimizer))
+
+
+def test_a_programs_optimizer_is_part_of_its_config_but_mezo_takes_sgd(tmp_path):
     config = TrainConfig(tmp_path, "sst2", tmp_path, tmp_path, q=4, batch_size=8, seq_len=16, optimizer="momentum")
-    with pytest.raises(UsageError, match="--optimizer"):
-        program_config(config, "classification", (1, 2), 1)
+    program = program_config(with_defaults(config), "classification", (1, 2), 1)
+    assert program.optimizer == "momentum" and program.methods[-2:] == ["get_opt_state", "set_opt_state"]
+    plain = program.model_copy(update={"optimizer": "sgd"})
+    assert "optimizer" not in plain.model_dump() and "get_opt_state" not in plain.methods  # keys as before
     with pytest.raises(UsageError, match="--optimizer"):
         train(TrainConfig(tmp_path, "sst2", TRAIN, tmp_path / "o", method="mezo-lora", optimizer="momentum"))
+
+
+class Session:
+    """A program in the ExecuTorch runtime, as the agent's ``ProgramSession`` drives it."""
+
+    def __init__(self, pte: Path, manifest) -> None:
+        from device_agent.et_program import ProgramSession
+
+        self.session = ProgramSession(pte, pte.parent / manifest.ptd.file)
+
+    def step(self, batch, k: int, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        from device_agent.batches import StepBatch
+
+        args = (batch.input_ids.numpy(), batch.attention_mask.numpy(), batch.targets.numpy())
+        losses, g = self.session.step(StepBatch(k, lr, *args), lr, EPS)
+        return torch.from_numpy(losses), torch.from_numpy(g)
+
+
+EPS = float(np.float32(1e-2))
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "normalized"])
+def test_each_optimizers_program_is_its_eager_step_and_its_replay_bit_for_bit(
+    program_factory, tiny_model_dir, optimizer
+):
+    """10 steps in the .pte: each step's losses are the eager step module's from the same B and state (within the
+    float32 bound across kernels), its update is the eager update of its own g (the replay, bit for bit: B and the
+    state), and a run resumed after 5 steps (B, then the state rebuilt from the log) ends on the same bits."""
+    from shared.hf_models import load_model
+    from shared.program import build_step_module
+    from tests.shared.test_program import _batches, assert_same_step_losses
+    from tests.utils.programs import TINY_Q4_MOMENTUM, TINY_Q4_NORMALIZED
+
+    cfg = TINY_Q4_MOMENTUM if optimizer == "momentum" else TINY_Q4_NORMALIZED
+    pte, manifest = program_factory(cfg)
+    assert manifest.methods[-2:] == ["get_opt_state", "set_opt_state"]
+    eager = build_step_module(load_model(tiny_model_dir)[0], cfg)
+    device, d = Session(pte, manifest), manifest.lora_size
+    device.session.set_b(np.full(d, 0.25, np.float32))
+    device.session.set_state(np.ones(state_size(optimizer, d), np.float32))
+    device.session.set_b(np.zeros(d, np.float32))  # setting B starts the state again
+    assert not device.session.get_state().any()
+    batches, log = _batches(cfg, eager.model.config.vocab_size)[:10], []
+    for k, batch in enumerate(batches):
+        lr = step_lr(optimizer, float(np.float32(0.2)), k)
+        with torch.no_grad():
+            eager.set_lora_b(torch.from_numpy(device.session.get_b()))
+            eager.set_opt_state(torch.from_numpy(device.session.get_state()))
+            args = (torch.tensor([k]), torch.tensor([lr]), torch.tensor([EPS]))
+            want, _ = eager(batch.input_ids, batch.attention_mask, batch.targets, *args)
+        losses, g = device.step(batch, k, lr)
+        assert_same_step_losses(losses, want, eager.model.config)
+        log.append(log_record(k, k, lr, EPS, g, losses))
+    b, state = torch.from_numpy(device.session.get_b()), torch.from_numpy(device.session.get_state())
+    replayed, kept = replay_state(torch.zeros(d), log, optimizer, check=True)
+    assert b.abs().max() > 0 and torch.equal(replayed, b) and torch.equal(flat_state(kept), state)
+    assert not torch.equal(replay(torch.zeros(d), log), b)
+    resumed = Session(pte, manifest)
+    half_b, half_state = replay_state(torch.zeros(d), log[:5], optimizer)
+    resumed.session.set_b(half_b.numpy())
+    resumed.session.set_state(flat_state(half_state).numpy())
+    for k, batch in enumerate(batches[5:], start=5):
+        resumed.step(batch, k, log[k]["lr"])
+    assert resumed.session.get_b().tobytes() == b.numpy().tobytes()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.manifest import FORMAT_VERSION, PROGRAM_METHODS, ProgramConfig, ProgramInputs, ProgramManifest
+from shared.manifest import FORMAT_VERSION, ProgramConfig, ProgramInputs, ProgramManifest
 
 
 def fake_manifest(
@@ -23,7 +23,7 @@ def fake_manifest(
     manifest = ProgramManifest(
         format=FORMAT_VERSION,
         config=cfg,
-        methods=list(PROGRAM_METHODS),
+        methods=cfg.methods,
         lora=list(lora),
         lora_size=lora_size,
         inputs=ProgramInputs(forward={}, padding="left"),
