@@ -42,8 +42,6 @@ from server.tables import Adapter, Device, Job, LeasingDevice, Model, Program, R
 from shared.manifest import ProgramManifest
 from shared.schemas import TERMINAL_STATUSES, HeartbeatCreate, JobCreate, JobSpec
 
-# Backends whose runner cannot take a private step's clip and noise yet (the native runner): no private job leased
-NO_PRIVATE_BACKENDS = ("adb",)
 SUBMIT_ATTEMPTS = 8  # a private submit's tries at claiming its user's privacy ledger against racing ones
 
 
@@ -287,8 +285,7 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
     """Hand the oldest ready job of the device's user that fits it to the device (ready → running).
 
     Fits: the job names this device or none, wants this device's backend or any, and its program's memory
-    estimate is within the free memory the device last reported (unknown on either side: it fits); a private job
-    is not leased to a backend that cannot run its step (``NO_PRIVATE_BACKENDS``).
+    estimate is within the free memory the device last reported (unknown on either side: it fits).
 
     ``FOR UPDATE SKIP LOCKED`` lets concurrent lease requests on PostgreSQL each take a different job instead of
     queueing on the same row; SQLite ignores it and needs nothing more, its transactions taking the write lock.
@@ -301,7 +298,6 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
             or_(Job.device_id.is_(None), Job.device_id == device.id),
             or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
             fits_memory(device.memory_mb),
-            Job.private.is_(False) if device.backend in NO_PRIVATE_BACKENDS else true(),
         )
         .order_by(Job.id)
         .limit(1)

@@ -689,6 +689,7 @@ class UploadMetrics(_Metrics):
     alpha: _Finite | None = None
     targets: list[_Text] | None = Field(default=None, max_length=64)
     a_seed: _Count | None = None
+    optimizer: _Text | None = None
     program_sha256: _Text | None = None
     seed: _Count | None = None
     lr: _Finite | None = None

@@ -4,7 +4,9 @@ The runner, the program and its weights are pushed once each, under names that c
 ``.part`` name and renamed, so a name on the phone always means a whole file); a job's batches go to its own
 folder. The runner's stdout lines stream into step records as it prints them. A stop is asked by creating the
 runner's stop file (no signal crosses adb): it finishes the step, checkpoints on the phone and exits 75; the
-checkpoint is then pulled here. To resume, the agent's checkpoint is pushed where the runner looks for it.
+checkpoint is then pulled here. To resume, the agent's checkpoint is pushed where the runner looks for it (and a
+momentum or normalized program's state, rebuilt from the log, as ``--init-state``). A private job's clip and noise
+for every step, drawn here from the device's private seed, go with the batches (``--private``).
 """
 
 from __future__ import annotations
@@ -117,10 +119,12 @@ class AdbBackend:
                 save_b(Path(tmp) / "init.f32", run.init_b)
                 self.phone.run("push", str(Path(tmp) / "init.f32"), f"{job}/init.f32")
                 paths["init"] = f"{job}/init.f32"
-            if start_state is not None:  # a resumed run's optimizer state, set after B
-                save_b(Path(tmp) / "state.f32", start_state)
-                self.phone.run("push", str(Path(tmp) / "state.f32"), f"{job}/state.f32")
-                paths["state"] = f"{job}/state.f32"
+            extra = {"state": start_state, "private": _private_inputs(run)}  # optional inputs, raw float32
+            for name, values in extra.items():
+                if values is not None:
+                    save_b(Path(tmp) / f"{name}.f32", values)
+                    self.phone.run("push", str(Path(tmp) / f"{name}.f32"), f"{job}/{name}.f32")
+                    paths[name] = f"{job}/{name}.f32"
         return paths
 
     def _command(self, run: TrainRun, paths: dict[str, str]) -> str:
@@ -152,6 +156,8 @@ class AdbBackend:
             args += ["--init-b", paths["init"]]
         if "state" in paths:
             args += ["--init-state", paths["state"]]
+        if "private" in paths:
+            args += ["--private", paths["private"]]
         return " ".join(shlex.quote(a) for a in args)
 
     def train(
@@ -195,6 +201,16 @@ class AdbBackend:
             self.recover(run)
             return Outcome(next_step, None)
         raise MobizoError(f"the runner on the phone failed ({status}): {stderr.strip()[-2000:]}")
+
+
+def _private_inputs(run: TrainRun) -> np.ndarray | None:
+    """A private run's clip and noise of every step, step k's at k*(1+q) (the runner's ``--private``); None else."""
+    if run.private is None:
+        return None
+    from device_agent.batches import BatchesFile
+
+    steps = [run.private(k) for k in range(len(BatchesFile(run.batches)))]
+    return np.concatenate([np.concatenate([[clip], noise]) for clip, noise in steps]).astype(np.float32)
 
 
 def _watch(should_stop: ShouldStop, act, done: threading.Event, poll_s: float = 0.2) -> None:

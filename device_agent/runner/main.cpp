@@ -4,13 +4,16 @@
 // Usage (see README.md):
 //   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --eps EPS --out-b B.f32
 //                 [--init-b B0.f32] [--checkpoint C.ckpt --checkpoint-every K] [--job-id ID]
-//                 [--steps N] [--stop-file PATH] [--min-width W] [--init-state S.f32]
+//                 [--steps N] [--stop-file PATH] [--min-width W] [--init-state S.f32] [--private P.f32]
 // --min-width: the program takes any number of columns from W to the batches' seq_len (its manifest's
 // inputs.widths); each step then runs at its longest row (at least W). Absent: every step at seq_len.
 // The program carries no B: it is set before step 1, from the checkpoint, --init-b, or zeros.
 // --init-state: the optimizer's state (raw float32) for a program whose optimizer keeps one (its methods
 // include set_opt_state), set after B, which starts it from zeros: a resumed run's state, rebuilt by the
 // agent from the log (shared.replay.replay_state). Absent: from zeros.
+// --private: a private program's (forward takes the clip [1] and the noise of its g's [q]) per-step inputs, raw
+// float32, step k's clip then its q noise values at k*(1+q), for every step of the batches file; drawn by the
+// agent from the device's private seed (device_agent.job.private_noise). Required by a private program.
 // Each step's lr is its batches record's (the job's schedule); eps is one value for the run.
 // stdout: one JSON line per step {"step":k,"seed":s,"lr":lr,"losses":[...],"g":[...]}, flushed per line.
 // Exit codes: 0 done, 1 failure (message on stderr), 2 bad arguments, 75 stopped (SIGTERM, SIGINT,
@@ -52,7 +55,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct Options {
-  std::string program, data, batches, out_b, init_b, checkpoint, job_id, stop_file, init_state;
+  std::string program, data, batches, out_b, init_b, checkpoint, job_id, stop_file, init_state, private_inputs;
   float eps = 0;
   uint64_t checkpoint_every = 0, steps = UINT64_MAX, min_width = 0;
 };
@@ -96,6 +99,7 @@ Options parse_args(int argc, char** argv) {
   o.eps = parse_float("--eps", take("--eps", true));
   o.init_b = take("--init-b", false);
   o.init_state = take("--init-state", false);
+  o.private_inputs = take("--private", false);
   o.checkpoint = take("--checkpoint", false);
   o.job_id = take("--job-id", false);
   o.stop_file = take("--stop-file", false);
@@ -206,6 +210,31 @@ void restore_state(Module& module, const Options& o) {
   check(module.execute("set_opt_state", std::vector<EValue>{EValue(tensor)}).error(), "set_opt_state");
 }
 
+// A private program's per-step clip and noise (--private), checked against the program and the batches: q is the
+// size of forward's last input, g_noise. Empty for a program that is not private (forward takes 6 inputs).
+struct PrivateInputs {
+  std::vector<float> values;
+  size_t q = 0;
+};
+
+PrivateInputs read_private(Module& module, const Options& o, uint32_t steps) {
+  auto meta = module.method_meta("forward");
+  check(meta.error(), "forward metadata");
+  const bool is_private = meta->num_inputs() == 8;
+  if (!is_private) {
+    if (!o.private_inputs.empty()) throw RunnerError("--private: the program takes no clip and noise");
+    return {};
+  }
+  if (o.private_inputs.empty()) throw RunnerError("a private program needs --private (its clip and noise)");
+  auto noise = meta->input_tensor_meta(7);
+  check(noise.error(), "forward input 7");
+  PrivateInputs p{mobizo::read_b(o.private_inputs), static_cast<size_t>(noise->sizes()[0])};
+  if (p.values.size() != size_t(steps) * (1 + p.q))
+    throw RunnerError(o.private_inputs + ": " + std::to_string(p.values.size()) + " values, " + std::to_string(steps) +
+                      " steps of 1 + " + std::to_string(p.q) + " expected");
+  return p;
+}
+
 // %.9g round-trips a float32 exactly; non-finite values use the spellings Python's json reads.
 void print_floats(const float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -237,7 +266,8 @@ uint32_t fit_width(mobizo::StepBatch& batch, uint32_t rows, uint32_t columns, ui
   return width;
 }
 
-void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, uint32_t step) {
+void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, const PrivateInputs& priv,
+              uint32_t step) {
   mobizo::StepBatch batch = batches.read(step);
   const auto rows = static_cast<executorch::aten::SizesType>(batches.rows());
   const auto seq =
@@ -245,13 +275,21 @@ void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, 
   const auto ans = static_cast<executorch::aten::SizesType>(batches.answer_len());
   float lr = batch.lr, eps = o.eps;
   // The TensorPtrs own the tensors' metadata, so they must outlive the EValues that view them.
-  const std::vector<TensorPtr> tensors{
+  std::vector<TensorPtr> tensors{
       from_blob(batch.input_ids.data(), {rows, seq}, ScalarType::Long),
       from_blob(batch.attention_mask.data(), {rows, seq}, ScalarType::Long),
       from_blob(batch.targets.data(), {rows, ans}, ScalarType::Long),
       from_blob(&batch.seed, {1}, ScalarType::Long),
       from_blob(&lr, {1}, ScalarType::Float),
       from_blob(&eps, {1}, ScalarType::Float)};
+  std::vector<float> clip, noise;  // copies: from_blob takes a mutable pointer
+  if (priv.q > 0) {
+    const float* at = priv.values.data() + size_t(step) * (1 + priv.q);
+    clip.assign(at, at + 1);
+    noise.assign(at + 1, at + 1 + priv.q);
+    tensors.push_back(from_blob(clip.data(), {1}, ScalarType::Float));
+    tensors.push_back(from_blob(noise.data(), {static_cast<executorch::aten::SizesType>(priv.q)}, ScalarType::Float));
+  }
   auto out = module.execute("forward", std::vector<EValue>(tensors.begin(), tensors.end()));
   check(out.error(), "forward at step " + std::to_string(step));
   const auto& losses = out.get().at(0).toTensor();
@@ -283,10 +321,11 @@ int train(const Options& o) {
   load_methods(module, !o.init_state.empty());
   check_shapes(module, batches);
   const uint64_t end = std::min<uint64_t>(o.steps, batches.steps());
+  const PrivateInputs priv = read_private(module, o, batches.steps());
   uint64_t step = restore(module, o, b_size(module));
   if (!o.init_state.empty()) restore_state(module, o);
   for (; step < end; ++step) {
-    run_step(module, batches, o, static_cast<uint32_t>(step));
+    run_step(module, batches, o, priv, static_cast<uint32_t>(step));
     const bool due = o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0;
     const bool stop = stop_requested(o);
     if (due || stop) save_checkpoint(module, o, step + 1);

@@ -61,8 +61,6 @@ def _check_privacy(body: JobCreate) -> None:
         return
     if body.privacy.noise_multiplier is not None:
         raise field_error("privacy", "noise_multiplier is set by the server from epsilon and delta")
-    if body.device_backend in jobstate.NO_PRIVATE_BACKENDS:
-        raise field_error("device_backend", f"{body.device_backend} devices cannot run private steps yet")
 
 
 def _check_answer_len(body: JobCreate) -> None:

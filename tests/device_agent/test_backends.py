@@ -130,6 +130,32 @@ def test_a_momentum_program_resumes_from_b_and_its_state_bit_identical(
     assert restarted.b.tobytes() != done.b.tobytes()
 
 
+def test_adb_backend_runs_a_private_program_as_executorch_does(
+    phone: Path, runner_binary: Path, program_factory, tiny_program: Program, make_batches, tmp_path: Path
+) -> None:
+    """A private program's forward takes each step's clip and noise: the agent pushes the run's to the phone and the
+    runner passes step k's (``--private``), across a stop, to the same bits as the ExecuTorch runtime here."""
+    from dataclasses import replace
+
+    from shared.privacy import step_privatizer
+    from tests.utils.programs import TINY_Q4
+
+    pte, manifest = program_factory(TINY_Q4.model_copy(update={"private": True}))
+    shape, vocab = tiny_program.shape, tiny_program.vocab
+    program = Program(pte, pte.parent / manifest.ptd.file, shape, vocab, manifest.lora_size, manifest)
+    private = lambda k: (0.5, step_privatizer(7, k, 0.5, 0.2).noise(TINY_Q4.q).numpy())  # noqa: E731
+    run = replace(train_run(program, make_batches(1500), tmp_path, every=0), private=private)
+    full, done = train(make_backend("executorch"), run)
+    quiet, _ = train(make_backend("executorch"), replace(run, private=lambda k: (0.5, np.zeros(TINY_Q4.q, np.float32))))
+    assert not np.array_equal(full[0].g, quiet[0].g)  # the noise is in g
+    adb = make_backend("adb", runner=runner_binary)
+    first, stopped = train(adb, run, stop_after=5)
+    assert stopped.b is None and 5 <= stopped.next_step < 1500
+    ckpt = load_checkpoint(run.checkpoint, run.key)
+    rest, resumed = train(adb, run, ckpt.next_step, ckpt.b)
+    assert same_steps(first + rest, full) and resumed.b.tobytes() == done.b.tobytes()
+
+
 def test_adb_backend_reports_a_failing_runner(phone: Path, tiny_program: Program, tmp_path: Path) -> None:
     broken = tmp_path / "runner"
     broken.write_text("#!/bin/sh\necho 'no kernels here' >&2\nexit 1\n")

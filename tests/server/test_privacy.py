@@ -83,7 +83,6 @@ def test_a_job_cancelled_before_any_lease_gives_its_budget_back(client, user):
         ({"min_examples": 2}, {}, "privacy"),  # fewer than a batch
         ({"epsilon": 0}, {}, "epsilon"),
         ({"delta": 0.5}, {}, "delta"),
-        ({}, {"device_backend": "adb"}, "device_backend"),  # the native runner takes no clip and noise yet
     ],
 )
 def test_bad_private_specs_answer_422_naming_the_field(client, user, privacy_change, other, field):
@@ -94,11 +93,11 @@ def test_bad_private_specs_answer_422_naming_the_field(client, user, privacy_cha
     assert field in error["loc"] or f"{field}:" in error["msg"]  # by place, or (a model's check) by name
 
 
-def test_private_jobs_are_not_leased_to_adb_devices(client, user):
-    adb, phone = enroll_device(client, user, "adb-phone", backend="adb"), enroll_device(client, user)
-    job = submit_job(client, user, privacy=PRIVATE)
-    assert client.post("/v1/leases", headers=adb["headers"]).status_code == 204
-    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+def test_a_private_job_is_leased_to_any_backend_with_its_noise_multiplier(client, user):
+    """The native runner (adb) takes a private step's clip and noise too, so a private job asking for adb is taken."""
+    adb = enroll_device(client, user, "adb-phone", backend="adb")
+    job = submit_job(client, user, privacy=PRIVATE, device_backend="adb")
+    lease = client.post("/v1/leases", headers=adb["headers"]).json()
     assert lease["job_id"] == job["id"] and lease["spec"]["privacy"]["noise_multiplier"] == sigma()
     assert lease["manifest"]["config"]["private"]  # the job's program takes the clip and the noise
 
