@@ -35,7 +35,7 @@ from server import jobstate, metrics, registry
 from server.pool import WorkerDied, WorkerPool, WorkTimedOut
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.tables import Adapter, CohortMember, Job, LeasingDevice, Model, Program, Round, RoundClient, utcnow
+from server.tables import Adapter, CohortMember, Job, LeasingDevice, Model, Program, Round, RoundClient, User, utcnow
 from server.verify import b_size, package_adapter
 from shared.aggregate import next_global_b
 from shared.b_file import b_file_bytes, read_b_file
@@ -97,9 +97,12 @@ def _slots_taken(session: Session, round_id: int) -> int:
     )
 
 
-def lease_round(session: Session, store: ArtifactStore, device: LeasingDevice, lease_s: int) -> RoundClient | None:
+def lease_round(
+    session: Session, store: ArtifactStore, device: LeasingDevice, lease_s: int, settings: Settings
+) -> RoundClient | None:
     """Round work for the device, or None: the open round of the oldest federated job it can join (its user is a
-    member, has no part in that round yet, and fewer than K clients hold or finished a part). Committed."""
+    member, has no part in that round yet, fewer than K clients hold or finished a part, and for a private job the
+    part fits the user's privacy budget: ``server.privacy.claim_part``). Committed."""
     for job in _candidates(session, device):
         fed = federation(job)
         if job.status == "ready":
@@ -110,6 +113,8 @@ def lease_round(session: Session, store: ArtifactStore, device: LeasingDevice, l
             continue
         mine = select(RoundClient.id).where(RoundClient.round_id == round_.id, RoundClient.user_id == device.user_id)
         if session.scalar(mine) is not None:
+            continue
+        if job.private and not _room_for_part(session, device, job, settings):
             continue
         slot = session.scalar(select(func.count(RoundClient.id)).where(RoundClient.round_id == round_.id))
         seed = client_seed(job.spec["seed"], round_.index, slot)
@@ -122,6 +127,12 @@ def lease_round(session: Session, store: ArtifactStore, device: LeasingDevice, l
         return client
     session.commit()
     return None
+
+
+def _room_for_part(session: Session, device: LeasingDevice, job: Job, settings: Settings) -> bool:
+    from server import privacy  # imports server.queries, which imports this module
+
+    return privacy.claim_part(session, session.get_one(User, device.user_id), settings, job.spec)
 
 
 def client_spec(job: Job, client: RoundClient) -> JobSpec:
@@ -240,7 +251,8 @@ def _aggregate_and_publish(
         archive_size = store.archive(archive_sha).stat().st_size
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    mean_loss = float(np.mean([c.mean_loss for c in clients])) if clients else None
+    losses = [c.mean_loss for c in clients if c.mean_loss is not None]  # private parts report none
+    mean_loss = float(np.mean(losses)) if losses else None
     metrics = {
         "round": round_.index,
         "clients": len(clients),

@@ -28,8 +28,13 @@ from shared.schemas import TERMINAL_STATUSES, Privacy
 
 
 def resolve(privacy: Privacy, steps: int, batch_size: int) -> Privacy:
-    """The job's privacy with its noise multiplier (a few seconds of calibration, remembered per process)."""
+    """The job's privacy with its noise multiplier (a few seconds of calibration, remembered per process) over
+    ``steps`` (a federated job's: rounds × local steps); 422 naming ``privacy`` when the body set the multiplier."""
+    from server.responses import field_error
     from shared.privacy import noise_multiplier
+
+    if privacy.noise_multiplier is not None:
+        raise field_error("privacy", "noise_multiplier is set by the server from epsilon and delta")
 
     sigma = noise_multiplier(privacy.epsilon, privacy.delta, steps, batch_size, privacy.min_examples)
     return privacy.model_copy(update={"noise_multiplier": sigma})
@@ -47,18 +52,21 @@ def _run(spec: dict[str, Any]) -> tuple[float, int, int, int]:
 
 @dataclass
 class Ledger:
-    """A user's budget, what their private jobs spent, and the version the ledger was read at."""
+    """A user's budget, what their private jobs and the private round parts their devices took spent, and the
+    version the ledger was read at."""
 
     epsilon: float
     delta: float
     version: int
     jobs: list[Job] = field(default_factory=list)
+    parts: list = field(default_factory=list)  # the private round parts taken (``queries.private_parts_of``)
 
     def spent(self, extra: dict[str, Any] | None = None) -> float:
-        """Epsilon at the budget's delta of the jobs that spend (and of a job ``extra``'s spec, to be added)."""
+        """Epsilon at the budget's delta of the jobs that spend and the parts (and of a job or part ``extra``'s
+        spec, to be added): one composition by the accountant."""
         from shared.privacy import ledger_epsilon
 
-        runs = [_run(job.spec) for job in self.jobs if spends(job)]
+        runs = [_run(job.spec) for job in self.jobs if spends(job)] + [_run(part.spec) for part in self.parts]
         return ledger_epsilon(runs + ([_run(extra)] if extra else []), self.delta)
 
 
@@ -68,7 +76,8 @@ def ledger(session: Session, user: User, settings: Settings, delta: float | None
     epsilon = user.privacy_epsilon if user.privacy_epsilon is not None else settings.privacy_budget_epsilon
     if delta is None:
         delta = user.privacy_delta if user.privacy_delta is not None else defaults.DP_DELTA
-    return Ledger(epsilon, delta, user.privacy_version, queries.private_jobs_of(session, user.id))
+    jobs, parts = queries.private_jobs_of(session, user.id), queries.private_parts_of(session, user.id)
+    return Ledger(epsilon, delta, user.privacy_version, jobs, parts)
 
 
 def charge(user: User, settings: Settings, spec: dict[str, Any]) -> Callable[[Session], bool]:
@@ -88,3 +97,10 @@ def charge(user: User, settings: Settings, spec: dict[str, Any]) -> Callable[[Se
         return accounts.claim_privacy_ledger(session, user.id, book.version)
 
     return claim
+
+
+def claim_part(session: Session, user: User, settings: Settings, spec: dict[str, Any]) -> bool:
+    """Whether the user's ledger has room for one part of a private federated job (``spec``), claiming it if so
+    (the caller commits, with the part): a part over the member's budget is not leased to any of its devices."""
+    book = ledger(session, user, settings)
+    return book.spent(spec) <= book.epsilon and accounts.claim_privacy_ledger(session, user.id, book.version)

@@ -104,6 +104,21 @@ def private_jobs_of(session: Session, user_id: int) -> list[Job]:
     return list(session.scalars(select(Job).where(Job.user_id == user_id, Job.private).order_by(Job.id)))
 
 
+def private_parts_of(session: Session, user_id: int) -> list[Row[Any]]:
+    """The round parts of private federated jobs the user's devices took, oldest first, as (job id, job spec, round
+    index, part status): entries of the user's privacy ledger too (a part leased may have touched data, whatever
+    became of it)."""
+    return list(
+        session.execute(
+            select(Job.id, Job.spec, Round.index, RoundClient.status)
+            .join(Round, Round.job_id == Job.id)
+            .join(RoundClient, RoundClient.round_id == Round.id)
+            .where(RoundClient.user_id == user_id, Job.private)
+            .order_by(RoundClient.id)
+        )
+    )
+
+
 def web_session(session: Session, token_hash: str) -> WebSession | None:
     """The dashboard session a cookie names, unless it expired."""
     return session.scalar(

@@ -118,8 +118,9 @@ def add_cohort_version(
     return adapter
 
 
-def adapter_privacy(spec: dict[str, Any] | None) -> AdapterPrivacy | None:
-    """The guarantee of a private job's adapter, from the job's spec as submitted (σ set by the server)."""
+def adapter_privacy(spec: dict[str, Any] | None, rounds: int = 1) -> AdapterPrivacy | None:
+    """The guarantee of a private job's adapter, from the job's spec as submitted (σ set by the server); a federated
+    job's over its ``rounds`` × local steps (a member trains at most one part per round: the accountant's steps)."""
     private = (spec or {}).get("privacy")
     if private is None:
         return None
@@ -128,7 +129,7 @@ def adapter_privacy(spec: dict[str, Any] | None) -> AdapterPrivacy | None:
         delta=private["delta"],
         noise_multiplier=private["noise_multiplier"],
         clip=private["clip"],
-        steps=spec["steps"],
+        steps=spec["steps"] * rounds,
         sampling_rate=spec["batch_size"] / private["min_examples"],
     )
 
@@ -139,8 +140,10 @@ def adapter_public(
     """An adapter as the REST answers show it (to its user, the cohort's members, and the user's devices);
     ``job_spec``: its job's, when the caller joined it in (else read here)."""
     round_ = None if adapter.round_id is None else session.get_one(Round, adapter.round_id)
-    if job_spec is None and adapter.job_id is not None:
-        job_spec = session.get_one(Job, adapter.job_id).spec
+    job_id, rounds = adapter.job_id if round_ is None else round_.job_id, 1
+    if job_id is not None and (job_spec is None or round_ is not None):
+        job = session.get_one(Job, job_id)
+        job_spec, rounds = job.spec, (job.federation or {}).get("rounds", 1)
     return AdapterPublic(
         id=adapter.id,
         model=model_name,
@@ -157,6 +160,6 @@ def adapter_public(
         b_sha256=adapter.b_sha256,
         metrics=adapter.metrics,
         held_out=adapter.held_out,
-        privacy=adapter_privacy(job_spec),
+        privacy=adapter_privacy(job_spec, rounds),
         created_at=adapter.created_at,
     )

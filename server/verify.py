@@ -328,5 +328,5 @@ def replay_log_only(job: dict[str, Any], log_path: str, init_path: str | None, o
     seconds = time.perf_counter() - start
     out = Path(out_dir) / "replayed_b_flat"
     out.write_bytes(b_file_bytes(b.numpy()))
-    losses = [loss for rec in log for loss in rec["losses"]]
-    return {"b_flat": str(out), "replay_s": seconds, "mean_loss": float(np.mean(losses))}
+    losses = [loss for rec in log for loss in rec.get("losses", ())]  # a private log has none
+    return {"b_flat": str(out), "replay_s": seconds, "mean_loss": float(np.mean(losses)) if losses else None}

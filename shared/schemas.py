@@ -220,8 +220,9 @@ class PrivacyBudget(_Strict):
 
 
 class PrivacyEntry(BaseModel):
-    """One private job in the ledger: what it asked for and the noise it got; ``spends``: whether it counts (it may
-    have touched data: every job but one that ended before any device leased it)."""
+    """One private job in the ledger, or one part of a private federated job the user's device took (``round``
+    set): what it asked for and the noise it got; ``spends``: whether it counts (it may have touched data: every job
+    but one that ended before any device leased it; every part)."""
 
     job_id: int
     status: str
@@ -229,6 +230,9 @@ class PrivacyEntry(BaseModel):
     batch_size: int
     privacy: Privacy
     spends: bool
+    round: int | None = Field(
+        default=None, description="a private federated job's round whose part the user's device took (status: its)"
+    )
 
 
 class PrivacyLedgerPublic(BaseModel):
@@ -452,12 +456,6 @@ class FederatedJobCreate(HyperParams, FederationSpec):
     model_config = ConfigDict(extra="forbid")
 
     answer_len: int | None = Field(default=None, ge=1, le=256, description="default: from the task's verbalizer")
-
-    @model_validator(mode="after")
-    def _not_private(self) -> FederatedJobCreate:
-        if self.privacy is not None:
-            raise FieldError("privacy", "federated rounds do not run private steps yet: submit a personal job")
-        return self
 
 
 class RoundClientPublic(BaseModel):

@@ -203,7 +203,7 @@ def job_body(args: argparse.Namespace) -> dict:
     import json
 
     from shared.errors import UsageError
-    from shared.schemas import JobCreate, Privacy
+    from shared.schemas import JobCreate
 
     if args.cohort is not None:
         return _federated_body(args)
@@ -220,13 +220,22 @@ def job_body(args: argparse.Namespace) -> dict:
             body["verbalizer"] = json.loads(args.verbalizer)
         except json.JSONDecodeError as exc:
             raise UsageError("verbalizer", f"not JSON ({exc.msg})") from None
-    privacy = {name: getattr(args, f"dp_{name}") for name in _PRIVACY if getattr(args, f"dp_{name}") is not None}
-    if privacy:
-        for required in ("epsilon", "min_examples"):
-            if required not in privacy:
-                raise UsageError(f"dp_{required}", "required for a private job")
-        body["privacy"] = _validated(Privacy, privacy, renamed={name: f"dp_{name}" for name in _PRIVACY})
+    body |= _privacy(args)
     return _validated(JobCreate, body, renamed={"privacy": "dp_min_examples"})  # what JobCreate checks of it
+
+
+def _privacy(args: argparse.Namespace) -> dict:
+    """``{"privacy": ...}`` from the ``--dp-*`` options, or nothing for a job that is not private."""
+    from shared.errors import UsageError
+    from shared.schemas import Privacy
+
+    privacy = {name: getattr(args, f"dp_{name}") for name in _PRIVACY if getattr(args, f"dp_{name}") is not None}
+    if not privacy:
+        return {}
+    for required in ("epsilon", "min_examples"):
+        if required not in privacy:
+            raise UsageError(f"dp_{required}", "required for a private job")
+    return {"privacy": _validated(Privacy, privacy, renamed={name: f"dp_{name}" for name in _PRIVACY})}
 
 
 def _validated(schema, body: dict, renamed: dict[str, str] | None = None) -> dict:
@@ -261,7 +270,8 @@ def _federated_body(args: argparse.Namespace) -> dict:
     body["steps"] = args.local_steps
     if args.targets is not None:
         body["targets"] = [t.strip() for t in args.targets.split(",") if t.strip()]
-    return _validated(FederatedJobCreate, body, renamed={"steps": "local_steps"})
+    body |= _privacy(args)
+    return _validated(FederatedJobCreate, body, renamed={"steps": "local_steps", "privacy": "dp_min_examples"})
 
 
 def _admin_token_default(args: argparse.Namespace) -> None:

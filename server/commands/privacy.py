@@ -38,12 +38,13 @@ def run(args: argparse.Namespace) -> ExitCode:
         f"remaining {ledger['remaining']:.3g}"
     )
     rows = [
-        {"job_id": e["job_id"], "status": e["status"], "counts": e["spends"], "steps": e["steps"]}
+        {"job_id": e["job_id"], "round": e.get("round"), "status": e["status"], "counts": e["spends"]}
+        | {"steps": e["steps"]}
         | {k: e["privacy"][k] for k in ("epsilon", "delta", "noise_multiplier", "clip", "min_examples")}
         | {"batch_size": e["batch_size"]}
         for e in ledger["jobs"]
     ]
     if rows:
-        columns = ["job_id", "status", "counts", "epsilon", "delta", "noise_multiplier", "clip", "steps"]
+        columns = ["job_id", "round", "status", "counts", "epsilon", "delta", "noise_multiplier", "clip", "steps"]
         print_table(rows, [*columns, "batch_size", "min_examples"])
     return ExitCode.OK

@@ -11,7 +11,7 @@ from fastapi import HTTPException, status
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from server import accounts, jobstate, queries
+from server import accounts, jobstate, privacy, queries
 from server.deps import AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, UserOrAdmin
 from server.responses import errors, field_error, not_found
 from server.router import Router
@@ -131,6 +131,10 @@ def submit(cohort_id: ObjectId, body: FederatedJobCreate, _: AdminDep, session: 
     except UsageError as exc:
         raise field_error(exc.argument.lstrip("-"), exc.reason) from None
     fed = body.model_dump(mode="json", include=set(FederationSpec.model_fields))
+    if body.privacy is not None:  # each member's data: (epsilon, delta)-DP over every part it could train
+        spec["privacy"] = privacy.resolve(body.privacy, body.steps * body.rounds, body.batch_size).model_dump(
+            mode="json"
+        )
     job = jobstate.submit(
         session,
         user_id=None,
@@ -138,6 +142,7 @@ def submit(cohort_id: ObjectId, body: FederatedJobCreate, _: AdminDep, session: 
         model_id=model.id,
         task=cohort.task,
         spec=spec,
+        private=body.privacy is not None,
         federation=fed,
     )
     queue.submit(job.id)

@@ -56,13 +56,6 @@ def _check_chat_template(model: Model, body: JobCreate) -> None:
         raise field_error("chat_template", "the model's tokenizer has no chat template")
 
 
-def _check_privacy(body: JobCreate) -> None:
-    if body.privacy is None:
-        return
-    if body.privacy.noise_multiplier is not None:
-        raise field_error("privacy", "noise_multiplier is set by the server from epsilon and delta")
-
-
 def _check_answer_len(body: JobCreate) -> None:
     """Only a verbalizer fixes the answers in advance; other tasks take their answers from the device's data."""
     if body.answer_len is None and get_task(body.task_name, body.template, body.verbalizer).kind != "classification":
@@ -97,7 +90,6 @@ def submit(
     _check_init_adapter(session, user, model, body)
     _check_chat_template(model, body)
     _check_answer_len(body)
-    _check_privacy(body)
     spec, charge = body.model_dump(mode="json"), None
     if body.privacy is not None:
         spec["privacy"] = privacy.resolve(body.privacy, body.steps, body.batch_size).model_dump(mode="json")

@@ -131,7 +131,7 @@ def lease(
         manifest = device_manifest(session, manifests, job.program_id)
         return _lease(session, store, manifest, job, settings.heartbeat_s)
     if body is None or body.eligible is not False:  # round work only for devices whose policy holds
-        client = federation.lease_round(session, store, asking, settings.lease_s)
+        client = federation.lease_round(session, store, asking, settings.lease_s, settings)
         if client is not None:
             metrics.LEASES.labels("round").inc()
             return _round_lease(session, store, manifests, client, settings.heartbeat_s)

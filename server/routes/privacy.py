@@ -25,6 +25,17 @@ def _public(book: privacy.Ledger) -> PrivacyLedgerPublic:
             spends=privacy.spends(job),
         )
         for job in book.jobs
+    ] + [
+        PrivacyEntry(
+            job_id=part.id,
+            status=part.status,
+            steps=part.spec["steps"],
+            batch_size=part.spec["batch_size"],
+            privacy=Privacy.model_validate(part.spec["privacy"]),
+            spends=True,
+            round=part.index,
+        )
+        for part in book.parts
     ]
     budget = PrivacyBudget(epsilon=book.epsilon, delta=book.delta)
     return PrivacyLedgerPublic(budget=budget, spent=spent, remaining=max(book.epsilon - spent, 0.0), jobs=entries)

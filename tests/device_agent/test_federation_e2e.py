@@ -226,3 +226,36 @@ def test_a_real_agents_round_part_of_2000_steps_reports(stack: Stack, local_data
     assert part["status"] == "reported" and part["log_bytes"] > 5 * JSON_LIMIT, part
     log = read_log(stack.artifacts / "logs" / f"{part['log_sha256']}.jsonl")
     assert [record["step"] for record in log] == list(range(2000)) and all(len(r["g"]) == 4 for r in log)
+
+
+def test_a_real_agent_trains_a_private_round_part(
+    stack: Stack, local_data: Path, tiny_model_dir: Path, program_factory
+) -> None:
+    """A private federated job: the agent runs its part as a private run (the private program, noise from its own
+    seed) and uploads g alone; the server accepts it as a private log and the cohort's adapter states each member's
+    guarantee over rounds x local steps."""
+    import uuid
+
+    from shared.train_log import read_log
+    from tests.utils.program_cache import seed_server_program
+
+    private = {"epsilon": 8.0, "min_examples": 48}  # the device trains on 52 of its 64 rows (the rest held out)
+    assert seed_server_program(stack.artifacts, tiny_model_dir, {**SPEC, "privacy": private}, program_factory).private
+    admin = httpx.Client(base_url=stack.url, headers=bearer(ADMIN_TOKEN), timeout=60)
+    name = f"private-{uuid.uuid4().hex[:8]}"
+    cohort = ok(admin.post("/v1/cohorts", json={"name": name, "model": "tiny", "task": "sst2"}), 201)["id"]
+    ok(stack.user.post(f"/v1/cohorts/{cohort}/join"))
+    agent = Agent(stack.enroll(), stack.tmp / "work", local_data, stack.tmp / "agent.log")
+    hyper = {k: v for k, v in SPEC.items() if k not in ("model", "task", "eval_examples")}
+    body = {**hyper, "steps": 12, "rounds": 1, "clients_per_round": 1, "min_clients": 1, "privacy": private}
+    job = ok(admin.post(f"/v1/cohorts/{cohort}/jobs", json=body), 202)
+    assert agent.start(once=True).wait(600) == 0, agent.tail()
+    done = wait_for(lambda: (j := ok(admin.get(f"/v1/jobs/{job['id']}")))["status"] != "running" and j, 120, "the job")
+    assert done["status"] == "succeeded", done["error"]
+    ((round_,),) = [ok(admin.get(f"/v1/jobs/{job['id']}/rounds"))["data"]]
+    ((part,),) = [round_["clients"]]
+    assert part["status"] == "reported" and round_["mean_loss"] is None  # no loss left the device
+    log = read_log(stack.artifacts / "logs" / f"{part['log_sha256']}.jsonl", private=True)
+    assert len(log) == 12 and all(set(r) == {"step", "seed", "lr", "eps", "g"} for r in log)
+    adapter = ok(stack.user.get(f"/v1/adapters/{round_['adapter_id']}"))
+    assert adapter["privacy"]["steps"] == 12 and adapter["privacy"]["epsilon"] == 8.0

@@ -179,8 +179,8 @@ def b_flat_bytes(values: np.ndarray, name: str = "b_flat") -> bytes:
 def fake_training(
     spec: dict[str, Any], d: int, init: np.ndarray | None = None, seed: int = 1
 ) -> tuple[np.ndarray, str]:
-    """A log a device could have written (random losses, their g, the job's seeds and lr schedule) and the B it
-    leads to (with the job's optimizer)."""
+    """A log a device could have written (random losses, their g, the job's seeds and lr schedule; a private job's:
+    small noisy g alone) and the B it leads to (with the job's optimizer)."""
     import torch
 
     from server.verify import expected_lr
@@ -193,6 +193,8 @@ def fake_training(
     for step in range(spec["steps"]):
         losses = rng.uniform(1, 2, size=2 * spec["q"]).astype(np.float32)
         g = (losses[0::2] - losses[1::2]) / (np.float32(spec["eps"]) * np.float32(2))  # as the program computes it
+        if spec.get("privacy"):  # within the job's bound on |g|; the losses stay on the device
+            g, losses = (rng.standard_normal(spec["q"]) * 0.1).astype(np.float32), None
         lr = expected_lr(spec, step)  # the job's schedule, as the device's batches carry it
         lines.append(log_line(log_record(step, step_seed(spec["seed"], step), lr, spec["eps"], g, losses)))
     start = torch.zeros(d) if init is None else torch.from_numpy(init)

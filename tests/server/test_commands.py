@@ -202,10 +202,15 @@ def test_cohort_commands_and_a_federated_job(server_url, capsys, monkeypatch):
     code, _, err = _run(capsys, "jobs", "submit", "--model", "tiny", "--task", "sst2", "--rounds", "2", *user)
     assert code == 2 and "--rounds" in err
     monkeypatch.setenv("MOBIZO_ADMIN_TOKEN", ADMIN_TOKEN)  # --cohort takes the admin token by default
-    code, out, err = _run(capsys, *base, *rounds, "--server", server_url)
+    code, _, err = _run(capsys, *base, *rounds, "--dp-epsilon", "8", "--server", server_url)
+    assert code == 2 and "--dp-min-examples" in err
+    private = ["--dp-epsilon", "8", "--dp-min-examples", "64", "--server-momentum", "0.9", "--optimizer", "momentum"]
+    code, out, err = _run(capsys, *base, *rounds, *private, "--server", server_url)
     assert code == 0, err
     job = json.loads(out)
     assert job["cohort_id"] == cohort and job["federation"]["aggregation"] == "median" and job["spec"]["steps"] == 5
+    assert job["federation"]["server_momentum"] == 0.9 and job["spec"]["optimizer"] == "momentum"
+    assert job["spec"]["privacy"]["noise_multiplier"] > 0  # calibrated by the server over rounds x local steps
     code, out, _ = _run(capsys, "jobs", "show", str(job["id"]), *admin)
     assert code == 0 and json.loads(out)["federation_progress"]["rounds"] == 2
     code, _, _ = _run(capsys, "jobs", "show", str(job["id"]), *user)

@@ -501,3 +501,50 @@ def test_the_dashboard_shows_a_federated_jobs_rounds_and_the_cohorts_adapter_lin
     assert version.status_code == 200 and "round 1" in version.text
     archive = client.get(f"/ui/adapters/{edges[0][1]}/download")
     assert archive.status_code == 200 and archive.content[:2] == b"PK"
+
+
+def test_a_private_federated_job_runs_private_parts_and_states_each_members_guarantee(
+    client: TestClient, world: dict, settings
+):
+    """Local DP in rounds: every part is a private run (the program takes the clip and noise, the log carries g
+    alone, a log with losses is refused), calibrated so that each member's data is (epsilon, delta)-DP over every
+    part it could train (rounds x local steps); the cohort's adapters state that guarantee. Each part a member's
+    device takes is an entry of the member's privacy ledger, and a part over the member's budget is not leased."""
+    from shared.privacy import noise_multiplier
+
+    join(client, world, "a", "b", "c")
+    assert client.put("/v1/privacy", json={"epsilon": 1.0}, headers=world["users"]["c"]).status_code == 200
+    job = submit(client, world, rounds=2, clients_per_round=2, privacy={"epsilon": 8.0, "min_examples": 64})
+    sigma = noise_multiplier(8.0, 1e-5, HYPER["steps"] * 2, HYPER["batch_size"], 64)
+    for index in range(2):
+        assert lease(client, world, "c") is None  # one part would spend more than c's budget of 1
+        leases = {name: lease(client, world, name) for name in "ab"}
+        for x in leases.values():
+            assert x["spec"]["privacy"]["noise_multiplier"] == sigma and x["manifest"]["config"]["private"]
+        if index == 0:  # a part whose log carries its losses says more than g: refused
+            spec, d = leases["a"]["spec"], leases["a"]["manifest"]["lora_size"]
+            _, open_log = fake_training({**spec, "privacy": None}, d, init_b(client, world, "a", leases["a"]))
+            files = {"log": ("log.jsonl", io.BytesIO(open_log.encode())), "metrics": ("m.json", io.BytesIO(b"{}"))}
+            url = f"/v1/round-clients/{leases['a']['round']['client_id']}/result"
+            r = client.post(url, files=files, headers=world["devices"]["a"]["headers"])
+            assert r.status_code == 422 and "losses" in r.text, r.text
+        for i, name in enumerate("ab"):
+            assert report(client, world, name, leases[name], 10 * index + i)[0].status_code == 201
+        wait_for(lambda i=index: rounds(client, job["id"])[i]["status"] == "closed", 30, f"round {index} to close")
+    listed = rounds(client, job["id"])
+    assert all(r["mean_loss"] is None for r in listed)  # private parts report no loss
+    ledger = client.get("/v1/privacy", headers=world["users"]["a"]).json()
+    assert [(e["job_id"], e["round"], e["status"]) for e in ledger["jobs"]] == [(job["id"], 0, "reported")] + [
+        (job["id"], 1, "reported")
+    ]
+    assert 0 < ledger["spent"] <= 8.0  # the two parts compose to at most the job's epsilon
+    assert client.get("/v1/privacy", headers=world["users"]["c"]).json()["jobs"] == []
+    adapter = client.get(f"/v1/adapters/{listed[-1]['adapter_id']}", headers=world["users"]["a"]).json()
+    assert adapter["privacy"] == {
+        "epsilon": 8.0,
+        "delta": 1e-5,
+        "noise_multiplier": sigma,
+        "clip": adapter["privacy"]["clip"],
+        "steps": HYPER["steps"] * 2,
+        "sampling_rate": HYPER["batch_size"] / 64,
+    }
