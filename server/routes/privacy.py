@@ -13,30 +13,24 @@ from shared.schemas import Privacy, PrivacyBudget, PrivacyEntry, PrivacyLedgerPu
 router = Router(prefix="/v1/privacy", tags=["privacy"])
 
 
+def _entry(job_id: int, status: str, spec: dict, spends: bool, round_: int | None = None) -> PrivacyEntry:
+    """A ledger line: a private job, or (``round_`` set) a part of a private federated job."""
+    p = Privacy.model_validate(spec["privacy"])
+    return PrivacyEntry(
+        job_id=job_id,
+        status=status,
+        steps=spec["steps"],
+        batch_size=spec["batch_size"],
+        privacy=p,
+        spends=spends,
+        round=round_,
+    )
+
+
 def _public(book: privacy.Ledger) -> PrivacyLedgerPublic:
     spent = book.spent()
-    entries = [
-        PrivacyEntry(
-            job_id=job.id,
-            status=job.status,
-            steps=job.spec["steps"],
-            batch_size=job.spec["batch_size"],
-            privacy=Privacy.model_validate(job.spec["privacy"]),
-            spends=privacy.spends(job),
-        )
-        for job in book.jobs
-    ] + [
-        PrivacyEntry(
-            job_id=part.id,
-            status=part.status,
-            steps=part.spec["steps"],
-            batch_size=part.spec["batch_size"],
-            privacy=Privacy.model_validate(part.spec["privacy"]),
-            spends=True,
-            round=part.index,
-        )
-        for part in book.parts
-    ]
+    entries = [_entry(job.id, job.status, job.spec, privacy.spends(job)) for job in book.jobs]
+    entries += [_entry(part.id, part.status, part.spec, True, part.index) for part in book.parts]
     budget = PrivacyBudget(epsilon=book.epsilon, delta=book.delta)
     return PrivacyLedgerPublic(budget=budget, spent=spent, remaining=max(book.epsilon - spent, 0.0), jobs=entries)
 

@@ -202,27 +202,36 @@ def test_a_federation_of_real_agents(artifacts: Path, local_data: Path, tiny_mod
             assert stranger.get(f"/v1/adapters/{last}/download").status_code == 404
 
 
-def test_a_real_agents_round_part_of_2000_steps_reports(stack: Stack, local_data: Path):
-    """A round part whose log is far over the 64 KB JSON cap (2,000 steps at the suite's q = 4, about 0.5 MB),
-    trained and uploaded by a real agent on the session's server, is replayed and accepted, and closes its round (a
-    300-step part used to be refused 413 and expire). The log the server stored is the part's, step for step."""
+def _one_part_by_a_real_agent(stack: Stack, local_data: Path, job: dict) -> list[dict]:
+    """A new cohort of the stack's user, a one-round one-client federated job (``job``: its steps and what else
+    differs from the suite's ``SPEC``) trained and reported by a real agent → the job's rounds, once it succeeded."""
     import uuid
 
-    from server.limits import JSON_LIMIT
-    from shared.train_log import read_log
-
     admin = httpx.Client(base_url=stack.url, headers=bearer(ADMIN_TOKEN), timeout=60)
-    name = f"long-{uuid.uuid4().hex[:8]}"
+    name = f"cohort-{uuid.uuid4().hex[:8]}"
     cohort = ok(admin.post("/v1/cohorts", json={"name": name, "model": "tiny", "task": "sst2"}), 201)["id"]
     ok(stack.user.post(f"/v1/cohorts/{cohort}/join"))
     agent = Agent(stack.enroll(), stack.tmp / "work", local_data, stack.tmp / "agent.log")
     hyper = {k: v for k, v in SPEC.items() if k not in ("model", "task", "eval_examples")}
-    body = {**hyper, "lr": 0.01, "steps": 2000, "rounds": 1, "clients_per_round": 1, "min_clients": 1}
-    job = ok(admin.post(f"/v1/cohorts/{cohort}/jobs", json=body), 202)
+    body = {**hyper, **job, "rounds": 1, "clients_per_round": 1, "min_clients": 1}
+    created = ok(admin.post(f"/v1/cohorts/{cohort}/jobs", json=body), 202)
     assert agent.start(once=True).wait(600) == 0, agent.tail()
-    done = wait_for(lambda: (j := ok(admin.get(f"/v1/jobs/{job['id']}")))["status"] != "running" and j, 120, "the job")
+    url = f"/v1/jobs/{created['id']}"
+    done = wait_for(lambda: (j := ok(admin.get(url)))["status"] != "running" and j, 120, "the job")
     assert done["status"] == "succeeded", done["error"]
-    ((part,),) = [r["clients"] for r in ok(admin.get(f"/v1/jobs/{job['id']}/rounds"))["data"]]
+    return ok(admin.get(f"{url}/rounds"))["data"]
+
+
+def test_a_real_agents_round_part_of_2000_steps_reports(stack: Stack, local_data: Path):
+    """A round part whose log is far over the 64 KB JSON cap (2,000 steps at the suite's q = 4, about 0.5 MB),
+    trained and uploaded by a real agent on the session's server, is replayed and accepted, and closes its round (a
+    300-step part used to be refused 413 and expire). The log the server stored is the part's, step for step."""
+
+    from server.limits import JSON_LIMIT
+    from shared.train_log import read_log
+
+    (round_,) = _one_part_by_a_real_agent(stack, local_data, {"lr": 0.01, "steps": 2000})
+    (part,) = round_["clients"]
     assert part["status"] == "reported" and part["log_bytes"] > 5 * JSON_LIMIT, part
     log = read_log(stack.artifacts / "logs" / f"{part['log_sha256']}.jsonl")
     assert [record["step"] for record in log] == list(range(2000)) and all(len(r["g"]) == 4 for r in log)
@@ -234,26 +243,14 @@ def test_a_real_agent_trains_a_private_round_part(
     """A private federated job: the agent runs its part as a private run (the private program, noise from its own
     seed) and uploads g alone; the server accepts it as a private log and the cohort's adapter states each member's
     guarantee over rounds x local steps."""
-    import uuid
 
     from shared.train_log import read_log
     from tests.utils.program_cache import seed_server_program
 
     private = {"epsilon": 8.0, "min_examples": 48}  # the device trains on 52 of its 64 rows (the rest held out)
     assert seed_server_program(stack.artifacts, tiny_model_dir, {**SPEC, "privacy": private}, program_factory).private
-    admin = httpx.Client(base_url=stack.url, headers=bearer(ADMIN_TOKEN), timeout=60)
-    name = f"private-{uuid.uuid4().hex[:8]}"
-    cohort = ok(admin.post("/v1/cohorts", json={"name": name, "model": "tiny", "task": "sst2"}), 201)["id"]
-    ok(stack.user.post(f"/v1/cohorts/{cohort}/join"))
-    agent = Agent(stack.enroll(), stack.tmp / "work", local_data, stack.tmp / "agent.log")
-    hyper = {k: v for k, v in SPEC.items() if k not in ("model", "task", "eval_examples")}
-    body = {**hyper, "steps": 12, "rounds": 1, "clients_per_round": 1, "min_clients": 1, "privacy": private}
-    job = ok(admin.post(f"/v1/cohorts/{cohort}/jobs", json=body), 202)
-    assert agent.start(once=True).wait(600) == 0, agent.tail()
-    done = wait_for(lambda: (j := ok(admin.get(f"/v1/jobs/{job['id']}")))["status"] != "running" and j, 120, "the job")
-    assert done["status"] == "succeeded", done["error"]
-    ((round_,),) = [ok(admin.get(f"/v1/jobs/{job['id']}/rounds"))["data"]]
-    ((part,),) = [round_["clients"]]
+    (round_,) = _one_part_by_a_real_agent(stack, local_data, {"steps": 12, "privacy": private})
+    (part,) = round_["clients"]
     assert part["status"] == "reported" and round_["mean_loss"] is None  # no loss left the device
     log = read_log(stack.artifacts / "logs" / f"{part['log_sha256']}.jsonl", private=True)
     assert len(log) == 12 and all(set(r) == {"step", "seed", "lr", "eps", "g"} for r in log)
