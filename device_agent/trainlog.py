@@ -64,12 +64,12 @@ def resume_point(
     """
     records = read_complete(log_path)
     ckpt = load_checkpoint(checkpoint_path, key)
-    start, b = 0, None
-    if ckpt is not None and (init_b is not None or (ckpt.next_step <= len(records) and optimizer == "sgd")):
-        start = min(ckpt.next_step, len(records))
-        b = ckpt.b if ckpt.next_step <= len(records) else None
-    state = None
-    if start > 0 and (b is None or optimizer != "sgd"):
+    covered = ckpt is not None and ckpt.next_step <= len(records)
+    from_log = not covered or optimizer != "sgd"  # B, or the optimizer's state, is the replay's: init_b needed
+    start, b, state = 0, None, None
+    if ckpt is not None and (init_b is not None or not from_log):
+        start, b = (ckpt.next_step, ckpt.b) if covered else (len(records), None)
+    if start > 0 and from_log:
         import torch
 
         from shared.replay import replay_state
