@@ -182,7 +182,9 @@ def test_killed_and_stopped_agents_resume_to_the_bits_of_an_uninterrupted_run(
     executorch: the agent is frozen (SIGSTOP) between two checkpoints, then killed, so log lines past the last
     checkpoint must be cut back and trained again. adb: the phone's runner runs apart from the agent and cannot be
     frozen with it, so the agent is killed while paused (its charger unplugged), its checkpoint where it paused."""
-    steps = 400  # about a second of tiny steps
+    # About a second of tiny steps in this process; the native runner is faster (400 in 0.85 s, done before the
+    # unplugging took effect), so its jobs are longer.
+    steps = 1500 if backend == "adb" else 400
     extra, env = backend_setup(backend, tmp_path, runner_binary, tiny_model_dir)
     charger = Charger(backend, tmp_path, env)
     agent = make_agent(stack, local_data, "device", backend, [*extra, *charger.flags], env)
