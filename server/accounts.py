@@ -115,16 +115,18 @@ def seen_is_due(last_seen_at: datetime | None) -> bool:
     return last_seen_at is None or utcnow() - last_seen_at > LAST_SEEN_EVERY
 
 
-def set_privacy_budget(session: Session, user: User, epsilon: float, delta: float) -> None:
-    """The budget the user's private jobs spend from (``server.privacy``)."""
-    user.privacy_epsilon, user.privacy_delta = epsilon, delta
+def set_privacy_budget(session: Session, owner: User | Cohort, epsilon: float, delta: float) -> None:
+    """The budget a user's private jobs, or a cohort's private federated jobs, spend from (``server.privacy``)."""
+    owner.privacy_epsilon, owner.privacy_delta = epsilon, delta
     session.commit()
 
 
-def claim_privacy_ledger(session: Session, user_id: int, version: int) -> bool:
-    """Bump the user's ledger version if it is still ``version`` (the one the ledger was read at); False when a
-    racing private submit bumped it first (its job is then part of the ledger). The caller commits, with the job."""
-    bump = update(User).where(User.id == user_id, User.privacy_version == version)
+def claim_privacy_ledger(session: Session, owner: User | Cohort, version: int) -> bool:
+    """Bump the ledger version of a user or a cohort if it is still ``version`` (the one the ledger was read at);
+    False when a racing private submit bumped it first (its job is then part of the ledger). The caller commits,
+    with the job."""
+    table = type(owner)
+    bump = update(table).where(table.id == owner.id, table.privacy_version == version)
     return session.execute(bump.values(privacy_version=version + 1)).rowcount == 1
 
 

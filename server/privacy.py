@@ -9,6 +9,11 @@ remains). Two submits of one user racing for the rest of a budget are serialized
 (``accounts.claim_privacy_ledger``): the one that loses its claim reads the ledger again, with the winner's job in
 it. The budget is the user's (``PUT /v1/privacy``), else ``Settings.privacy_budget_epsilon`` at
 ``shared.defaults.DP_DELTA``.
+
+A cohort keeps a ledger of the same kind (``PUT /v1/cohorts/{id}/privacy``, the admin's): its private federated
+jobs, each (epsilon, delta)-DP for any member's data over all of its rounds, composed the same way; a federated
+job that would take the cohort past its budget is refused at submit. Each member's own ledger still counts the
+parts its devices take (``claim_part``), so a member in several cohorts is bounded by both.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from sqlalchemy.orm import Session
 
 from server import accounts, queries
 from server.settings import Settings
-from server.tables import Job, User
+from server.tables import Cohort, Job, User
 from shared import defaults
-from shared.schemas import TERMINAL_STATUSES, Privacy
+from shared.schemas import TERMINAL_STATUSES, Privacy, PrivacyBudget, PrivacyEntry, PrivacyLedgerPublic
 
 
 def resolve(privacy: Privacy, steps: int, batch_size: int) -> Privacy:
@@ -53,7 +58,7 @@ def _run(spec: dict[str, Any]) -> tuple[float, int, int, int]:
 @dataclass
 class Ledger:
     """A user's budget, what their private jobs and the private round parts their devices took spent, and the
-    version the ledger was read at."""
+    version the ledger was read at; or a cohort's budget and its private federated jobs (no parts)."""
 
     epsilon: float
     delta: float
@@ -70,37 +75,80 @@ class Ledger:
         return ledger_epsilon(runs + ([_run(extra)] if extra else []), self.delta)
 
 
-def ledger(session: Session, user: User, settings: Settings, delta: float | None = None) -> Ledger:
-    """The user's ledger as committed now (``delta``: read at this delta instead of the budget's)."""
-    session.refresh(user)
-    epsilon = user.privacy_epsilon if user.privacy_epsilon is not None else settings.privacy_budget_epsilon
+def ledger(session: Session, owner: User | Cohort, settings: Settings, delta: float | None = None) -> Ledger:
+    """The ledger of a user or a cohort as committed now (``delta``: read at this delta instead of the budget's)."""
+    session.refresh(owner)
+    epsilon = owner.privacy_epsilon if owner.privacy_epsilon is not None else settings.privacy_budget_epsilon
     if delta is None:
-        delta = user.privacy_delta if user.privacy_delta is not None else defaults.DP_DELTA
-    jobs, parts = queries.private_jobs_of(session, user.id), queries.private_parts_of(session, user.id)
-    return Ledger(epsilon, delta, user.privacy_version, jobs, parts)
+        delta = owner.privacy_delta if owner.privacy_delta is not None else defaults.DP_DELTA
+    parts = [] if isinstance(owner, Cohort) else queries.private_parts_of(session, owner.id)
+    return Ledger(epsilon, delta, owner.privacy_version, queries.private_jobs_of(session, owner), parts)
 
 
-def charge(user: User, settings: Settings, spec: dict[str, Any]) -> Callable[[Session], bool]:
+def _whose(owner: User | Cohort) -> str:
+    return f"cohort {owner.name}'s" if isinstance(owner, Cohort) else "your"
+
+
+def charge(owner: User | Cohort, settings: Settings, spec: dict[str, Any]) -> Callable[[Session], bool]:
     """The ledger entry of a private job (``spec``: its JSON, privacy resolved) for ``jobstate.submit``: refuses
-    with 409 when the user's ledger would pass its budget; False when a racing submit claimed the ledger first."""
+    with 409 when the ledger of the user (or the cohort, for a federated job) would pass its budget; False when a
+    racing submit claimed the ledger first."""
+    whose = _whose(owner)
 
     def claim(session: Session) -> bool:
-        book = ledger(session, user, settings)
+        book = ledger(session, owner, settings)
         after = book.spent(spec)
         if after > book.epsilon:
             left = max(book.epsilon - book.spent(), 0.0)
             raise HTTPException(
                 status.HTTP_409_CONFLICT,
-                f"privacy budget: this job would bring your epsilon to {after:.3g} (delta {book.delta:g}), over "
-                f"your budget of {book.epsilon:g}; {left:.3g} remains",
+                f"privacy budget: this job would bring {whose} epsilon to {after:.3g} (delta {book.delta:g}), over "
+                f"{whose} budget of {book.epsilon:g}; {left:.3g} remains",
             )
-        return accounts.claim_privacy_ledger(session, user.id, book.version)
+        return accounts.claim_privacy_ledger(session, owner, book.version)
 
     return claim
+
+
+def _entry(job_id: int, status: str, spec: dict, spends: bool, round_: int | None = None) -> PrivacyEntry:
+    """A ledger line: a private job, or (``round_`` set) a part of a private federated job."""
+    p = Privacy.model_validate(spec["privacy"])
+    return PrivacyEntry(
+        job_id=job_id,
+        status=status,
+        steps=spec["steps"],
+        batch_size=spec["batch_size"],
+        privacy=p,
+        spends=spends,
+        round=round_,
+    )
+
+
+def public(book: Ledger) -> PrivacyLedgerPublic:
+    """A ledger as the API shows it (``GET /v1/privacy``, ``GET /v1/cohorts/{id}/privacy``)."""
+    spent = book.spent()
+    entries = [_entry(job.id, job.status, job.spec, spends(job)) for job in book.jobs]
+    entries += [_entry(part.id, part.status, part.spec, True, part.index) for part in book.parts]
+    budget = PrivacyBudget(epsilon=book.epsilon, delta=book.delta)
+    return PrivacyLedgerPublic(budget=budget, spent=spent, remaining=max(book.epsilon - spent, 0.0), jobs=entries)
+
+
+def set_budget(
+    session: Session, owner: User | Cohort, settings: Settings, budget: PrivacyBudget
+) -> PrivacyLedgerPublic:
+    """Set the budget of a user or a cohort (committed) and show the ledger; 409 naming ``epsilon`` when the budget
+    is below what its private jobs spent already."""
+    from server.responses import field_error
+
+    if (spent := ledger(session, owner, settings, budget.delta).spent()) > budget.epsilon:
+        detail = f"{_whose(owner)} private jobs spent {spent:.3g} at delta {budget.delta:g}"
+        raise field_error("epsilon", detail, status.HTTP_409_CONFLICT)
+    accounts.set_privacy_budget(session, owner, budget.epsilon, budget.delta)
+    return public(ledger(session, owner, settings))
 
 
 def claim_part(session: Session, user: User, settings: Settings, spec: dict[str, Any]) -> bool:
     """Whether the user's ledger has room for one part of a private federated job (``spec``), claiming it if so
     (the caller commits, with the part): a part over the member's budget is not leased to any of its devices."""
     book = ledger(session, user, settings)
-    return book.spent(spec) <= book.epsilon and accounts.claim_privacy_ledger(session, user.id, book.version)
+    return book.spent(spec) <= book.epsilon and accounts.claim_privacy_ledger(session, user, book.version)

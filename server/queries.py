@@ -99,9 +99,11 @@ def heartbeat_refusal(conn: Connection, job_id: int, device_id: int) -> tuple[Ro
     return job, conn.execute(select(Device.revoked_at).where(Device.id == device_id)).scalar_one_or_none()
 
 
-def private_jobs_of(session: Session, user_id: int) -> list[Job]:
-    """The user's private jobs (``spec["privacy"]`` set), oldest first: the entries of its privacy ledger."""
-    return list(session.scalars(select(Job).where(Job.user_id == user_id, Job.private).order_by(Job.id)))
+def private_jobs_of(session: Session, owner: User | Cohort) -> list[Job]:
+    """A user's private jobs, or a cohort's private federated jobs (``spec["privacy"]`` set), oldest first: the
+    entries of its privacy ledger."""
+    column = Job.cohort_id if isinstance(owner, Cohort) else Job.user_id
+    return list(session.scalars(select(Job).where(column == owner.id, Job.private).order_by(Job.id)))
 
 
 def private_parts_of(session: Session, user_id: int) -> list[Row[Any]]:

@@ -141,6 +141,11 @@ class Cohort(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     task: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The cohort's privacy ledger (``server.privacy``), as a user's: what its private federated jobs may spend of
+    # each member's data (null: the server's default), and the version every private submit for it bumps.
+    privacy_epsilon: Mapped[float | None] = mapped_column(Float)
+    privacy_delta: Mapped[float | None] = mapped_column(Float)
+    privacy_version: Mapped[int] = mapped_column(default=0, server_default="0")
 
 
 class CohortMember(Base):

@@ -2,7 +2,8 @@
 cohorts and opt in or out with their own key. Only opted-in users' devices ever receive a cohort's round work.
 
 ``POST /v1/cohorts`` (admin), ``GET /v1/cohorts`` (admin or user), ``POST /v1/cohorts/{id}/join`` and
-``/leave`` (user), ``POST /v1/cohorts/{id}/jobs`` (admin: a federated job, 202, compiled in the background).
+``/leave`` (user), ``POST /v1/cohorts/{id}/jobs`` (admin: a federated job, 202, compiled in the background),
+``GET /v1/cohorts/{id}/privacy`` (admin or user) and ``PUT`` (admin): the cohort's privacy ledger and budget.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from server import accounts, jobstate, privacy, queries
-from server.deps import AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, UserOrAdmin
+from server.deps import AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
 from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.tables import Cohort, Model, User
@@ -26,6 +27,8 @@ from shared.schemas import (
     FederationSpec,
     JobCreate,
     JobPublic,
+    PrivacyBudget,
+    PrivacyLedgerPublic,
 )
 from shared.tasks import get_task
 
@@ -120,10 +123,28 @@ def _stored_spec(cohort: Cohort, model: Model, body: FederatedJobCreate) -> dict
     "/{cohort_id}/jobs",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobPublic,
-    responses=errors(400, 401, 403, 404, 413, 422),
+    responses=errors(
+        400,
+        401,
+        403,
+        404,
+        409,
+        413,
+        422,
+        503,
+        e409="a private job that would pass the cohort's privacy budget (the detail names what remains)",
+    ),
 )
-def submit(cohort_id: ObjectId, body: FederatedJobCreate, _: AdminDep, session: SessionDep, queue: QueueDep):
-    """A federated job: R rounds of K clients × N local steps; compiled like any job, then leased round by round."""
+def submit(
+    cohort_id: ObjectId,
+    body: FederatedJobCreate,
+    _: AdminDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    queue: QueueDep,
+):
+    """A federated job: R rounds of K clients × N local steps; compiled like any job, then leased round by round.
+    A private one spends from the cohort's privacy ledger."""
     cohort = _cohort(session, cohort_id)
     model = session.get_one(Model, cohort.model_id)
     try:
@@ -131,12 +152,15 @@ def submit(cohort_id: ObjectId, body: FederatedJobCreate, _: AdminDep, session: 
     except UsageError as exc:
         raise field_error(exc.argument.lstrip("-"), exc.reason) from None
     fed = body.model_dump(mode="json", include=set(FederationSpec.model_fields))
+    charge = None
     if body.privacy is not None:  # each member's data: (epsilon, delta)-DP over every part it could train
         spec["privacy"] = privacy.resolve(body.privacy, body.steps * body.rounds, body.batch_size).model_dump(
             mode="json"
         )
+        charge = privacy.charge(cohort, settings, spec)
     job = jobstate.submit(
         session,
+        charge,
         user_id=None,
         cohort_id=cohort.id,
         model_id=model.id,
@@ -145,5 +169,29 @@ def submit(cohort_id: ObjectId, body: FederatedJobCreate, _: AdminDep, session: 
         private=body.privacy is not None,
         federation=fed,
     )
+    if job is None:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, "other private submits hold the cohort's ledger", {"Retry-After": "1"}
+        )
     queue.submit(job.id)
     return job_public(session, job, model.name, None)
+
+
+@router.get("/{cohort_id}/privacy", response_model=PrivacyLedgerPublic, responses=errors(401, 403, 404, 422))
+def show_privacy(cohort_id: ObjectId, _: UserOrAdmin, session: SessionDep, settings: SettingsDep):
+    """The cohort's privacy ledger: its budget and the private federated jobs that spend from it."""
+    return privacy.public(privacy.ledger(session, _cohort(session, cohort_id), settings))
+
+
+@router.put(
+    "/{cohort_id}/privacy",
+    response_model=PrivacyLedgerPublic,
+    responses=errors(
+        400, 401, 403, 404, 409, 413, 422, e409="the budget is below what the cohort's private jobs have spent"
+    ),
+)
+def set_privacy_budget(
+    cohort_id: ObjectId, body: PrivacyBudget, _: AdminDep, session: SessionDep, settings: SettingsDep
+) -> PrivacyLedgerPublic:
+    """Set what the cohort's private federated jobs may spend of each member's data; not below what they spent."""
+    return privacy.set_budget(session, _cohort(session, cohort_id), settings, body)

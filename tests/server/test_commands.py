@@ -211,6 +211,12 @@ def test_cohort_commands_and_a_federated_job(server_url, capsys, monkeypatch):
     assert job["cohort_id"] == cohort and job["federation"]["aggregation"] == "median" and job["spec"]["steps"] == 5
     assert job["federation"]["server_momentum"] == 0.9 and job["spec"]["optimizer"] == "momentum"
     assert job["spec"]["privacy"]["noise_multiplier"] > 0  # calibrated by the server over rounds x local steps
+    code, out, _ = _run(capsys, "privacy", "show", "--cohort", str(cohort), "--json", *user)  # the cohort's ledger
+    assert code == 0 and [e["job_id"] for e in json.loads(out)["jobs"]] == [job["id"]]
+    code, _, err = _run(capsys, "privacy", "budget", "--cohort", str(cohort), "--epsilon", "1", *admin)
+    assert code == 1 and "spent" in err  # below what the cohort's job spends
+    code, out, _ = _run(capsys, "privacy", "budget", "--cohort", str(cohort), "--epsilon", "9", *admin)
+    assert code == 0 and "budget: epsilon 9 at delta 1e-05" in out
     code, out, _ = _run(capsys, "jobs", "show", str(job["id"]), *admin)
     assert code == 0 and json.loads(out)["federation_progress"]["rounds"] == 2
     code, _, _ = _run(capsys, "jobs", "show", str(job["id"]), *user)

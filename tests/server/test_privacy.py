@@ -1,5 +1,6 @@
-"""Private jobs on the server: the noise fixed at submit, the per-user ledger (budget, refusal, races) on SQLite and
-PostgreSQL, the lease filter, and the checks of a private log (no losses; |g| within the clip plus the noise's tail)."""
+"""Private jobs on the server: the noise fixed at submit, the ledgers of users and cohorts (budget, refusal, races)
+on SQLite and PostgreSQL, the lease filter, and the checks of a private log (no losses; |g| within the clip plus the
+noise's tail)."""
 
 from __future__ import annotations
 
@@ -174,3 +175,52 @@ def test_two_racing_private_submits_cannot_both_spend_the_rest(settings, tmp_pat
             codes = _race(lambda: http.post("/v1/jobs", json=body).status_code)  # noqa: B023
             assert sorted(codes) == [202, 409], codes
             assert len(http.get("/v1/privacy").json()["jobs"]) == 1
+
+
+# A cohort's ledger: its private federated jobs (one round of SPEC's steps each: the same noise as a private job).
+ADMIN = bearer(ADMIN_TOKEN)
+FEDERATED = {**SPEC, "rank": 2, "rounds": 1, "clients_per_round": 1, "privacy": PRIVATE}
+
+
+def _cohort(http, name: str = "keyboard") -> int:
+    r = http.post("/v1/cohorts", json={"name": name, "model": "tiny", "task": "sst2"}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_a_cohorts_private_jobs_spend_from_its_own_budget(client, user):
+    cohort = _cohort(client)
+    ledger = f"/v1/cohorts/{cohort}/privacy"
+    assert client.put(ledger, json={"epsilon": BUDGET}, headers=user).status_code == 403  # the admin's to set
+    assert client.put(ledger, json={"epsilon": BUDGET}, headers=ADMIN).status_code == 200
+    job = client.post(f"/v1/cohorts/{cohort}/jobs", json=FEDERATED, headers=ADMIN).json()
+    assert job["spec"]["privacy"]["noise_multiplier"] == sigma()
+    r = client.post(f"/v1/cohorts/{cohort}/jobs", json=FEDERATED, headers=ADMIN)
+    assert r.status_code == 409, r.text
+    assert f"over cohort keyboard's budget of {BUDGET:g}" in r.json()["detail"] and "remains" in r.json()["detail"]
+    shown = client.get(ledger, headers=user).json()  # members and would-be members may read it
+    assert [e["job_id"] for e in shown["jobs"]] == [job["id"]] and 2.99 <= shown["spent"] <= 3.0
+    assert shown["budget"] == {"epsilon": BUDGET, "delta": 1e-5}
+    open_job = {k: v for k, v in FEDERATED.items() if k != "privacy"}
+    assert client.post(f"/v1/cohorts/{cohort}/jobs", json=open_job, headers=ADMIN).status_code == 202
+    r = client.put(ledger, json={"epsilon": 1.0}, headers=ADMIN)  # below what its jobs spent
+    assert r.status_code == 409 and r.json()["detail"][0]["loc"] == ["body", "epsilon"]
+    assert client.get("/v1/privacy", headers=user).json()["spent"] == 0.0  # no member has taken a part yet
+    other = _cohort(client, "camera")  # another cohort's ledger is its own
+    assert client.get(f"/v1/cohorts/{other}/privacy", headers=ADMIN).json()["jobs"] == []
+    assert client.get("/v1/cohorts/999/privacy", headers=ADMIN).status_code == 404
+
+
+def test_two_racing_private_federated_submits_cannot_both_spend_the_cohorts_rest(settings, tmp_path):
+    """The cohort's ledger version serializes two admin submits racing over real sockets, on both databases."""
+    app = create_app(settings, queue_factory=FakeCompileQueue().bind)
+    sigma()
+    with app_in_thread(app) as url:
+        admin = httpx.Client(base_url=url, headers=ADMIN, timeout=60)
+        admin.post("/v1/models", json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))})
+        for round_ in range(3):
+            cohort = _cohort(admin, f"cohort{round_}")
+            assert admin.put(f"/v1/cohorts/{cohort}/privacy", json={"epsilon": BUDGET}).status_code == 200
+            codes = _race(lambda: admin.post(f"/v1/cohorts/{cohort}/jobs", json=FEDERATED).status_code)  # noqa: B023
+            assert sorted(codes) == [202, 409], codes
+            assert len(admin.get(f"/v1/cohorts/{cohort}/privacy").json()["jobs"]) == 1
