@@ -141,6 +141,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--lr-floor", type=float, default=defaults.LR_FLOOR, metavar="F", help="decay's end, a fraction of lr")
     add("--rank", type=int, help="LoRA rank (default: the objective's, as a job's)")
     add("--alpha", type=float, help=f"LoRA alpha (default {defaults.SCALING:g} x rank)")
+    add(
+        "--targets",
+        type=lambda text: tuple(t for t in text.split(",") if t),
+        help="comma-separated LoRA target modules (default: the objective's, as a job's)",
+    )
     add("--n-train", type=int, default=1000)
     add("--n-val", type=int, default=500)
     add("--n-test", type=int, default=1000)
@@ -259,6 +264,7 @@ def run_config(
         seq_len=args.seq_len,
         rank=args.rank,
         alpha=args.alpha,
+        targets=args.targets,
         eval_every=args.eval_every,
         checkpoint_every=None if method.method == "mezo" else args.eval_every,
         chat_template=args.chat_template,
@@ -374,7 +380,7 @@ class Scorer:
 
     def __init__(self, args: argparse.Namespace, task: str) -> None:
         self.model, self.tokenizer = load_model(args.model, args.dtype, args.device)
-        self.lora = inject_lora(self.model, defaults.TARGETS, args.rank, args.alpha, defaults.A_SEED)
+        self.lora = inject_lora(self.model, args.targets, args.rank, args.alpha, defaults.A_SEED)
         frame = model_chat_frame(args.model) if args.chat_template else None
         self.task, self.seq_len = with_chat(get_task(task), frame), args.seq_len
 
@@ -523,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = defaults.for_method(defaults.METHOD, objective=args.objective or "classification")
     args.rank = args.rank or chosen.rank
     args.alpha = args.alpha or defaults.alpha_for(args.rank)
+    args.targets = args.targets or defaults.TARGETS
     args.lr_schedule = args.lr_schedule or chosen.lr_schedule
     if args.runner == "program":
         off = [m for m in methods if m.partition("+")[0] not in PROGRAM_METHODS]
