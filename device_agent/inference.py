@@ -32,13 +32,14 @@ class InferenceSession:
             self._methods = {name: program.load_method(name) for name in INFERENCE_METHODS}
         InferenceSession.loads += 1
         self._program, self.manifest = program, manifest
+        self.set_b(None)  # the program's contract: B set (and the KV cache emptied) before the first forward
 
     @property
     def max_context(self) -> int:
         return self.manifest.config.max_context
 
     def set_b(self, b: np.ndarray | None) -> None:
-        """Run with this adapter's flat B from now on (None: zeros, the base model)."""
+        """Run with this adapter's flat B from now on (None: zeros, the base model); the KV cache starts empty."""
         size = self.manifest.lora_size
         flat = np.zeros(size, dtype=np.float32) if b is None else np.asarray(b, dtype=np.float32).reshape(-1)
         if flat.size != size:

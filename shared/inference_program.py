@@ -6,6 +6,10 @@ buffers and written with ``index_copy_`` (Hugging Face's ``StaticLayer``): stand
 runtime and the native runner have. LoRA is the one MP-LoRA layer of ``shared.lora`` with one path, its B a mutable
 buffer set through ``set_lora_b``, so swapping adapters never reloads the base.
 
+The cache is planned memory, not stored: ``set_lora_b`` zeroes it (a cache built under another adapter is stale
+anyway), so a caller sets B once before the first ``forward`` and the ``.pte`` carries no cache of zeros (12 MB
+for SmolLM2 at context 256).
+
 The module is traced under the same attribute names as the training programs (``program.model.…``), so its base
 weights carry the same keys, and ``shared.ptd`` writes them to the same canonical ``weights-<sha256>.ptd``: a device
 holds one copy of the base for training and inference, whatever the adapters' ranks (A stays in each ``.pte``).
@@ -31,7 +35,7 @@ from shared.manifest import (
 )
 from shared.ptd import WEIGHTS_TAG
 
-CACHE = "kv_cache"  # prefix of the KV cache buffers: mutable, zero-initialised, never in the .ptd
+CACHE = "kv_cache"  # prefix of the KV cache buffers: mutable, zeroed by set_lora_b, in neither the .pte nor the .ptd
 
 
 class InferenceModule(nn.Module):
@@ -71,7 +75,12 @@ class InferenceModule(nn.Module):
         return out.logits
 
     def set_lora_b(self, b_flat: torch.Tensor) -> torch.Tensor:
+        """The adapter from now on, with an empty cache: the cache's memory is whatever the runtime planned until
+        this first call, and what it held was computed with the previous adapter."""
         self.lora_b.copy_(b_flat)
+        for i in range(len(self.cache.layers)):
+            getattr(self, f"{CACHE}_k_{i}").zero_()
+            getattr(self, f"{CACHE}_v_{i}").zero_()
         return self.lora_b.clone()
 
 
@@ -117,7 +126,7 @@ def export_inference_program(
     model, tokenizer = load_model(model_dir, "float32")
     module = build_inference_module(model, cfg)
     progress(f"exporting inference, context {cfg.max_context}, backend {cfg.backend} ...")
-    manager = lowering.lower(module, _method_inputs(module), cfg.backend, _weights_tag, zero_buffers=("lora_b", CACHE))
+    manager = lowering.lower(module, _method_inputs(module), cfg.backend, _weights_tag, zero_buffers=("lora_b",))
     emitted = lowering.store(manager, out_pte, store, tokenizer)
     manifest = InferenceManifest(
         format=INFERENCE_FORMAT_VERSION,

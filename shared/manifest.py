@@ -238,7 +238,7 @@ def read_manifest(pte: Path) -> ProgramManifest:
     return ProgramManifest.model_validate_json(manifest_path(pte).read_bytes())
 
 
-INFERENCE_FORMAT_VERSION = 1
+INFERENCE_FORMAT_VERSION = 2  # 2: the KV cache is not stored; set_lora_b zeroes it and must precede forward
 InferenceMethod = Literal["forward", "set_lora_b"]
 INFERENCE_METHODS: tuple[str, ...] = get_args(InferenceMethod)
 
@@ -259,7 +259,8 @@ class InferenceConfig(BaseModel):
 
 class InferenceManifest(_Manifest):
     """``FILE.json`` beside an inference ``FILE.pte``: ``forward(tokens [1, T], input_pos [T]) -> logits [1, T, V]``
-    with a KV cache of ``config.max_context`` positions inside the program, and ``set_lora_b(b [lora_size])``."""
+    with a KV cache of ``config.max_context`` positions inside the program, and ``set_lora_b(b [lora_size])``, which
+    also empties the cache and is called once before the first ``forward``."""
 
     format: int
     model: str | None = None

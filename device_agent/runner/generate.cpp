@@ -4,7 +4,8 @@
 //                          [--b B.f32] [--stop-ids 2,7]
 // stdout: one JSON line per new token {"token":id,"seconds":s}, flushed at once (the first line's time includes
 // the prompt's prefill). Greedy: the first token of highest logit, as torch.argmax picks. The program's forward
-// takes (tokens [1,T], input_pos [T]) and keeps the KV cache itself; --b sets the adapter with set_lora_b.
+// takes (tokens [1,T], input_pos [T]) and keeps the KV cache itself; set_lora_b (--b, else zeros) sets the adapter
+// and empties the cache.
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -16,6 +17,7 @@
 #include <executorch/extension/tensor/tensor.h>
 
 #include "generate.h"
+#include "program_calls.h"
 #include "runner_io.h"
 
 namespace mobizo {
@@ -43,10 +45,6 @@ std::vector<int64_t> parse_ids(const std::string& name, const std::string& text)
     start = end + 1;
   }
   return ids;
-}
-
-void check(Error err, const std::string& what) {
-  if (err != Error::Ok) throw RunnerError(what + ": " + executorch::runtime::to_string(err));
 }
 
 // The next token from the logits of the last position: the first maximum.
@@ -88,11 +86,10 @@ int generate(int argc, char** argv) {
   check(module.load(), "loading the program");
   // Both methods before any runs: loading a method re-initialises the shared B and KV-cache buffers.
   for (const char* name : {"forward", "set_lora_b"}) check(module.load_method(name), std::string("loading ") + name);
-  if (kv.count("--b")) {
-    std::vector<float> b = read_b(kv["--b"]);
-    const TensorPtr tensor = from_blob(b.data(), {static_cast<SizesType>(b.size())}, ScalarType::Float);
-    check(module.execute("set_lora_b", std::vector<EValue>{EValue(tensor)}).error(), "set_lora_b");
-  }
+  // Always set, zeros without --b: set_lora_b also empties the KV cache, which the program does not store.
+  std::vector<float> b = kv.count("--b") ? read_b(kv["--b"]) : std::vector<float>(b_size(module), 0.0f);
+  const TensorPtr tensor = from_blob(b.data(), {static_cast<SizesType>(b.size())}, ScalarType::Float);
+  check(module.execute("set_lora_b", std::vector<EValue>{EValue(tensor)}).error(), "set_lora_b");
   size_t position = 0;
   for (int64_t n = 0; n < max_new[0]; ++n) {
     const auto started = std::chrono::steady_clock::now();

@@ -32,6 +32,7 @@
 #include <executorch/extension/tensor/tensor.h>
 
 #include "generate.h"
+#include "program_calls.h"
 #include "runner_io.h"
 
 namespace {
@@ -42,6 +43,8 @@ using executorch::extension::Module;
 using executorch::extension::TensorPtr;
 using executorch::runtime::EValue;
 using executorch::runtime::Error;
+using mobizo::b_size;
+using mobizo::check;
 using mobizo::RunnerError;
 
 constexpr int kExitUsage = 2;
@@ -114,10 +117,6 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-void check(Error err, const std::string& what) {
-  if (err != Error::Ok) throw RunnerError(what + ": " + executorch::runtime::to_string(err));
-}
-
 // The program's B as a host vector. Copied at once: with shared arenas the next method call may
 // reuse the memory the output lives in.
 std::vector<float> get_b(Module& module) {
@@ -157,17 +156,6 @@ void check_shapes(Module& module, const mobizo::BatchesReader& batches) {
     throw RunnerError("batches shape [" + std::to_string(batches.rows()) + "," + std::to_string(batches.seq_len()) +
                       "] answer " + std::to_string(batches.answer_len()) +
                       " does not match the program's forward inputs");
-}
-
-// D, the length of the program's B: the size of set_lora_b's input (the B buffer itself holds
-// nothing before it is set).
-size_t b_size(Module& module) {
-  auto meta = module.method_meta("set_lora_b");
-  check(meta.error(), "set_lora_b metadata");
-  auto b = meta->input_tensor_meta(0);
-  check(b.error(), "set_lora_b input 0");
-  if (b->sizes().size() != 1) throw RunnerError("set_lora_b does not take a flat B");
-  return static_cast<size_t>(b->sizes()[0]);
 }
 
 // The initial B and the first step: from the checkpoint when one exists (resume), else --init-b,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from device_agent.inference import InferenceSession
 from shared.adapter import save_program_adapter
@@ -130,6 +131,25 @@ def test_adapter_swap_restores_logits_exactly_without_reloading(inference, sessi
     assert torch.equal(results[0], results[2])
     assert not torch.allclose(results[0], results[1])
     assert InferenceSession.loads == loads
+
+
+def test_the_kv_cache_is_planned_not_stored_and_set_lora_b_empties_it(inference, session, adapters, tiny_model_dir):
+    """The .pte is smaller than the cache it would hold if its zeros were stored; after ``set_lora_b`` the cache is
+    empty: positions 8-15 continued after a fresh set see zeros where the prefill's keys and values were."""
+    pte, manifest, _, _ = inference
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    head_dim = config.hidden_size // config.num_attention_heads
+    cache_bytes = config.num_hidden_layers * 2 * config.num_key_value_heads * manifest.config.max_context * head_dim * 4
+    assert pte.stat().st_size < cache_bytes, (pte.stat().st_size, cache_bytes)
+    ids, b = _tokens(16, manifest.vocab_size, seed=7), adapters["a"][1].numpy()
+    session.set_b(b)
+    whole = session.logits(ids, torch.arange(16))[0, 8:]
+    continued = session.logits(ids[:, 8:], torch.arange(8, 16))[0]  # the cache holds positions 0-7
+    atol = loss_rtol(config) * float(whole.abs().max())
+    assert torch.allclose(continued, whole, rtol=0, atol=atol)
+    session.set_b(b)
+    emptied = session.logits(ids[:, 8:], torch.arange(8, 16))[0]  # positions 0-7 now zeros
+    assert (emptied - whole).abs().max() > 100 * atol
 
 
 def test_program_scores_a_task_as_eager_peft_does(session, adapters, tiny_model_dir):
