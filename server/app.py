@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from server.celery_queue import CeleryVerifyPool
 
 log = logging.getLogger(__name__)
+VERIFY_PRELOAD = ("server.verify", "shared.replay")  # what a verify worker imports before its first replay
 STALE_TMP_S = 24 * 3600  # with a shared data dir, spool and build entries this old belong to no live upload or export
 QueueFactory = Callable[[sessionmaker[Session], ArtifactStore, Settings], CompileQueue]
 
@@ -83,7 +84,8 @@ def _verify_pool(settings: Settings) -> WorkerPool | CeleryVerifyPool:
         from server.celery_queue import CeleryVerifyPool
 
         return CeleryVerifyPool(settings)
-    return WorkerPool(settings.verify_workers, per_owner=settings.verify_per_user)
+    # The replay's imports (torch) happen when a worker starts, not inside an upload's verify_timeout_s.
+    return WorkerPool(settings.verify_workers, per_owner=settings.verify_per_user, preload=VERIFY_PRELOAD)
 
 
 def _sweep_leases(sessions: sessionmaker[Session], settings: Settings, stop: threading.Event) -> None:

@@ -3,7 +3,9 @@ or by the server dying.
 
 Each of the pool's ``workers`` slots is one process that runs one task at a time. A task that runs past its
 timeout, or whose key is cancelled (``cancel``), has its process killed; the slot starts a fresh process for the
-next task, so one runaway task costs one slot for the length of the timeout and never the pool. A worker killed
+next task, so one runaway task costs one slot for the length of the timeout and never the pool. A fresh process
+first imports the pool's ``preload`` modules (torch: seconds on a slow machine) and says so; a task's timeout
+counts from then, so it measures the task, not the start of the process that runs it. A worker killed
 from outside (out of memory) is replaced the same way and its task reports ``WorkerDied``.
 
 Processes are started with ``spawn``: forking a server that runs threads (uvicorn's thread pool, SQLAlchemy's
@@ -26,6 +28,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 PARENT_POLL_S = 1.0
+START_TIMEOUT_S = 600.0  # a fresh worker's imports, before its first task; not counted in the task's timeout
+READY = "ready"
 
 
 class WorkerDied(RuntimeError):
@@ -55,9 +59,15 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _serve(conn: Connection, parent_pid: int) -> None:
-    """The worker's loop: receive ``(fn, args)``, send back ``(True, result)`` or ``(False, exception)``."""
+def _serve(conn: Connection, parent_pid: int, preload: tuple[str, ...]) -> None:
+    """The worker's loop: import ``preload``, send ``READY``; then receive ``(fn, args)``, send back
+    ``(True, result)`` or ``(False, exception)``."""
+    import importlib
+
     _exit_with_parent(parent_pid)
+    for name in preload:
+        importlib.import_module(name)
+    conn.send(READY)
     while True:
         try:
             fn, args = conn.recv()
@@ -76,16 +86,33 @@ def _serve(conn: Connection, parent_pid: int) -> None:
 class _Worker:
     """One process and the pipe to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, os.getpid()), name="mobizo-worker", daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, os.getpid(), preload), name="mobizo-worker", daemon=True)
         self.process.start()
         child.close()
         self.cancelled = False
         self.broken = False
+        self.ready = False
+
+    def _wait_ready(self) -> None:
+        """Until the process has imported its preload (once per process; not part of any task's timeout)."""
+        if self.ready:
+            return
+        try:
+            started = self.conn.poll(START_TIMEOUT_S) and self.conn.recv() == READY
+        except (EOFError, OSError):
+            started = False
+        if not started:
+            self.kill()
+            if self.cancelled:
+                raise WorkCancelled("the task was cancelled")
+            raise WorkerDied(f"the worker process did not start within {START_TIMEOUT_S:g} s")
+        self.ready = True
 
     def call(self, fn: Callable[..., T], args: tuple, timeout: float | None) -> T:
+        self._wait_ready()
         try:
             self.conn.send((fn, args))
         except OSError:  # the process died while idle
@@ -156,11 +183,13 @@ class WorkerPool:
     """``workers`` slots of one process each; ``run`` waits for a free slot.
 
     ``per_owner`` (optional) bounds the tasks one owner (a user) has running or waiting: with fewer than
-    ``workers``, one owner's slow tasks always leave a slot to everyone else.
+    ``workers``, one owner's slow tasks always leave a slot to everyone else. ``preload``: modules each worker
+    process imports before its first task (outside the task's timeout).
     """
 
-    def __init__(self, workers: int, per_owner: int | None = None) -> None:
+    def __init__(self, workers: int, per_owner: int | None = None, preload: tuple[str, ...] = ()) -> None:
         self._owners = OwnerLimit(per_owner)
+        self._preload = preload
         self._free: queue.Queue[_Worker | None] = queue.Queue()
         for _ in range(workers):
             self._free.put(None)  # started on first use
@@ -200,7 +229,7 @@ class WorkerPool:
                     if worker is not None:
                         worker.conn.close()
                         self._all.discard(worker)
-                    worker = _Worker()
+                    worker = _Worker(self._preload)
                     self._all.add(worker)
                 if key is not None:
                     self._busy[key] = worker

@@ -58,6 +58,27 @@ def test_a_timeout_stops_the_work_and_the_next_task_runs():
         pool.close()
 
 
+def _imported(name: str) -> bool:
+    import sys
+
+    return name in sys.modules
+
+
+def test_a_workers_preload_is_imported_before_its_first_task_and_outside_its_timeout(tmp_path, monkeypatch):
+    """A module that takes 3 s to import, preloaded: the first task in a fresh worker finds it imported and is done
+    well within a 1 s timeout, which the import alone would have overrun."""
+    (tmp_path / "mobizo_slow_import.py").write_text("import time\ntime.sleep(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawn hands the parent's sys.path to the child
+    pool = WorkerPool(1, preload=("mobizo_slow_import", __name__))  # and the task's own module, as the server does
+    try:
+        start = time.monotonic()
+        assert pool.run(_imported, "mobizo_slow_import", timeout=1.0)
+        assert time.monotonic() - start >= 3  # the import did run, before the task
+        assert not _imported("mobizo_slow_import")  # in the worker, not here
+    finally:
+        pool.close()
+
+
 def test_cancel_kills_the_task_by_key():
     pool = WorkerPool(2)
     try:
