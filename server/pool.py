@@ -95,6 +95,7 @@ class _Worker:
         self.cancelled = False
         self.broken = False
         self.ready = False
+        self.preload = preload
 
     def _wait_ready(self) -> None:
         """Until the process has imported its preload (once per process; not part of any task's timeout)."""
@@ -108,7 +109,10 @@ class _Worker:
             self.kill()
             if self.cancelled:
                 raise WorkCancelled("the task was cancelled")
-            raise WorkerDied(f"the worker process did not start within {START_TIMEOUT_S:g} s")
+            raise WorkerDied(
+                f"the worker process did not start: it exited (a preload import failed?) or took over "
+                f"{START_TIMEOUT_S:g} s to import {', '.join(self.preload) or 'nothing'}"
+            )
         self.ready = True
 
     def call(self, fn: Callable[..., T], args: tuple, timeout: float | None) -> T:

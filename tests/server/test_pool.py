@@ -79,6 +79,17 @@ def test_a_workers_preload_is_imported_before_its_first_task_and_outside_its_tim
         pool.close()
 
 
+def test_a_worker_whose_preload_fails_reports_it_at_once():
+    pool = WorkerPool(1, preload=("mobizo_no_such_module",))
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerDied, match="mobizo_no_such_module"):
+            pool.run(_square, 2)
+        assert time.monotonic() - start < 60  # the process exited: nobody waits for the start-up bound
+    finally:
+        pool.close()
+
+
 def test_cancel_kills_the_task_by_key():
     pool = WorkerPool(2)
     try:
