@@ -192,7 +192,7 @@ def make_celery(settings: Settings) -> Celery:
             local = store.tmp_dir()
             try:
                 local_args, out = verify_spool.receive_args(store.shared, args, local)
-                return {"ok": verify_spool.send_result(store.shared, spool, fn(*local_args), out)}
+                return {"ok": verify_spool.send_result(store.shared, spool, args, fn(*local_args), out)}
             finally:
                 shutil.rmtree(local, ignore_errors=True)
         except ResultRejected as exc:

@@ -25,6 +25,9 @@ from shared.files import PRIVATE_FILE, open_private, private_dir
 class SharedObjects(Protocol):
     """What ``ArtifactStore`` needs of a shared tier."""
 
+    def exists(self, name: str) -> bool:
+        """Whether the bucket holds ``name``."""
+
     def put(self, name: str, path: Path) -> None:
         """Upload the file ``path`` as ``name`` unless ``name`` is there already (names are written once)."""
 

@@ -7,6 +7,11 @@ process uploads each file argument under ``tmp/verify-<id>/``, the worker fetche
 data dir, runs the function, uploads the output files it answers and names them in its reply, and the API process
 fetches those into its own output folder and then deletes the task's objects. Without a bucket none of this runs:
 paths travel as they are, in a data dir the workers share as a volume.
+
+A task can run twice: the broker redelivers one still running past its visibility timeout. When the second run
+ends after the API process took the first one's answer and deleted the spool, its outputs would stay in the
+bucket for good; so a worker that finds the task's inputs gone after uploading its outputs deletes them again
+(``send_result``).
 """
 
 from __future__ import annotations
@@ -59,8 +64,10 @@ def receive_args(shared: SharedObjects, args: list[Any], local: Path) -> tuple[l
     return received, out
 
 
-def send_result(shared: SharedObjects, spool: str, value: Any, out: Path) -> Any:
-    """Worker side: upload the output files the function answered → the answer naming them."""
+def send_result(shared: SharedObjects, spool: str, args: list[Any], value: Any, out: Path) -> Any:
+    """Worker side: upload the output files the function answered → the answer naming them. When the task's
+    inputs (``args``, as the API process sent them) are gone by then, the API process has already taken another
+    delivery's answer and deleted the spool: the outputs just uploaded are deleted too."""
 
     def one(item: Any) -> Any:
         if isinstance(item, str) and Path(item).parent == out and Path(item).is_file():
@@ -69,7 +76,11 @@ def send_result(shared: SharedObjects, spool: str, value: Any, out: Path) -> Any
             return {_FILE: name}
         return item
 
-    return {key: one(item) for key, item in value.items()} if isinstance(value, dict) else one(value)
+    answer = {key: one(item) for key, item in value.items()} if isinstance(value, dict) else one(value)
+    inputs = [arg[_FILE] for arg in args if isinstance(arg, dict) and _FILE in arg]
+    if inputs and not all(shared.exists(name) for name in inputs):
+        shared.delete_prefix(spool)
+    return answer
 
 
 def receive_result(shared: SharedObjects, value: Any, folder: Path) -> Any:

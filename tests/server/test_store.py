@@ -125,3 +125,29 @@ def test_store_url_names_the_setting_when_bad():
     for bad in ("bucket", "http://host/bucket", "s3://", "s3://bucket?x=1"):
         with pytest.raises(FieldError, match="^store_url: must be s3://"):
             parse_store_url(bad)
+
+
+@pytest.mark.parametrize("answered_first", [False, True])
+def test_a_verify_task_run_twice_leaves_nothing_in_the_bucket(s3_endpoint, monkeypatch, tmp_path, answered_first):
+    """The broker may deliver a verify task twice (one still running past its visibility timeout). When the API
+    process took the other delivery's answer and deleted the spool before this one uploads its outputs
+    (``answered_first``), the outputs are deleted again; otherwise they stay for the API process to fetch."""
+    from server import verify_spool
+
+    for name, value in s3_env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    shared = S3Objects(new_bucket(s3_endpoint))
+    (tmp_path / "api").mkdir()
+    (tmp_path / "api" / "log.jsonl").write_bytes(b"{}\n")
+    spool = verify_spool.new_spool()
+    sent, _ = verify_spool.send_args(shared, spool, (str(tmp_path / "api" / "log.jsonl"), str(tmp_path), 3))
+    (tmp_path / "worker").mkdir()
+    local_args, out = verify_spool.receive_args(shared, sent, tmp_path / "worker")
+    assert Path(local_args[0]).read_bytes() == b"{}\n" and local_args[2] == 3
+    (out / "b.safetensors").write_bytes(b"B")
+    if answered_first:
+        shared.delete_prefix(spool)
+    answer = verify_spool.send_result(shared, spool, sent, str(out / "b.safetensors"), out)
+    assert shared.exists(answer["spooled_file"]) is not answered_first
+    listed = shared._s3.list_objects_v2(Bucket=shared.bucket, Prefix=f"{shared.prefix}{spool}/")
+    assert listed.get("KeyCount", 0) == (0 if answered_first else 2)
