@@ -79,6 +79,16 @@ class Answer:
     headers: dict[str, str]
     body: bytes
     seconds: float  # from the first byte sent to the whole answer read
+    sent: int  # bytes of the body handed to the kernel when the answer had been read
+
+
+def kernel_buffering() -> int:
+    """The most bytes of a request body the kernel can hold between a loopback client and a server that reads none
+    of it: the client's largest send buffer and the server's largest receive buffer (Linux's ``tcp_wmem`` and
+    ``tcp_rmem`` maxima). A client that got its answer having sent more than this, plus what the server's HTTP layer
+    reads ahead, was answered after the server read the body."""
+    root = Path("/proc/sys/net/ipv4")
+    return sum(int((root / name).read_text().split()[2]) for name in ("tcp_wmem", "tcp_rmem"))
 
 
 def send(
@@ -93,10 +103,14 @@ def send(
     start = time.monotonic()
     sock.sendall(head.encode())
 
+    sent = 0
+
     def write() -> None:
+        nonlocal sent
         try:
             for chunk in body:
                 sock.sendall(chunk)
+                sent += len(chunk)
         except OSError:
             pass  # the server answered and closed: what it did not read is not sent
 
@@ -104,11 +118,11 @@ def send(
     writer.start()
     try:
         answer = _read_answer(sock)
-        seconds = time.monotonic() - start
+        seconds, sent_then = time.monotonic() - start, sent
     finally:
         sock.close()
         writer.join(timeout=timeout)
-    return Answer(answer[0], answer[1], answer[2], seconds)
+    return Answer(answer[0], answer[1], answer[2], seconds, sent_then)
 
 
 def _read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:

@@ -8,10 +8,14 @@ import threading
 import time
 from pathlib import Path
 
-from tests.security.servers import send, zeros
+from tests.security.servers import kernel_buffering, send, zeros
 from tests.server.factories import b_flat_bytes, bearer, fake_training, upload
 
-MB64 = 64 * 1024 * 1024
+# "Answered before the body is read", in bytes rather than seconds (a slow machine answers late, not wrongly): the
+# client had sent at most what the kernel holds for a server that reads nothing, plus what uvicorn reads ahead and
+# a chunk in flight (UNREAD), when the answer came; the body is twice that, so a server that read it whole fails.
+UNREAD = kernel_buffering() + 4 * 1024 * 1024
+BIG_BODY = max(64 * 1024 * 1024, 2 * UNREAD)
 BOUNDARY = "mobizo-security-test"
 
 
@@ -30,28 +34,28 @@ def _files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()]
 
 
-def test_64mb_upload_without_token_answers_401_within_1s_and_spools_nothing(live, people):
-    headers, body = _multipart(MB64)
+def test_a_big_upload_without_token_answers_401_before_the_body_and_spools_nothing(live, people):
+    headers, body = _multipart(BIG_BODY)
     answer = send(live.url, "POST", f"/v1/jobs/{people['job']['id']}/result", headers, body)
-    assert answer.status == 401 and answer.seconds < 1.0
+    assert answer.status == 401 and answer.sent <= UNREAD, answer.sent
     time.sleep(0.5)  # anything the server went on receiving would be on disk by now
     assert _files(live.data_dir / "tmp") == [] and _files(live.system_tmp) == []
 
 
 def test_upload_with_a_forged_token_answers_401_before_the_body(live, people):
     forged = bearer(f"mbzd_{people['device']['id']}_{'A' * 43}")
-    headers, body = _multipart(MB64)
+    headers, body = _multipart(BIG_BODY)
     answer = send(live.url, "POST", f"/v1/jobs/{people['job']['id']}/result", headers | forged, body)
-    assert answer.status == 401 and answer.seconds < 1.0
+    assert answer.status == 401 and answer.sent <= UNREAD, answer.sent
 
 
 def test_upload_without_a_lease_answers_409_before_the_body(world):
-    headers, body = _multipart(MB64)
+    headers, body = _multipart(BIG_BODY)
     for device, job_id in ((world["tablet"], world["job"]["id"]), (world["phone"], world["job"]["id"])):
         if device is world["phone"]:  # cancelled: the phone's lease is gone too
             assert world["client"].post(f"/v1/jobs/{job_id}/cancel", headers=world["user"]).status_code == 200
         answer = send(world["url"], "POST", f"/v1/jobs/{job_id}/result", headers | device["headers"], body)
-        assert answer.status == 409 and answer.seconds < 1.0
+        assert answer.status == 409 and answer.sent <= UNREAD, answer.sent
     assert _files(Path(world["app"].state.store.root / "tmp")) == []
 
 
@@ -64,11 +68,11 @@ def test_malformed_b_after_cancel_answers_409_not_422(world):
 
 
 def test_body_over_the_jobs_limit_answers_413_before_it_is_read(world):
-    headers, body = _multipart(MB64)  # the fake job's parts need kilobytes
+    headers, body = _multipart(BIG_BODY)  # the fake job's parts need kilobytes
     answer = send(
         world["url"], "POST", f"/v1/jobs/{world['job']['id']}/result", headers | world["phone"]["headers"], body
     )
-    assert answer.status == 413 and answer.seconds < 1.0
+    assert answer.status == 413 and answer.sent <= UNREAD, answer.sent
 
 
 def _slow_upload(world: dict, device: dict, job_id: int, started: threading.Event, release: threading.Event):
