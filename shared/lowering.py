@@ -71,25 +71,38 @@ def frozen_weights_tag(node: torch.fx.Node) -> str | None:
     return WEIGHTS_TAG if is_frozen_weight(node) else None
 
 
-def _tag_computed_constants(module: nn.Module, weights_tag: WeightsTag) -> None:
-    """Tag what XNNPACK serializes as constants of a quantized program so that it goes to the .ptd: the frozen
-    get_attr nodes, and every node computed from frozen nodes only. XNNPACK reads the tag on the node that feeds the
-    linear: for a quantized weight that is the ``dequantize_affine`` of (int weight, scales, zero points), not the
-    get_attr — without the second rule the 4-bit weights and their scales land in the .pte (SmolLM2: 64 MB).
-    Float32 programs tag the get_attr nodes alone: computed values depend on the program's graph, and tagging them
-    would give each program its own .ptd instead of the model's shared one.
+def _frozen_inputs(exported) -> set[str]:
+    """The placeholders of an exported program that hold constants (parameters, buffers it does not mutate, lifted
+    tensors): user inputs and mutated buffers (B, an optimizer's state) are never frozen."""
+    sig = exported.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    buffers = {name for name, target in sig.inputs_to_buffers.items() if target not in mutated}
+    return set(sig.inputs_to_parameters) | buffers | set(sig.inputs_to_lifted_tensor_constants)
+
+
+def tag_frozen(exported, weights_tag: WeightsTag, tag_computed: bool) -> None:
+    """Tag, on the exported program itself, what XNNPACK serializes to the .ptd: the frozen constants
+    (``weights_tag``) and, with ``tag_computed``, every node computed from frozen nodes only. XNNPACK reads the tag
+    on the node that feeds the linear: for a quantized weight that is the ``dequantize_affine`` of (int weight,
+    scales, zero points), not the constant — without the second rule the 4-bit weights and their scales land in the
+    .pte (SmolLM2: 64 MB). Float32 programs tag the constants alone: computed values depend on the program's graph,
+    and tagging them would give each program its own .ptd instead of the model's shared one.
     """
-    for graph_module in module.modules():
-        if not isinstance(graph_module, torch.fx.GraphModule):
-            continue
-        frozen: set[torch.fx.Node] = set()
-        for node in graph_module.graph.nodes:
-            computed = node.op == "call_function" and node.all_input_nodes
-            if (node.op == "get_attr" and weights_tag(node)) or (
-                computed and all(n in frozen for n in node.all_input_nodes)
-            ):
-                node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
-                frozen.add(node)
+    constants = _frozen_inputs(exported)
+    frozen: set[torch.fx.Node] = set()
+    for node in exported.graph.nodes:
+        if node.op == "placeholder":
+            tagged = node.name in constants and weights_tag(node)
+        else:
+            tagged = (
+                tag_computed
+                and node.op == "call_function"
+                and bool(node.all_input_nodes)
+                and all(n in frozen for n in node.all_input_nodes)
+            )
+        if tagged:
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
+            frozen.add(node)
 
 
 def edge_config():
@@ -102,11 +115,65 @@ def edge_config():
     return EdgeCompileConfig(_check_ir_validity=False)
 
 
+def _xnnpack_pass_triggers() -> dict[type, Callable[[set], bool]]:
+    """XNNPACK's preprocessing passes that act only on ops of their own, each with the test of whether a graph holds
+    one (``targets``: the graph's call_function targets). Each of these passes looks for its ops, rewrites them, and
+    then re-traces the whole graph with fake tensors whether it found any or not: for a partition without them the
+    re-trace is the pass's only work, and it changes nothing. A pattern pass (SDPA, bilinear upsampling) can match
+    only where every op of one of its patterns is present. The passes not listed here (clone and dim-order removal,
+    constant propagation, the pad and memory-format passes) always run."""
+    from executorch.backends.transforms.remove_getitem_op import RemoveGetItemPass
+    from executorch.backends.xnnpack._passes import (
+        Conv1dUnsqueezePass,
+        ConvertToLinearPass,
+        ConvertToSDPAPass,
+        ConvertToUpsampleBilinear2d,
+        DecomposeBatchNorm,
+        DecomposeConcatenate,
+        FuseActivationPass,
+        FuseBatchNormPass,
+        PReLUReshapePass,
+        PropagateCustomMetaPass,
+        RemoveRedundantCopyPass,
+    )
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    from executorch.backends.xnnpack.utils.quant_utils import _DQ_OPS, _Q_OPS
+    from executorch.exir.backend.canonical_partitioners.config_partitioner import format_target_name
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    edge = exir_ops.edge.aten
+
+    def any_of(*ops):
+        return lambda targets: not targets.isdisjoint(ops)
+
+    def any_pattern(patterns):
+        needed = [{n.target for n in p.graph.nodes if n.op == "call_function"} for p in patterns]
+        return lambda targets: any(ops <= targets for ops in needed)
+
+    def quantized(targets):  # quant_utils.is_quant / is_dequant, by target
+        return any(format_target_name(t.__name__) in _Q_OPS | _DQ_OPS for t in targets)
+
+    batch_norm = any_of(*DecomposeBatchNorm.BATCH_NORM_OPS)
+    return {
+        ConvertToUpsampleBilinear2d: any_pattern(bilinear_2d.get_graphs_dict()),
+        ConvertToLinearPass: any_of(*ConvertToLinearPass.targets),
+        PropagateCustomMetaPass: quantized,
+        ConvertToSDPAPass: any_pattern(sdpa.get_graphs()),
+        FuseBatchNormPass: batch_norm,
+        DecomposeBatchNorm: batch_norm,
+        FuseActivationPass: any_of(*FuseActivationPass.FUSEABLE_ACTIVATIONS),
+        DecomposeConcatenate: any_of(edge.cat.default),
+        RemoveGetItemPass: any_of(edge.max_pool2d_with_indices.default, edge.max.dim),
+        Conv1dUnsqueezePass: any_of(edge.convolution.default),
+        PReLUReshapePass: any_of(edge._prelu_kernel.default),
+        RemoveRedundantCopyPass: any_of(edge._to_copy.default),
+    }
+
+
 @contextlib.contextmanager
 def less_bookkeeping() -> Iterator[None]:
-    """Two costs of the edge stages that grow faster than the graph, removed without changing a byte of the program
-    (``benchmarks/export_time.py``, SmolLM2's default classification program: the same ``.pte`` sha256, the edge
-    stage 280 s -> 243 s on a 2-core x86 VM):
+    """Three costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
+    of the program (``benchmarks/export_time.py`` compares the bytes with and without them):
 
     - each XNNPACK partition carved out of a method re-sorts that method's graph and regenerates its Python code
       (``legalize_graph`` sets ``GraphModule.graph``): SmolLM2's 160 partitions of ``forward`` regenerate a
@@ -115,17 +182,19 @@ def less_bookkeeping() -> Iterator[None]:
       needs eager modules).
     - every pass deep-copies each node's whole provenance chain (``NodeSource.from_node``) into the new node: a
       tenth of the export. The chain's entries are never changed once made, so the new entry shares them.
+    - XNNPACK preprocesses each partition with 17 passes, most of which re-trace the partition even where it holds
+      none of their ops (``_xnnpack_pass_triggers``): those are skipped.
 
-    Both settings are process-wide while a lowering runs: the server exports in worker processes of their own, one
+    The settings are process-wide while a lowering runs: the server exports in worker processes of their own, one
     export each (``server.pool``).
     """
-    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
     from torch.fx.traceback import NodeSource
 
-    bilinear_2d.get_graphs_dict()
-    sdpa.get_graphs()
+    triggers = _xnnpack_pass_triggers()
     make_source = NodeSource.__init__
+    run_passes = XNNPACKPassManager.transform
 
     def share_history(self, node=None, pass_name="", action=None):
         history = node.meta.pop("from_node", None) if node is not None else None
@@ -136,19 +205,33 @@ def less_bookkeeping() -> Iterator[None]:
                 node.meta["from_node"] = history
                 self.from_node = list(history)
 
+    def needed_passes_only(self):
+        everything = self.passes
+        ep = self.exported_program
+        for pass_ in everything:
+            targets = {node.target for node in ep.graph.nodes if node.op == "call_function"}
+            if pass_ in triggers and not triggers[pass_](targets):
+                continue
+            self.passes, self._exported_program = [pass_], ep
+            try:
+                ep = run_passes(self)
+            finally:
+                self.passes = everything
+        return ep
+
     NodeSource.__init__ = share_history
+    XNNPACKPassManager.transform = needed_passes_only
     try:
         with _use_lazy_graph_module(True):
             yield
     finally:
         NodeSource.__init__ = make_source
+        XNNPACKPassManager.transform = run_passes
 
 
 def trace(module: nn.Module, methods: Methods, backend: str, weights_tag: WeightsTag, tag_computed: bool) -> dict:
-    """trace + tag: each method ``torch.export``-ed through ``MethodModule``; for XNNPACK the frozen constants are
-    tagged on the unlifted module and it is exported again, so that what XNNPACK takes lands in the .ptd too."""
-    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
-
+    """trace + tag: each method ``torch.export``-ed through ``MethodModule``; for XNNPACK its frozen constants are
+    tagged (``tag_frozen``) so that what XNNPACK takes lands in the .ptd too."""
     programs = {}
     with torch.no_grad():
         for method, (args, dynamic) in methods.items():
@@ -157,14 +240,33 @@ def trace(module: nn.Module, methods: Methods, backend: str, weights_tag: Weight
                 MethodModule(module, method), args, dynamic_shapes=(dynamic,) if dynamic else None, strict=False
             )
             if backend == "xnnpack":
-                unlifted = exported.module()
-                if tag_computed:
-                    _tag_computed_constants(unlifted, weights_tag)
-                else:
-                    delegate_external_constants_pass_unlifted(unlifted, weights_tag)
-                exported = torch.export.export(unlifted, args, dynamic_shapes=dynamic, strict=False)
+                tag_frozen(exported, weights_tag, tag_computed)
             programs[method] = exported
     return programs
+
+
+def _xnnpack_partitioner():
+    """XNNPACK's partitioner, answering the edge stage's "which ops must not be decomposed" for what a program holds.
+
+    XNNPACK keeps ``aten.linear`` whole where it can take the node (``check_op_support``: a constant weight, shapes
+    it supports). Given that check, ``to_edge_transform_and_lower`` decomposes each method three times: once to
+    functionalize it, once with the op kept, and once more after marking the nodes the check accepts, so that the
+    others decompose. Where the check accepts every such node of a method — every linear of the training and
+    inference programs, float32 and 8da4w — the third pass has nothing left to decide, and this partitioner answers
+    without a check, which takes ExecuTorch's path of two passes: the same edge program, one re-trace of each large
+    method less. A method with a node XNNPACK cannot take gets the check and the three passes.
+    """
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    class WholeMethodPartitioner(XnnpackPartitioner):
+        def ops_to_not_decompose(self, ep):
+            ops, check = super().ops_to_not_decompose(ep)
+            if check is None:
+                return ops, check
+            kept = [node for node in ep.graph.nodes if node.op == "call_function" and node.target in ops]
+            return (ops, None) if all(check(node) for node in kept) else (ops, check)
+
+    return WholeMethodPartitioner()
 
 
 def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeeping):
@@ -172,11 +274,7 @@ def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeepi
     the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves)."""
     from executorch.exir import to_edge_transform_and_lower
 
-    partitioner = []
-    if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        partitioner = [XnnpackPartitioner()]
+    partitioner = [_xnnpack_partitioner()] if backend == "xnnpack" else []
     with bookkeeping():
         return to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
 

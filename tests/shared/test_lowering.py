@@ -36,12 +36,98 @@ def _program(bookkeeping) -> tuple[bytes, int]:
 
 def test_the_bookkeeping_cuts_leave_the_program_byte_identical() -> None:
     """``less_bookkeeping`` changes how the edge stages keep their records (lazy graph-module code, shared
-    provenance), never what they emit: a torch upgrade that breaks that shows here as different bytes."""
+    provenance) and skips XNNPACK passes with nothing to do (the last partition's ``relu`` is fused by one it keeps),
+    never what they emit: a torch or ExecuTorch upgrade that breaks that shows here as different bytes."""
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
     from torch.fx.traceback import NodeSource
 
-    make_source = NodeSource.__init__
+    make_source, run_passes = NodeSource.__init__, XNNPACKPassManager.transform
     shipped, delegates = _program(lowering.less_bookkeeping)
-    assert NodeSource.__init__ is make_source  # put back after the lowering
+    assert (NodeSource.__init__, XNNPACKPassManager.transform) == (make_source, run_passes)  # put back after it
     plain, plain_delegates = _program(contextlib.nullcontext)
     assert delegates == plain_delegates == 3
     assert shipped == plain
+
+
+class DynamicWeight(nn.Module):
+    """A linear XNNPACK takes (a constant weight) and one it does not (the weight is an input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fixed = nn.Linear(8, 8)
+
+    def forward(self, x, w):
+        return nn.functional.linear(self.fixed(x), w)
+
+
+def test_the_partitioner_answers_without_a_check_only_where_xnnpack_takes_every_kept_node() -> None:
+    """Without a check ExecuTorch keeps every ``aten.linear`` whole (two decompositions instead of three): right
+    where XNNPACK takes them all, wrong where one must decompose — that method keeps the check."""
+    partitioner = lowering._xnnpack_partitioner()
+    every = torch.export.export(Interleaved(), (torch.randn(2, 8),)).run_decompositions({})
+    ops, check = partitioner.ops_to_not_decompose(every)
+    assert torch.ops.aten.linear.default in ops and check is None
+    one_not = torch.export.export(DynamicWeight(), (torch.randn(2, 8), torch.randn(4, 8))).run_decompositions({})
+    assert partitioner.ops_to_not_decompose(one_not)[1] is not None
+
+
+def test_the_partitioner_gives_the_program_of_xnnpacks_own(monkeypatch) -> None:
+    """Both ways of keeping the linears whole give the same bytes, where every linear is XNNPACK's and where one
+    is not (that one decomposed to portable kernels in both)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    def program(module, args) -> bytes:
+        programs = lowering.trace(module, {"forward": (args, None)}, "xnnpack", lowering.frozen_weights_tag, False)
+        return lowering.emit(lowering.to_edge(programs, "xnnpack"), lowering.frozen_weights_tag).buffer
+
+    cases = [(Interleaved(), (torch.randn(2, 8),)), (DynamicWeight(), (torch.randn(2, 8), torch.randn(4, 8)))]
+    ours = [program(*case) for case in cases]
+    monkeypatch.setattr(lowering, "_xnnpack_partitioner", XnnpackPartitioner)
+    assert ours == [program(*case) for case in cases]
+
+
+class WithState(nn.Module):
+    """A parameter, a buffer the method mutates, and a constant buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("lora_b", torch.zeros(4))
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, x):
+        self.lora_b.add_(1.0)
+        return (x @ self.weight) * self.scale + self.lora_b
+
+
+def test_only_constants_and_what_is_computed_from_them_alone_are_tagged_for_the_ptd() -> None:
+    """The user's input and the mutable B are never tagged (their placeholders are not constants); the parameter
+    and the constant buffer are."""
+    exported = torch.export.export(WithState(), (torch.randn(2, 4),))
+    lowering.tag_frozen(exported, lowering.frozen_weights_tag, tag_computed=False)
+    tagged = {
+        n.name for n in exported.graph.nodes if n.meta.get("custom", {}).get("delegate_constant_tag") == "weights"
+    }
+    sig = exported.graph_signature
+    constants = {*sig.inputs_to_parameters, *sig.inputs_to_buffers}
+    assert tagged == {name for name in constants if "lora_b" not in name}
+    assert len(tagged) == 2
+
+
+class Doubled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return x @ (self.weight * 2) + x
+
+
+def test_tag_computed_tags_what_is_computed_from_constants_alone() -> None:
+    """With ``tag_computed`` (quantized programs) a value of constants alone (``weight * 2``) is tagged, a value
+    that mixes in the input is not."""
+    exported = torch.export.export(Doubled(), (torch.randn(2, 4),))
+    lowering.tag_frozen(exported, lowering.frozen_weights_tag, tag_computed=True)
+    tagged = [n for n in exported.graph.nodes if n.meta.get("custom", {}).get("delegate_constant_tag") == "weights"]
+    assert [n.op for n in tagged] == ["placeholder", "call_function"]
+    assert all(n.op != "call_function" or all(i in tagged for i in n.all_input_nodes) for n in tagged)
