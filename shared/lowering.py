@@ -172,7 +172,7 @@ def _xnnpack_pass_triggers() -> dict[type, Callable[[set], bool]]:
 
 @contextlib.contextmanager
 def less_bookkeeping() -> Iterator[None]:
-    """Three costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
+    """Four costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
     of the program (``benchmarks/export_time.py`` compares the bytes with and without them):
 
     - each XNNPACK partition carved out of a method re-sorts that method's graph and regenerates its Python code
@@ -184,17 +184,31 @@ def less_bookkeeping() -> Iterator[None]:
       tenth of the export. The chain's entries are never changed once made, so the new entry shares them.
     - XNNPACK preprocesses each partition with 17 passes, most of which re-trace the partition even where it holds
       none of their ops (``_xnnpack_pass_triggers``): those are skipped.
+    - the method a partition is carved out of is an eager graph module (the edge stage builds it outside torch's
+      lazy mode), so each of its partitions regenerated its whole code: SmolLM2's 339 partitions of ``forward``, a
+      fifth of its export. The code is generated once, after the last partition.
 
     The settings are process-wide while a lowering runs: the server exports in worker processes of their own, one
     export each (``server.pool``).
     """
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.exir.backend import backend_api
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
     from torch.fx.traceback import NodeSource
 
     triggers = _xnnpack_pass_triggers()
     make_source = NodeSource.__init__
     run_passes = XNNPACKPassManager.transform
+    carve = backend_api._create_partitions_in_graph_module
+
+    def carve_then_compile(method, *args, **kwargs):
+        """Carve every partition out of ``method``, then generate its code once (not after each partition)."""
+        method.recompile = lambda: None  # shadows GraphModule.recompile on this instance while carving
+        try:
+            return carve(method, *args, **kwargs)
+        finally:
+            del method.recompile
+            method.recompile()
 
     def share_history(self, node=None, pass_name="", action=None):
         history = node.meta.pop("from_node", None) if node is not None else None
@@ -221,12 +235,14 @@ def less_bookkeeping() -> Iterator[None]:
 
     NodeSource.__init__ = share_history
     XNNPACKPassManager.transform = needed_passes_only
+    backend_api._create_partitions_in_graph_module = carve_then_compile
     try:
         with _use_lazy_graph_module(True):
             yield
     finally:
         NodeSource.__init__ = make_source
         XNNPACKPassManager.transform = run_passes
+        backend_api._create_partitions_in_graph_module = carve
 
 
 def trace(module: nn.Module, methods: Methods, backend: str, weights_tag: WeightsTag, tag_computed: bool) -> dict:

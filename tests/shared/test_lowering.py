@@ -35,15 +35,19 @@ def _program(bookkeeping) -> tuple[bytes, int]:
 
 
 def test_the_bookkeeping_cuts_leave_the_program_byte_identical() -> None:
-    """``less_bookkeeping`` changes how the edge stages keep their records (lazy graph-module code, shared
-    provenance) and skips XNNPACK passes with nothing to do (the last partition's ``relu`` is fused by one it keeps),
-    never what they emit: a torch or ExecuTorch upgrade that breaks that shows here as different bytes."""
+    """``less_bookkeeping`` changes how the edge stages keep their records (graph-module code generated once,
+    shared provenance) and skips XNNPACK passes with nothing to do (the last partition's ``relu`` is fused by one
+    it keeps), never what they emit: a torch or ExecuTorch upgrade that breaks that shows here as different bytes."""
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.exir.backend import backend_api
     from torch.fx.traceback import NodeSource
 
-    make_source, run_passes = NodeSource.__init__, XNNPACKPassManager.transform
+    def patched():
+        return NodeSource.__init__, XNNPACKPassManager.transform, backend_api._create_partitions_in_graph_module
+
+    before = patched()
     shipped, delegates = _program(lowering.less_bookkeeping)
-    assert (NodeSource.__init__, XNNPACKPassManager.transform) == (make_source, run_passes)  # put back after it
+    assert patched() == before  # put back after the lowering
     plain, plain_delegates = _program(contextlib.nullcontext)
     assert delegates == plain_delegates == 3
     assert shipped == plain
