@@ -175,18 +175,16 @@ def less_bookkeeping() -> Iterator[None]:
     """Four costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
     of the program (``benchmarks/export_time.py`` compares the bytes with and without them):
 
-    - each XNNPACK partition carved out of a method re-sorts that method's graph and regenerates its Python code
-      (``legalize_graph`` sets ``GraphModule.graph``): SmolLM2's 160 partitions of ``forward`` regenerate a
-      3,000-node graph 160 times. torch's lazy graph modules (what ``torch.compile`` uses) generate the code once,
-      when it is first needed. XNNPACK's pattern graphs are exported before, outside the lazy mode (strict export
-      needs eager modules).
+    - graph modules the edge stages build are lazy (what ``torch.compile`` uses): their Python code is generated once,
+      when first needed, not after every change. XNNPACK's pattern graphs are exported before, outside the lazy mode
+      (strict export needs eager modules).
     - every pass deep-copies each node's whole provenance chain (``NodeSource.from_node``) into the new node: a
       tenth of the export. The chain's entries are never changed once made, so the new entry shares them.
     - XNNPACK preprocesses each partition with 17 passes, most of which re-trace the partition even where it holds
       none of their ops (``_xnnpack_pass_triggers``): those are skipped.
-    - the method a partition is carved out of is an eager graph module (the edge stage builds it outside torch's
-      lazy mode), so each of its partitions regenerated its whole code: SmolLM2's 339 partitions of ``forward``, a
-      fifth of its export. The code is generated once, after the last partition.
+    - the method partitions are carved out of is an eager graph module all the same, and carving each partition
+      re-sorts the method (``legalize_graph`` sets ``GraphModule.graph``), which regenerated its whole code:
+      SmolLM2's 339 partitions of ``forward``, a fifth of its export. The code is generated once, after the last.
 
     The settings are process-wide while a lowering runs: the server exports in worker processes of their own, one
     export each (``server.pool``).
