@@ -18,7 +18,9 @@ best validation accuracy. Training is the loop of ``mobizo train`` (``shared.tra
 one (``--runner eager``, the same mathematics as the device program, which the suite checks) or, with ``--runner
 program``, the ExecuTorch training program a user's job runs on a device (exported once per configuration into
 ``OUT/programs/``, run in the ExecuTorch runtime: ``device_agent.et_program.ProgramStep``), for the LoRA ZO methods.
-Evaluation scores the adapter's B eagerly either way (the scoring of ``mobizo eval``).
+Evaluation scores the adapter's B eagerly either way (the scoring of ``mobizo eval``). ``--quantize 8da4w`` trains
+through the 8da4w program (at a job's eps for it); the adapter is still scored on the float32 base, which is what a
+device's inference program runs it on.
 
 Everything is resumable: data samples, pilots, runs and results are files under ``--out``; runs checkpoint every
 K steps (atomically); a finished piece is read back instead of recomputed, so a killed run continues where it
@@ -28,6 +30,8 @@ and ``OUT/curves.png``.
     python -m benchmarks.accuracy --model DIR --tasks sst2,rte,boolq --steps 20000 --device cuda --out runs/acc
     python -m benchmarks.accuracy --model DIR --runner program --methods zero-shot,mobizo-q4 --lr mobizo-q4=1e-2 \
         --tasks sst2 --steps 200 --out runs/acc-program
+    python -m benchmarks.accuracy --model DIR --runner program --quantize 8da4w --methods zero-shot,mobizo-q4 \
+        --lr mobizo-q4=4e-2 --tasks sst2 --steps 200 --out runs/acc-8da4w
     python -m benchmarks.accuracy --model DIR --methods mobizo-q4 --optimizers sgd,momentum,normalized \
         --lr mobizo-q4=4e-2 --lr mobizo-q4+momentum=4e-2 --lr mobizo-q4+normalized=1.5e-2 --tasks sst2 --out runs/opt
 
@@ -42,6 +46,7 @@ import argparse
 import json
 import shutil
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -52,7 +57,7 @@ import numpy as np
 import torch
 
 from shared import defaults
-from shared.backends import OBJECTIVES, OPTIMIZERS
+from shared.backends import OBJECTIVES, OPTIMIZERS, QUANTIZATIONS
 from shared.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from shared.data import load_examples, read_jsonl
 from shared.evaluate import evaluate
@@ -175,6 +180,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="training loss (default: the task's, classification where its answers are single tokens; "
         "lm = cross-entropy over the whole vocabulary; use a fresh --out for each)",
     )
+    add(
+        "--quantize",
+        choices=QUANTIZATIONS,
+        default=defaults.QUANTIZE,
+        help="the program's base linears (--runner program): 8da4w trains through the 8da4w program at a job's eps "
+        "for it (shared.defaults.QUANTIZED_EPS); the adapter is scored on the float32 base, as a device's inference "
+        "program runs it",
+    )
     add("--no-plot", action="store_true", help="skip curves.png")
     return parser.parse_args(argv)
 
@@ -256,7 +269,7 @@ def run_config(
         lr_schedule=args.lr_schedule,
         warmup_steps=args.warmup_steps,
         lr_floor=args.lr_floor,
-        eps=method.eps,
+        eps=defaults.QUANTIZED_EPS.get(args.quantize, method.eps),  # a quantized base: a job's eps for it
         optimizer=method.optimizer,
         seed=args.seed,
         dtype=args.dtype,
@@ -314,6 +327,8 @@ def train_method(
     """Pilots, then the winning pilot continued to ``--steps``; returns the run's summary (no test yet)."""
     method = method_of(name)
     base = args.out / "runs" / task / (name if args.runner == "eager" else f"{name}-program")
+    if args.quantize != defaults.QUANTIZE:
+        base = base.with_name(f"{base.name}-{args.quantize}")
     if len(grid) == 1:
         lr, pilots = grid[0], []
     else:
@@ -338,6 +353,7 @@ def program_steps(args: argparse.Namespace, config: TrainConfig) -> StepFactory 
         from device_agent.et_program import ProgramStep
         from shared.manifest import read_manifest
 
+        program = program.model_copy(update={"quantize": args.quantize})
         pte = exported_program(args.model, program, args.out / "programs")
         manifest = read_manifest(pte)
         if manifest.lora_size != lora.size:
@@ -505,8 +521,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes[1][col].set_xlabel("step")
         axes[0][col].legend(fontsize=8)
     how = "eager training" if results.get("runner", "eager") == "eager" else "training through the device program"
+    if results.get("quantize", defaults.QUANTIZE) != defaults.QUANTIZE:
+        how += f" ({results['quantize']} base)"
     title = f"{Path(results['model']).name}: batch {results['batch_size']}, {how} ({results['device']})"
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 50 * len(tasks)), fontsize=10)  # about what a column's width holds
     fig.tight_layout()
     buffer = path.with_suffix(".tmp.png")
     fig.savefig(buffer, dpi=100)
@@ -539,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.device != "cpu" or args.dtype != "float32":
             raise SystemExit("--runner program: the program runs float32 on the CPU (--device cpu --dtype float32)")
+    elif args.quantize != defaults.QUANTIZE:
+        raise SystemExit(f"--quantize {args.quantize}: a quantized base is a program's (add --runner program)")
         args.seq_len = args.seq_len or defaults.SEQ_LEN
     args.data_dir = args.data_dir or task_data_dir()
     check_pools(args.data_dir, tasks, args)
@@ -549,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "training": "eager (shared.train)" if args.runner == "eager" else "program (ExecuTorch runtime)",
         "runner": args.runner,
+        "quantize": args.quantize,
         "lr_schedule": {"shape": args.lr_schedule, "warmup_steps": args.warmup_steps, "floor": args.lr_floor},
         "chat_template": args.chat_template,
         "tasks": {task: run_task(args, task, methods, grids) for task in tasks},

@@ -195,6 +195,46 @@ def test_the_program_runner_trains_through_the_devices_program(
     assert _without_times(json.loads((resumed / "results.json").read_text())) == _without_times(results)
 
 
+def test_quantize_trains_through_the_8da4w_program_at_its_eps(tiny_model_dir: Path, program_factory, tmp_path: Path):
+    """``--quantize 8da4w``: the run's steps are the 8da4w program's (the suite's ``TINY_Q4_8DA4W``, found exported
+    in the benchmark's folder), at a job's eps for it; its log replays to its B. A quantized eager run is refused,
+    naming the flag."""
+    import shutil
+
+    import numpy as np
+    import torch
+
+    from benchmarks.accuracy import program_entry
+    from shared.checkpoint import load_checkpoint
+    from shared.manifest import manifest_path
+    from shared.replay import replay
+    from shared.train_log import read_log
+    from tests.utils.programs import TINY_Q4_8DA4W
+
+    args = ["--model", str(tiny_model_dir), "--tasks", "sst2", "--methods", "zero-shot,mobizo-q4", "--quantize"]
+    args += ["8da4w", "--lr", "mobizo-q4=0.5", "--seq-len", "16", "--rank", "4", "--alpha", "8", "--batch-size", "8"]
+    args += ["--n-train", "32", "--n-val", "16", "--n-test", "16", "--eval-every", "2", "--steps", "2", "--no-plot"]
+    with pytest.raises(SystemExit, match="--quantize 8da4w"):
+        main([*args, "--out", str(tmp_path / "eager")])
+
+    pte, manifest = program_factory(TINY_Q4_8DA4W)
+    out = tmp_path / "program"
+    entry = program_entry(tiny_model_dir, TINY_Q4_8DA4W, out / "programs")
+    entry.mkdir(parents=True)
+    shutil.copyfile(pte, entry / "program.pte")
+    manifest_path(entry / "program.pte").write_bytes(manifest.to_json())
+    for name in (manifest.ptd.file, manifest.tokenizer.file):
+        shutil.copyfile(pte.parent / name, entry / name)
+    assert main([*args, "--runner", "program", "--threads", "1", "--out", str(out)]) == 0
+    assert [p.name for p in (out / "programs").iterdir()] == [entry.name]  # nothing else was exported
+    assert json.loads((out / "results.json").read_text())["quantize"] == "8da4w"
+    run = out / "runs" / "sst2" / "mobizo-q4-program-8da4w" / "main"
+    log, final = read_log(run / "train_log.jsonl"), load_checkpoint(run)
+    eps = float(np.float32(defaults.QUANTIZED_EPS["8da4w"]))  # the program's float32 eps, as logged
+    assert [r["eps"] for r in log] == [eps] * 2 and final.b.abs().max() > 0
+    assert torch.equal(replay(torch.zeros_like(final.b), log), final.b)
+
+
 def test_optimizers_make_a_row_each_and_the_steps_to_sgds_accuracy_are_read_off_the_curves(tmp_path: Path) -> None:
     from benchmarks.accuracy import method_of, parse_args, reach_table, run_config, with_optimizers
 
