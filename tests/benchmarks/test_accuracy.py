@@ -106,6 +106,23 @@ def test_the_objective_flag_reaches_each_run(tmp_path: Path) -> None:
         assert run_config(args, "sst2", files, METHODS["mobizo-q4"], 1e-2, tmp_path, 10).objective == objective
 
 
+def seed_program(model_dir: Path, config, pte: Path, manifest, out: Path) -> Path:
+    """Put the suite's exported ``pte`` (of ``config``) where the benchmark run in ``out`` finds it exported, as a
+    run that exported it before would → its entry folder."""
+    import shutil
+
+    from benchmarks.accuracy import program_entry
+    from shared.manifest import manifest_path
+
+    entry = program_entry(model_dir, config, out / "programs")
+    entry.mkdir(parents=True)
+    shutil.copyfile(pte, entry / "program.pte")
+    manifest_path(entry / "program.pte").write_bytes(manifest.to_json())
+    for name in (manifest.ptd.file, manifest.tokenizer.file):
+        shutil.copyfile(pte.parent / name, entry / name)
+    return entry
+
+
 def test_the_program_runner_trains_through_the_devices_program(
     tiny_model_dir: Path, program_factory, tmp_path: Path, monkeypatch
 ) -> None:
@@ -115,7 +132,6 @@ def test_the_program_runner_trains_through_the_devices_program(
 
     The program is the suite's ``TINY_Q4`` (the run's config, resolved as a device program): the benchmark finds it
     exported in its folder, as a run that exported it before would."""
-    import shutil
 
     import numpy as np
     import torch
@@ -126,7 +142,6 @@ def test_the_program_runner_trains_through_the_devices_program(
     from device_agent.local_data import program_shape, step_batches
     from shared.checkpoint import load_checkpoint
     from shared.data import load_examples
-    from shared.manifest import manifest_path
     from shared.replay import replay
     from shared.tasks import get_task
     from shared.train_log import read_log
@@ -140,12 +155,7 @@ def test_the_program_runner_trains_through_the_devices_program(
     args += ["--steps", str(steps), "--threads", "1", "--no-plot"]
 
     def seeded(out: Path) -> Path:
-        entry = program_entry(tiny_model_dir, TINY_Q4, out / "programs")
-        entry.mkdir(parents=True)
-        shutil.copyfile(pte, entry / "program.pte")
-        manifest_path(entry / "program.pte").write_bytes(manifest.to_json())
-        for name in (manifest.ptd.file, manifest.tokenizer.file):
-            shutil.copyfile(pte.parent / name, entry / name)
+        seed_program(tiny_model_dir, TINY_Q4, pte, manifest, out)
         return out
 
     out = seeded(tmp_path / "whole")
@@ -199,14 +209,11 @@ def test_quantize_trains_through_the_8da4w_program_at_its_eps(tiny_model_dir: Pa
     """``--quantize 8da4w``: the run's steps are the 8da4w program's (the suite's ``TINY_Q4_8DA4W``, found exported
     in the benchmark's folder), at a job's eps for it; its log replays to its B. A quantized eager run is refused,
     naming the flag."""
-    import shutil
 
     import numpy as np
     import torch
 
-    from benchmarks.accuracy import program_entry
     from shared.checkpoint import load_checkpoint
-    from shared.manifest import manifest_path
     from shared.replay import replay
     from shared.train_log import read_log
     from tests.utils.programs import TINY_Q4_8DA4W
@@ -219,12 +226,7 @@ def test_quantize_trains_through_the_8da4w_program_at_its_eps(tiny_model_dir: Pa
 
     pte, manifest = program_factory(TINY_Q4_8DA4W)
     out = tmp_path / "program"
-    entry = program_entry(tiny_model_dir, TINY_Q4_8DA4W, out / "programs")
-    entry.mkdir(parents=True)
-    shutil.copyfile(pte, entry / "program.pte")
-    manifest_path(entry / "program.pte").write_bytes(manifest.to_json())
-    for name in (manifest.ptd.file, manifest.tokenizer.file):
-        shutil.copyfile(pte.parent / name, entry / name)
+    entry = seed_program(tiny_model_dir, TINY_Q4_8DA4W, pte, manifest, out)
     assert main([*args, "--runner", "program", "--threads", "1", "--out", str(out)]) == 0
     assert [p.name for p in (out / "programs").iterdir()] == [entry.name]  # nothing else was exported
     assert json.loads((out / "results.json").read_text())["quantize"] == "8da4w"
