@@ -143,10 +143,15 @@ def test_int8_embedding_lookups_are_within_half_a_step_of_the_float_table(dim):
 def test_8da4w_programs_of_other_shapes_share_one_ptd(quantized, program_factory):
     """q, batch size, the parallel schedule and the LoRA layout (TINY_Q1 is rank 2, TINY_Q4 rank 4) change the
     programs, not the base: every 8da4w program of a model with one (quantization, group size) names the same .ptd
-    (as float32 ones do)."""
+    (as float32 ones do). The other program also has one width (3 columns: nothing symbolic, a cheaper export)."""
     _, manifest = quantized
-    _, other = program_factory(TINY_Q1.model_copy(update={"quantize": "8da4w"}))
-    assert (other.config.q, other.config.batch_size) != (manifest.config.q, manifest.config.batch_size)
+    _, other = program_factory(TINY_Q1.model_copy(update={"quantize": "8da4w", "seq_len": 3}))
+    assert (other.config.q, other.config.batch_size, other.config.rank) != (
+        manifest.config.q,
+        manifest.config.batch_size,
+        manifest.config.rank,
+    )
+    assert other.config.widths is None and manifest.config.widths is not None
     assert other.ptd == manifest.ptd
 
 
