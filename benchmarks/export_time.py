@@ -10,14 +10,16 @@ peak RSS is that export's own), through the stages of ``shared.lowering``:
 - **store**: the ``.pte`` and the ``.ptd`` written.
 
 ``shipped`` runs the stages as ``export_program`` does; ``plain`` runs lower and emit without
-``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``sdpa`` is ``shipped``
-with torch's scaled_dot_product_attention in place of the additive-mask attention (``shared.hf_models.ATTENTION``).
-Each prints the graph's node count per method, the XNNPACK partitions per method, the peak RSS, and the ``.pte``'s
-sha256: ``shipped`` and ``plain`` must be the same bytes. ``--keep DIR`` keeps each program (``VARIANT.pte`` and its
-manifest), for ``benchmarks.program_profile`` to time their steps side by side.
+``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``hf-layers`` is ``shipped``
+with Hugging Face's own Llama norm and attention in place of ``shared.layers``' (the layer XNNPACK takes whole);
+``sdpa`` is ``hf-layers`` with torch's scaled_dot_product_attention in place of the additive-mask attention
+(``shared.hf_models.ATTENTION``). Each prints the graph's node count per method, the XNNPACK partitions per
+method, the peak RSS, and the ``.pte``'s sha256: ``shipped`` and ``plain`` must be the same bytes. ``--keep DIR``
+keeps each program (``VARIANT.pte`` and its manifest), for ``benchmarks.program_profile`` to time their steps side
+by side.
 
     python -m benchmarks.export_time --model DIR [--q 4] [--batch-size 16] [--seq-len 64] [--quantize none|8da4w]
-        [--variants shipped plain sdpa] [--keep DIR]
+        [--variants shipped plain hf-layers sdpa] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("shipped", "plain", "sdpa")
+VARIANTS = ("shipped", "plain", "hf-layers", "sdpa")
 STAGES = ("build", "trace", "lower", "emit", "store")
 
 
@@ -46,6 +48,7 @@ def _partitions(manager) -> dict[str, int]:
 def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> None:
     from shared import lowering
     from shared.hf_models import load_model
+    from shared.layers import unfold_llama_layers
     from shared.program import build_step_module, write_manifest
 
     seconds = {}
@@ -58,6 +61,8 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
         clock = now
 
     model, tokenizer = load_model(Path(model_dir), "float32")
+    if variant in ("hf-layers", "sdpa"):
+        unfold_llama_layers(model)
     if variant == "sdpa":
         model.config._attn_implementation = "sdpa"
     step = build_step_module(model, cfg)
@@ -121,7 +126,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def _differ(rows: list[dict]) -> bool:
-    return len({row["pte_sha256"] for row in rows if row["variant"] != "sdpa"}) > 1
+    return len({row["pte_sha256"] for row in rows if row["variant"] in ("shipped", "plain")}) > 1
 
 
 def main(argv: list[str] | None = None) -> int:

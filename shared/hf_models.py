@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, 
 
 from shared.errors import MobizoError, UsageError
 from shared.files import atomic_dir
+from shared.layers import fold_llama_layers
 
 # float64 is for eager exactness checks only (rounding ~5e8 times smaller than float32); programs are float32.
 DTYPES: dict[str, torch.dtype] = {
@@ -90,7 +91,7 @@ def build_random(config: PretrainedConfig, seed: int, dtype: torch.dtype, device
     with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
         torch.manual_seed(seed)
         model.init_weights()  # also computes the rotary buffers that to_empty left uninitialised
-    return frozen(model)
+    return frozen(fold_llama_layers(model))
 
 
 def frozen(model: PreTrainedModel) -> PreTrainedModel:
@@ -117,6 +118,7 @@ def load_model(
         raise MobizoError(f"cannot load the model in {model_dir}: {exc}") from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    fold_llama_layers(model)
     if torch_dtype == torch.float64:
         float64_throughout(model)
     return frozen(model), tokenizer

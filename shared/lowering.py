@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shared.layers import ROTATION
 from shared.manifest import ProgramFile
 from shared.ptd import WEIGHTS_TAG, store_weights
 
@@ -58,12 +59,13 @@ def is_frozen_weight(node: torch.fx.Node) -> bool:
     stays in the .pte (each method that uses it carries its copy: SmolLM2, rank 4: 2 x 0.55 MB): A depends on the
     job's rank, targets and A seed, and in the .ptd it would make programs of two ranks keep two copies of the base
     on a device. The classification objective's candidate ids stay in the .pte too: they are the task's, and the .ptd
-    the model's.
+    the model's. So does the attention's rotation (``shared.layers``: a 64 x 64 constant of the training programs,
+    which inference programs, sharing the .ptd, do not use).
     """
     # Lower case: a get_attr's target keeps the attribute's case (``lora_A``), a lifted constant's placeholder name
     # does not (``b_model_…_lora_a``), and both name A in the stages that tag (``lower``).
     name = str(node.target if node.op == "get_attr" else node.name).lower()
-    return not any(part in name for part in ("lora_b", "lora_a", "candidate_ids", "opt_state"))
+    return not any(part in name for part in ("lora_b", "lora_a", "candidate_ids", "opt_state", ROTATION))
 
 
 def frozen_weights_tag(node: torch.fx.Node) -> str | None:
@@ -283,14 +285,40 @@ def _xnnpack_partitioner():
     return WholeMethodPartitioner()
 
 
+def inferred_sizes(graph_module: torch.fx.GraphModule):
+    """A reshape (``view_copy``) with one symbolic size states it as ``-1`` (inferred): XNNPACK takes a reshape with
+    one inferred size and none with a symbolic one, and the decompositions to the edge dialect write the sizes out
+    (``linear`` of a rank-4 input: ``(rows * heads * width, d)``). The values are the same; only the program's
+    description of the shape changes."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    changed = False
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and node.target == exir_ops.edge.aten.view_copy.default:
+            sizes = list(node.args[1])
+            symbolic = [i for i, size in enumerate(sizes) if not isinstance(size, int)]
+            if len(symbolic) == 1 and -1 not in sizes:
+                sizes[symbolic[0]] = -1
+                node.args = (node.args[0], sizes, *node.args[2:])
+                changed = True
+    if changed:
+        graph_module.graph.eliminate_dead_code()
+        graph_module.recompile()
+    return PassResult(graph_module, changed)
+
+
 def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeeping):
     """lower: to the edge dialect, XNNPACK taking what it supports (``bookkeeping``: the context the stage runs in;
     the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves)."""
     from executorch.exir import to_edge_transform_and_lower
 
     partitioner = [_xnnpack_partitioner()] if backend == "xnnpack" else []
+    passes = [inferred_sizes] if backend == "xnnpack" else []
     with bookkeeping():
-        return to_edge_transform_and_lower(programs, partitioner=partitioner, compile_config=edge_config())
+        return to_edge_transform_and_lower(
+            programs, transform_passes=passes, partitioner=partitioner, compile_config=edge_config()
+        )
 
 
 def emit(edge, weights_tag: WeightsTag, zero_buffers: Iterable[str] = (), bookkeeping: Callable = less_bookkeeping):
