@@ -99,7 +99,7 @@ def fold_llama_layers(model: nn.Module) -> nn.Module:
     """Give every Llama RMSNorm and attention of ``model`` the forwards above (in place) → the model."""
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRMSNorm
 
-    weights: dict[tuple, torch.Tensor] = {}  # one tensor for every layer: a program holds it once
+    weights: dict[tuple, torch.Tensor] = {}  # one tensor, shared by every layer
     for module in model.modules():
         if type(module) is LlamaRMSNorm:
             module.forward = types.MethodType(rms_norm_forward, module)
