@@ -14,9 +14,9 @@ peak RSS is that export's own), through the stages of ``shared.lowering``:
 with Hugging Face's own Llama norm and attention in place of ``shared.layers``' (the layer XNNPACK takes whole);
 ``sdpa`` is ``hf-layers`` with torch's scaled_dot_product_attention in place of the additive-mask attention
 (``shared.hf_models.ATTENTION``). Each prints the graph's node count per method, the XNNPACK partitions per
-method, the peak RSS, and the ``.pte``'s sha256: ``shipped`` and ``plain`` must be the same bytes. ``--keep DIR``
-keeps each program (``VARIANT.pte`` and its manifest), for ``benchmarks.program_profile`` to time their steps side
-by side.
+method, the peak RSS (overall and by the end of each stage), and the ``.pte``'s sha256: ``shipped`` and
+``plain`` must be the same bytes. ``--keep DIR`` keeps each program (``VARIANT.pte`` and its manifest), for
+``benchmarks.program_profile`` to time their steps side by side.
 
     python -m benchmarks.export_time --model DIR [--q 4] [--batch-size 16] [--seq-len 64] [--quantize none|8da4w]
         [--variants shipped plain hf-layers sdpa] [--keep DIR]
@@ -51,13 +51,14 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
     from shared.layers import unfold_llama_layers
     from shared.program import build_step_module, write_manifest
 
-    seconds = {}
+    seconds, peaks = {}, {}
     clock = time.perf_counter()
 
     def lap(stage: str) -> None:
         nonlocal clock
         now = time.perf_counter()
         seconds[stage] = now - clock
+        peaks[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         clock = now
 
     model, tokenizer = load_model(Path(model_dir), "float32")
@@ -87,6 +88,7 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
             "seconds": seconds,
             "total_s": sum(seconds.values()),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_by_stage_mb": peaks,
             "nodes": nodes,
             "partitions": _partitions(manager),
             "pte_sha256": emitted.pte.sha256,
@@ -116,6 +118,9 @@ def print_table(rows: list[dict]) -> None:
         print(f"| {stage} s | " + " | ".join(f"{row['seconds'][stage]:.1f}" for row in rows) + " |")
     print("| **total s** | " + " | ".join(f"**{row['total_s']:.1f}**" for row in rows) + " |")
     print("| peak RSS MB | " + " | ".join(f"{row['peak_rss_mb']:,.0f}" for row in rows) + " |")
+    for stage in STAGES:
+        peaks = " | ".join(f"{row['peak_by_stage_mb'][stage]:,.0f}" for row in rows)
+        print(f"| peak RSS MB by the end of {stage} | {peaks} |")
     for key in ("nodes", "partitions"):
         for method in rows[0][key]:
             print(f"| {key}: {method} | " + " | ".join(str(row[key][method]) for row in rows) + " |")

@@ -282,6 +282,12 @@ def _xnnpack_partitioner():
             kept = [node for node in ep.graph.nodes if node.op == "call_function" and node.target in ops]
             return (ops, None) if all(check(node) for node in kept) else (ops, check)
 
+        def partition(self, exported_program):
+            # XnnpackPartitioner.partition only warns when it is not called from to_edge_transform_and_lower, which
+            # it finds by reading every frame of the stack; _decomposed_once is that function's path, and checks
+            # what it checks.
+            return super(XnnpackPartitioner, self).partition(exported_program)
+
     return WholeMethodPartitioner()
 
 
@@ -310,15 +316,60 @@ def inferred_sizes(graph_module: torch.fx.GraphModule):
 
 def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeeping):
     """lower: to the edge dialect, XNNPACK taking what it supports (``bookkeeping``: the context the stage runs in;
-    the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves)."""
+    the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves).
+
+    Each method is decomposed once (``_decomposed_once``) where XNNPACK's partitioner needs no per-node check;
+    otherwise ExecuTorch's ``to_edge_transform_and_lower`` decides, node by node, what to keep whole."""
     from executorch.exir import to_edge_transform_and_lower
 
     partitioner = [_xnnpack_partitioner()] if backend == "xnnpack" else []
     passes = [inferred_sizes] if backend == "xnnpack" else []
     with bookkeeping():
+        kept = _kept_whole(programs, partitioner)
+        if kept is not None:
+            return _decomposed_once(programs, partitioner, passes, kept)
         return to_edge_transform_and_lower(
             programs, transform_passes=passes, partitioner=partitioner, compile_config=edge_config()
         )
+
+
+def _kept_whole(programs: dict, partitioner: list) -> list | None:
+    """The ops the partitioner keeps whole in every method, from the decomposition table; None where it must check
+    a node of some method first (then the edge stage decomposes in two steps around that check)."""
+    from executorch.exir.program._program import _default_decomposition_table
+
+    table = _default_decomposition_table()
+    kept: set = set()
+    for program in programs.values():
+        for part in partitioner:
+            ops, check = part.ops_to_not_decompose(program)
+            if check is not None:
+                return None
+            kept.update(op for op in ops if op in table)
+    return sorted(kept, key=str)
+
+
+def _decomposed_once(programs: dict, partitioner: list, passes: list, kept: list):
+    """What ``to_edge_transform_and_lower`` gives where no node needs the partitioner's check, with one
+    decomposition of each method instead of two: ``exir.to_edge`` functionalizes and decomposes in one re-trace
+    (the other path functionalizes first, so that the check sees the functional graph), keeping ``kept`` whole;
+    then the same transform passes, partitions and check that every kept op was taken."""
+    from dataclasses import replace as replace_config
+
+    from executorch.exir import to_edge as exir_to_edge
+    from executorch.exir.program._program import _sanity_check_graph_for_non_decomp_ops, lift_constant_tensor_pass
+
+    config = replace_config(edge_config(), preserve_ops=list(kept))
+    edge = exir_to_edge(programs, compile_config=config)
+    if passes:
+        edge = edge.transform(passes)
+        for method in edge.methods:
+            lift_constant_tensor_pass(edge.exported_program(method))
+    for part in partitioner:
+        edge = edge.to_backend(part)
+    for name, program in edge._edge_programs.items():
+        _sanity_check_graph_for_non_decomp_ops(name, program, kept, None, generate_error=True)
+    return edge
 
 
 def emit(edge, weights_tag: WeightsTag, zero_buffers: Iterable[str] = (), bookkeeping: Callable = less_bookkeeping):

@@ -75,19 +75,24 @@ def test_the_partitioner_answers_without_a_check_only_where_xnnpack_takes_every_
     assert partitioner.ops_to_not_decompose(one_not)[1] is not None
 
 
-def test_the_partitioner_gives_the_program_of_xnnpacks_own(monkeypatch) -> None:
-    """Both ways of keeping the linears whole give the same bytes, where every linear is XNNPACK's and where one
-    is not (that one decomposed to portable kernels in both)."""
+def test_one_decomposition_gives_the_program_of_executorchs_own_path(monkeypatch) -> None:
+    """``to_edge`` decomposes each method once (``_decomposed_once``) where no node needs the partitioner's check;
+    ExecuTorch's ``to_edge_transform_and_lower`` functionalizes first and decomposes after. Both give the same bytes:
+    on XNNPACK where every linear is XNNPACK's (XNNPACK's own partitioner keeps its check, so ExecuTorch's path
+    runs), where one is not (that one decomposed to portable kernels in both), and on portable kernels alone."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    def program(module, args) -> bytes:
-        programs = lowering.trace(module, {"forward": (args, None)}, "xnnpack", lowering.frozen_weights_tag, False)
-        return lowering.emit(lowering.to_edge(programs, "xnnpack"), lowering.frozen_weights_tag).buffer
+    def program(module, args, backend="xnnpack") -> bytes:
+        programs = lowering.trace(module, {"forward": (args, None)}, backend, lowering.frozen_weights_tag, False)
+        return lowering.emit(lowering.to_edge(programs, backend), lowering.frozen_weights_tag).buffer
 
     cases = [(Interleaved(), (torch.randn(2, 8),)), (DynamicWeight(), (torch.randn(2, 8), torch.randn(4, 8)))]
     ours = [program(*case) for case in cases]
+    portable = program(*cases[0], backend="portable")
     monkeypatch.setattr(lowering, "_xnnpack_partitioner", XnnpackPartitioner)
     assert ours == [program(*case) for case in cases]
+    monkeypatch.setattr(lowering, "_kept_whole", lambda programs, partitioner: None)  # ExecuTorch's path
+    assert portable == program(*cases[0], backend="portable")
 
 
 class WithState(nn.Module):
