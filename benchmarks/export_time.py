@@ -10,7 +10,9 @@ peak RSS is that export's own), through the stages of ``shared.lowering``:
 - **store**: the ``.pte`` and the ``.ptd`` written.
 
 ``shipped`` runs the stages as ``export_program`` does; ``plain`` runs lower and emit without
-``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``hf-layers`` is ``shipped``
+``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``executorch-edge``
+decomposes each method twice as ExecuTorch's ``to_edge_transform_and_lower`` does (functionalized first) instead of
+once (``shared.lowering._decomposed_once``), and must give the same bytes too; ``hf-layers`` is ``shipped``
 with Hugging Face's own Llama norm and attention in place of ``shared.layers``' (the layer XNNPACK takes whole);
 ``sdpa`` is ``hf-layers`` with torch's scaled_dot_product_attention in place of the additive-mask attention
 (``shared.hf_models.ATTENTION``). Each prints the graph's node count per method, the XNNPACK partitions per
@@ -19,7 +21,7 @@ method, the peak RSS (overall and by the end of each stage), and the ``.pte``'s 
 ``benchmarks.program_profile`` to time their steps side by side.
 
     python -m benchmarks.export_time --model DIR [--q 4] [--batch-size 16] [--seq-len 64] [--quantize none|8da4w]
-        [--variants shipped plain hf-layers sdpa] [--keep DIR]
+        [--variants shipped plain executorch-edge hf-layers sdpa] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("shipped", "plain", "hf-layers", "sdpa")
+VARIANTS = ("shipped", "plain", "executorch-edge", "hf-layers", "sdpa")
 STAGES = ("build", "trace", "lower", "emit", "store")
 
 
@@ -61,6 +63,8 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
         peaks[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         clock = now
 
+    if variant == "executorch-edge":  # ExecuTorch's own edge path: functionalize, then decompose
+        lowering._kept_whole = lambda programs, partitioner: None
     model, tokenizer = load_model(Path(model_dir), "float32")
     if variant in ("hf-layers", "sdpa"):
         unfold_llama_layers(model)
@@ -127,11 +131,11 @@ def print_table(rows: list[dict]) -> None:
     print("| .pte KB / .ptd MB | " + " | ".join(f"{row['pte_kb']:.0f} / {row['ptd_mb']:.0f}" for row in rows) + " |")
     print("| .pte sha256 | " + " | ".join(row["pte_sha256"][:16] for row in rows) + " |")
     if _differ(rows):
-        print("THE PROGRAMS DIFFER: a bookkeeping cut changed the program")
+        print("THE PROGRAMS DIFFER: a bookkeeping cut or the one decomposition changed the program")
 
 
 def _differ(rows: list[dict]) -> bool:
-    return len({row["pte_sha256"] for row in rows if row["variant"] in ("shipped", "plain")}) > 1
+    return len({row["pte_sha256"] for row in rows if row["variant"] in ("shipped", "plain", "executorch-edge")}) > 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,15 +11,18 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from shared.files import atomic_write_bytes, store_by_content
+from shared.files import atomic_write, store_by_content
 
 WEIGHTS_TAG = "weights"  # name of the external data file the frozen weights go to
 
 
-def canonical_ptd(data: bytes) -> bytes:
-    """The same named tensors, keys sorted, each segment aligned as ExecuTorch aligns them (128 B), and each distinct
-    content stored once: keys whose bytes are equal name one segment. A tied embedding is one tensor under two keys
-    (the lookup's, and XNNPACK's for ``lm_head``), 113 MB of SmolLM2's weights."""
+def canonical_ptd(raw: Path):
+    """The named tensors of the ``.ptd`` at ``raw``, keys sorted, each segment aligned as ExecuTorch aligns them
+    (128 B), and each distinct content stored once: keys whose bytes are equal name one segment. A tied embedding is
+    one tensor under two keys (the lookup's, and XNNPACK's for ``lm_head``), 113 MB of SmolLM2's weights.
+
+    Returns the file's bytes as a ``Cord`` (the segments themselves, not joined), to be written piece by piece; the
+    file is read here, so that its bytes are freed once its segments are cut out of them."""
     import hashlib
 
     from executorch.exir._serialize._cord import Cord
@@ -27,19 +30,18 @@ def canonical_ptd(data: bytes) -> bytes:
     from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
 
     serializer = FlatTensorSerializer()
-    payload = serializer.deserialize(Cord(data))
+    payload = serializer.deserialize(Cord(raw.read_bytes()))
     buffers: list = []
     index: dict[tuple[int, bytes], int] = {}  # (size, sha256) of a content -> its segment
     named = {}
     for key in sorted(payload.named_data):
         entry = payload.named_data[key]
         buffer = payload.buffers[entry.buffer_index]
-        content = bytes(buffer)
-        found = index.setdefault((len(content), hashlib.sha256(content).digest()), len(buffers))
+        found = index.setdefault((len(buffer), hashlib.sha256(buffer).digest()), len(buffers))
         if found == len(buffers):
             buffers.append(buffer)
         named[key] = DataEntry(buffer_index=found, alignment=1, tensor_layout=entry.tensor_layout)
-    return bytes(serializer.serialize(DataPayload(buffers=buffers, named_data=named)))
+    return serializer.serialize(DataPayload(buffers=buffers, named_data=named))
 
 
 def ptd_contents(data: bytes) -> dict[str, tuple[int, int]]:
@@ -59,5 +61,5 @@ def store_weights(manager, store: Path) -> tuple[Path, str]:
     with tempfile.TemporaryDirectory(dir=store, prefix=".ptd.") as tmp:
         manager.write_tensor_data_to_file(tmp)
         raw = Path(tmp) / f"{WEIGHTS_TAG}.ptd"
-        atomic_write_bytes(raw, canonical_ptd(raw.read_bytes()))
+        atomic_write(raw, canonical_ptd(raw).write_to_file)
         return store_by_content(raw, store, "weights-", ".ptd")
