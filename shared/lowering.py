@@ -172,9 +172,71 @@ def _xnnpack_pass_triggers() -> dict[type, Callable[[set], bool]]:
     }
 
 
+def _edge_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
+    """Passes of ExecuTorch's ATen-to-edge stage that change a graph only where it holds what they rewrite, each with
+    that test; like XNNPACK's (``_xnnpack_pass_triggers``) each re-traces the whole method with fake tensors whether it
+    rewrites anything or not (SmolLM2's training program: a quarter of that stage). The tests restate each pass's own
+    condition: ``aten.t`` (``NormalizeTransposePass``), an aliasing view op (``ReplaceBrokenOpsWithFunctionalOpsPass``),
+    a symbolic scalar passed where the op's schema takes a tensor (``SymToTensorPass``). A graph with submodules
+    (control flow) runs them all."""
+    from executorch.exir.passes import ReplaceBrokenOpsWithFunctionalOpsPass
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+    from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
+
+    def calls(gm):
+        return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+    def transpose(gm) -> bool:
+        return any(n.target == torch.ops.aten.t.default for n in calls(gm))
+
+    def view(gm) -> bool:
+        return any(getattr(n.target, "is_view", False) for n in calls(gm))
+
+    def symbolic_tensor_argument(gm) -> bool:
+        symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
+        for node in calls(gm):
+            schema = getattr(node.target, "_schema", None)
+            if schema is None:
+                continue
+            for i, arg in enumerate(schema.arguments):
+                value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                if (
+                    isinstance(arg.type, torch.TensorType)
+                    and isinstance(value, torch.fx.Node)
+                    and isinstance(value.meta.get("val"), symbolic)
+                ):
+                    return True
+        return False
+
+    return {
+        NormalizeTransposePass: transpose,
+        ReplaceBrokenOpsWithFunctionalOpsPass: view,
+        SymToTensorPass: symbolic_tensor_argument,
+    }
+
+
+def _needed_edge_passes(passes: list, triggers: dict) -> list:
+    """``passes`` (ExecuTorch's, each wrapped to return a PassResult) with those of ``triggers`` skipped on a graph
+    they would leave as it is."""
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    def when_needed(wrapped, needed):
+        def run(gm):
+            has_submodules = any(isinstance(m, torch.fx.GraphModule) for m in gm.children())
+            return wrapped(gm) if has_submodules or needed(gm) else PassResult(gm, False)
+
+        return run
+
+    out = []
+    for wrapped in passes:
+        needed = triggers.get(type(getattr(wrapped, "__wrapped__", wrapped)))
+        out.append(wrapped if needed is None else when_needed(wrapped, needed))
+    return out
+
+
 @contextlib.contextmanager
 def less_bookkeeping() -> Iterator[None]:
-    """Four costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
+    """Five costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
     of the program (``benchmarks/export_time.py`` compares the bytes with and without them):
 
     - graph modules the edge stages build are lazy (what ``torch.compile`` uses): their Python code is generated once,
@@ -184,6 +246,8 @@ def less_bookkeeping() -> Iterator[None]:
       tenth of the export. The chain's entries are never changed once made, so the new entry shares them.
     - XNNPACK preprocesses each partition with 17 passes, most of which re-trace the partition even where it holds
       none of their ops (``_xnnpack_pass_triggers``): those are skipped.
+    - the ATen-to-edge stage re-traces each method once per pass, three of which rewrite ops the project's graphs
+      do not hold (``_edge_pass_triggers``): those are skipped where a method holds none.
     - the method partitions are carved out of is an eager graph module all the same, and carving each partition
       re-sorts the method (``legalize_graph`` sets ``GraphModule.graph``), which regenerated its whole code:
       SmolLM2's 339 partitions of ``forward``, a fifth of its export. The code is generated once, after the last.
@@ -193,10 +257,13 @@ def less_bookkeeping() -> Iterator[None]:
     """
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
     from executorch.exir.backend import backend_api
+    from executorch.exir.program import _program
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
     from torch.fx.traceback import NodeSource
 
     triggers = _xnnpack_pass_triggers()
+    edge_triggers = _edge_pass_triggers()
+    edge_passes = _program._get_aten_to_edge_passes
     make_source = NodeSource.__init__
     run_passes = XNNPACKPassManager.transform
     carve = backend_api._create_partitions_in_graph_module
@@ -233,9 +300,14 @@ def less_bookkeeping() -> Iterator[None]:
                 self.passes = everything
         return ep
 
+    def needed_edge_passes(config):
+        pre, post = edge_passes(config)
+        return _needed_edge_passes(pre, edge_triggers), post
+
     NodeSource.__init__ = share_history
     XNNPACKPassManager.transform = needed_passes_only
     backend_api._create_partitions_in_graph_module = carve_then_compile
+    _program._get_aten_to_edge_passes = needed_edge_passes
     try:
         with _use_lazy_graph_module(True):
             yield
@@ -243,6 +315,7 @@ def less_bookkeeping() -> Iterator[None]:
         NodeSource.__init__ = make_source
         XNNPACKPassManager.transform = run_passes
         backend_api._create_partitions_in_graph_module = carve
+        _program._get_aten_to_edge_passes = edge_passes
 
 
 def trace(module: nn.Module, methods: Methods, backend: str, weights_tag: WeightsTag, tag_computed: bool) -> dict:

@@ -53,6 +53,54 @@ def test_the_bookkeeping_cuts_leave_the_program_byte_identical() -> None:
     assert shipped == plain
 
 
+class ScaledByWidth(nn.Module):
+    """A linear whose output is scaled by the input's symbolic width: ``mul`` takes that size where its schema takes
+    a tensor, which ExecuTorch's ``SymToTensorPass`` (one of the edge passes ``less_bookkeeping`` skips where they
+    have nothing to do) must rewrite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(x) * x.shape[0]
+
+
+def test_an_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite() -> None:
+    """Each skipped pass's test sees its work: ``aten.t``, a view op, a symbolic size given as a tensor; the
+    project's graphs have none. With a symbolic size that must become a tensor, the program is the same with and
+    without the skips (and its edge graph holds the rewrite)."""
+    from executorch.exir.passes import ReplaceBrokenOpsWithFunctionalOpsPass
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+    from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
+
+    triggers = lowering._edge_pass_triggers()
+    aten = torch.ops.aten
+    transposed = torch.fx.symbolic_trace(lambda x: aten.t.default(x))
+    viewed = torch.fx.symbolic_trace(lambda x: aten.view.default(x, [-1]))
+    assert triggers[NormalizeTransposePass](transposed) and not triggers[NormalizeTransposePass](viewed)
+    copied = torch.fx.symbolic_trace(lambda x: aten.view_copy.default(x, [-1]))
+    assert triggers[ReplaceBrokenOpsWithFunctionalOpsPass](viewed)
+    assert not triggers[ReplaceBrokenOpsWithFunctionalOpsPass](copied)
+
+    width = torch.export.Dim("width", min=2, max=16)
+    methods = {"forward": ((torch.randn(4, 8),), ({0: width},))}
+    exported = torch.export.export(ScaledByWidth(), methods["forward"][0], dynamic_shapes=({0: width},))
+    assert triggers[SymToTensorPass](exported.run_decompositions({}).graph_module)
+    assert not triggers[SymToTensorPass](torch.export.export(Interleaved(), (torch.randn(2, 8),)).graph_module)
+
+    def program(bookkeeping):
+        programs = lowering.trace(ScaledByWidth(), methods, "xnnpack", lowering.frozen_weights_tag, False)
+        edge = lowering.to_edge(programs, "xnnpack", bookkeeping)
+        targets = {str(n.target) for n in edge.exported_program().graph.nodes}
+        return lowering.emit(edge, lowering.frozen_weights_tag, (), bookkeeping).buffer, targets
+
+    (shipped, targets), (plain, _) = program(lowering.less_bookkeeping), program(contextlib.nullcontext)
+    assert any("scalar_tensor" in target for target in targets)
+    assert shipped == plain
+
+
 class DynamicWeight(nn.Module):
     """A linear XNNPACK takes (a constant weight) and one it does not (the weight is an input)."""
 
