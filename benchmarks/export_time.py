@@ -11,7 +11,7 @@ peak RSS is that export's own), through the stages of ``shared.lowering``:
 
 ``shipped`` runs the stages as ``export_program`` does; ``plain`` runs lower and emit without
 ``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``executorch-edge``
-decomposes each method twice as ExecuTorch's ``to_edge_transform_and_lower`` does (functionalized first) instead of
+decomposes each method twice as ExecuTorch's own edge path does (functionalized first) instead of
 once (``shared.lowering._decomposed_once``), and must give the same bytes too; ``hf-layers`` is ``shipped``
 with Hugging Face's own Llama norm and attention in place of ``shared.layers``' (the layer XNNPACK takes whole);
 ``sdpa`` is ``hf-layers`` with torch's scaled_dot_product_attention in place of the additive-mask attention
