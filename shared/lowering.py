@@ -174,11 +174,11 @@ def _xnnpack_pass_triggers() -> dict[type, Callable[[set], bool]]:
 
 def _edge_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
     """Passes of ExecuTorch's ATen-to-edge stage that change a graph only where it holds what they rewrite, each with
-    that test; like XNNPACK's (``_xnnpack_pass_triggers``) each re-traces the whole method with fake tensors whether it
-    rewrites anything or not (SmolLM2's training program: a quarter of that stage). The tests restate each pass's own
-    condition: ``aten.t`` (``NormalizeTransposePass``), an aliasing view op (``ReplaceBrokenOpsWithFunctionalOpsPass``),
-    a symbolic scalar passed where the op's schema takes a tensor (``SymToTensorPass``). A graph with submodules
-    (control flow) runs them all."""
+    that test; like XNNPACK's (``_xnnpack_pass_triggers``) each re-traces the whole method with fake tensors whether
+    it rewrites anything or not (the tiny training program's forward: about a quarter of its edge passes' time). The
+    tests restate each pass's own condition: ``aten.t`` (``NormalizeTransposePass``), an aliasing view op
+    (``ReplaceBrokenOpsWithFunctionalOpsPass``), a symbolic scalar passed where the op's schema takes a tensor
+    (``SymToTensorPass``). A graph with submodules (control flow) runs them all."""
     from executorch.exir.passes import ReplaceBrokenOpsWithFunctionalOpsPass
     from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
     from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
