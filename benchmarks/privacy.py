@@ -7,6 +7,10 @@ its final B is measured on the first ``--n-eval`` validation rows. Printed: epsi
 the noise's standard deviation on each g, accuracy before and after, and the median step time. Runs are resumable:
 a finished run's ``metrics.json`` under ``--out`` is read back instead of trained again.
 
+``--clip-only`` adds a diagnostic row (``clip``, not private): the private path with its noise removed (sigma 0),
+so that what clipping and the private sampling cost is told apart from what the noise costs. ``--seed`` seeds the
+non-private runs (a private run draws its own seed, which stays on the device).
+
     python -m benchmarks.privacy --model runs/smollm2 --steps 200 --n-train 1000 --n-eval 200 --out runs/privacy
     python -m benchmarks.privacy --steps 20 --n-train 64 --n-eval 32 --out runs/privacy-tiny   # the tiny model
 """
@@ -35,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, help="default: the objective's")
+    parser.add_argument("--clip-only", action="store_true", help="add the private path without its noise (sigma 0)")
+    parser.add_argument("--seed", type=int, default=0, help="the non-private runs' seed")
     return parser.parse_args(argv)
 
 
@@ -47,10 +53,18 @@ def _slice(source: Path, rows: int, out: Path) -> Path:
     return out
 
 
-def run_one(args: argparse.Namespace, model: Path, files: dict[str, Path], epsilon: float) -> dict[str, Any]:
+def run_one(
+    args: argparse.Namespace, model: Path, files: dict[str, Path], epsilon: float, clip_only: bool = False
+) -> dict[str, Any]:
+    """One run: not private at epsilon inf, else private at (epsilon, ``--delta``, ``--clip``); ``clip_only``: the
+    private path with sigma 0 (its noise removed and nothing spent counted: a diagnostic, not a private run)."""
+    from unittest import mock
+
+    from shared import privacy
     from shared.train import TrainConfig, train
 
-    out = args.out / ("eps-inf" if math.isinf(epsilon) else f"eps-{epsilon:g}")
+    name = "clip-only" if clip_only else "eps-inf" if math.isinf(epsilon) else f"eps-{epsilon:g}"
+    out = args.out / (f"{name}-seed{args.seed}" if args.seed and math.isinf(epsilon) and not clip_only else name)
     if (out / "metrics.json").is_file():
         return json.loads((out / "metrics.json").read_text())
     private = {} if math.isinf(epsilon) else {"dp_epsilon": epsilon, "dp_delta": args.delta, "dp_clip": args.clip}
@@ -63,10 +77,17 @@ def run_one(args: argparse.Namespace, model: Path, files: dict[str, Path], epsil
         steps=args.steps,
         seq_len=args.seq_len,
         checkpoint_every=max(args.steps // 10, 1),
+        seed=args.seed,
         **({"lr": args.lr} if args.lr is not None else {}),
         **private,
     )
-    return train(config, progress=False)
+    if not clip_only:
+        return train(config, progress=False)
+    with (
+        mock.patch.object(privacy, "noise_multiplier", lambda *_: 0.0),
+        mock.patch.object(privacy, "epsilon_spent", lambda *_: math.inf),
+    ):
+        return train(config, progress=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = []
     print(f"{'epsilon':>8} {'sigma':>7} {'noise std':>9} {'acc before':>10} {'acc after':>9} {'step s':>7}")
-    for epsilon in args.epsilons:
-        metrics = run_one(args, model, files, epsilon)
+    runs = [(e, False) for e in args.epsilons] + ([(8.0, True)] if args.clip_only else [])
+    for epsilon, clip_only in runs:
+        metrics = run_one(args, model, files, epsilon, clip_only)
         p = metrics.get("privacy") or {}
         row = {
-            "epsilon": epsilon,
+            "epsilon": "clip" if clip_only else epsilon,
             "epsilon_spent": p.get("epsilon"),
             "noise_multiplier": p.get("noise_multiplier"),
             "noise_std": p.get("noise_std"),
@@ -97,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         sigma, std = (f"{row[k]:.3f}" if row[k] is not None else "-" for k in ("noise_multiplier", "noise_std"))
+        label = "clip" if clip_only else f"{epsilon:g}"
         print(
-            f"{epsilon:>8g} {sigma:>7} {std:>9} {row['accuracy_before']:>10.3f} {row['accuracy_after']:>9.3f} "
+            f"{label:>8} {sigma:>7} {std:>9} {row['accuracy_before']:>10.3f} {row['accuracy_after']:>9.3f} "
             f"{row['step_time_s']:>7.3f}"
         )
     result = {"model": str(model), "steps": args.steps, "n_train": args.n_train, "n_eval": args.n_eval, "rows": rows}
