@@ -16,9 +16,9 @@ once (``shared.lowering._decomposed_once``), and must give the same bytes too; `
 with Hugging Face's own Llama norm and attention in place of ``shared.layers``' (the layer XNNPACK takes whole);
 ``sdpa`` is ``hf-layers`` with torch's scaled_dot_product_attention in place of the additive-mask attention
 (``shared.hf_models.ATTENTION``). Each prints the graph's node count per method, the XNNPACK partitions per
-method, the peak RSS (overall and by the end of each stage), and the ``.pte``'s sha256: ``shipped`` and
-``plain`` must be the same bytes. ``--keep DIR`` keeps each program (``VARIANT.pte`` and its manifest), for
-``benchmarks.program_profile`` to time their steps side by side.
+method, the peak RSS (overall and by the end of each stage), and the sha256 of the ``.pte`` and the ``.ptd``:
+``shipped`` and ``plain`` must be the same bytes. ``--keep DIR`` keeps each program (``VARIANT.pte`` and its
+manifest), for ``benchmarks.program_profile`` to time their steps side by side.
 
     python -m benchmarks.export_time --model DIR [--q 4] [--batch-size 16] [--seq-len 64] [--quantize none|8da4w]
         [--variants shipped plain executorch-edge hf-layers sdpa] [--keep DIR]
@@ -96,6 +96,7 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
             "nodes": nodes,
             "partitions": _partitions(manager),
             "pte_sha256": emitted.pte.sha256,
+            "ptd_sha256": emitted.ptd.sha256,
             "pte_kb": emitted.pte.size / 1024,
             "ptd_mb": emitted.ptd.size / 2**20,
         }
@@ -130,12 +131,14 @@ def print_table(rows: list[dict]) -> None:
             print(f"| {key}: {method} | " + " | ".join(str(row[key][method]) for row in rows) + " |")
     print("| .pte KB / .ptd MB | " + " | ".join(f"{row['pte_kb']:.0f} / {row['ptd_mb']:.0f}" for row in rows) + " |")
     print("| .pte sha256 | " + " | ".join(row["pte_sha256"][:16] for row in rows) + " |")
+    print("| .ptd sha256 | " + " | ".join(row["ptd_sha256"][:16] for row in rows) + " |")
     if _differ(rows):
         print("THE PROGRAMS DIFFER: a bookkeeping cut or the one decomposition changed the program")
 
 
 def _differ(rows: list[dict]) -> bool:
-    return len({row["pte_sha256"] for row in rows if row["variant"] in ("shipped", "plain", "executorch-edge")}) > 1
+    same = [row for row in rows if row["variant"] in ("shipped", "plain", "executorch-edge")]
+    return len({(row["pte_sha256"], row["ptd_sha256"]) for row in same}) > 1
 
 
 def main(argv: list[str] | None = None) -> int:

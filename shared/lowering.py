@@ -18,6 +18,7 @@ and activation buffers), read from the program itself.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -236,7 +237,7 @@ def _needed_edge_passes(passes: list, triggers: dict) -> list:
 
 @contextlib.contextmanager
 def less_bookkeeping() -> Iterator[None]:
-    """Five costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
+    """Seven costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
     of the program (``benchmarks/export_time.py`` compares the bytes with and without them):
 
     - graph modules the edge stages build are lazy (what ``torch.compile`` uses): their Python code is generated once,
@@ -251,11 +252,21 @@ def less_bookkeeping() -> Iterator[None]:
     - the method partitions are carved out of is an eager graph module all the same, and carving each partition
       re-sorts the method (``legalize_graph`` sets ``GraphModule.graph``), which regenerated its whole code:
       SmolLM2's 339 partitions of ``forward``, a fifth of its export. The code is generated once, after the last.
+    - XNNPACK copies each weight it takes into a ``bytes`` object for its partition's named-data store, so a weight
+      that several methods use (``forward`` and ``evaluate`` share the whole base) was held once per method until
+      the program was written. A store is handed the object already held for the same key and content instead.
+    - before preprocessing a partition, ExecuTorch deep-copies its program, weights included, in case the backend
+      changes it; the copies of every partition of every method are made before the first is preprocessed
+      (SmolLM2: two copies of the base, 1 GB). XNNPACK's preprocessing replaces constants, never writes into them, so
+      the copy shares the constant tensors (ExecuTorch's CUDA backend does the same in its low-memory mode); the
+      graph and the state dict's mapping are still copied.
 
     The settings are process-wide while a lowering runs: the server exports in worker processes of their own, one
     export each (``server.pool``).
     """
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir._serialize._named_data_store import NamedDataStore
     from executorch.exir.backend import backend_api
     from executorch.exir.program import _program
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
@@ -267,6 +278,23 @@ def less_bookkeeping() -> Iterator[None]:
     make_source = NodeSource.__init__
     run_passes = XNNPACKPassManager.transform
     carve = backend_api._create_partitions_in_graph_module
+    add_named_data = NamedDataStore.add_named_data
+    held: dict[str, bytes] = {}  # key -> the first bytes object stored under it during this lowering
+
+    def add_once(self, key, data, *args, **kwargs):
+        """Store ``data`` as the object already held for ``key`` where the contents are equal."""
+        if isinstance(data, bytes):
+            first = held.setdefault(key, data)
+            if first is not data and first == data:
+                data = first
+        return add_named_data(self, key, data, *args, **kwargs)
+
+    copy_for_preprocess = XnnpackBackend.__dict__.get("copy_exported_program_for_preprocess")
+
+    def copy_sharing_constants(cls, program, compile_specs):
+        """``program`` deep-copied but for its constant tensors, which the copy shares."""
+        constants = (*program.state_dict.values(), *program.constants.values())
+        return copy.deepcopy(program, {id(t): t for t in constants if isinstance(t, torch.Tensor)})
 
     def carve_then_compile(method, *args, **kwargs):
         """Carve every partition out of ``method``, then generate its code once (not after each partition)."""
@@ -308,6 +336,8 @@ def less_bookkeeping() -> Iterator[None]:
     XNNPACKPassManager.transform = needed_passes_only
     backend_api._create_partitions_in_graph_module = carve_then_compile
     _program._get_aten_to_edge_passes = needed_edge_passes
+    NamedDataStore.add_named_data = add_once
+    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(copy_sharing_constants)
     try:
         with _use_lazy_graph_module(True):
             yield
@@ -316,6 +346,11 @@ def less_bookkeeping() -> Iterator[None]:
         XNNPACKPassManager.transform = run_passes
         backend_api._create_partitions_in_graph_module = carve
         _program._get_aten_to_edge_passes = edge_passes
+        NamedDataStore.add_named_data = add_named_data
+        if copy_for_preprocess is None:  # inherited from BackendDetails: drop the override
+            del XnnpackBackend.copy_exported_program_for_preprocess
+        else:
+            XnnpackBackend.copy_exported_program_for_preprocess = copy_for_preprocess
 
 
 def trace(module: nn.Module, methods: Methods, backend: str, weights_tag: WeightsTag, tag_computed: bool) -> dict:

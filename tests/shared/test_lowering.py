@@ -39,11 +39,19 @@ def test_the_bookkeeping_cuts_leave_the_program_byte_identical() -> None:
     shared provenance) and skips XNNPACK passes with nothing to do (the last partition's ``relu`` is fused by one
     it keeps), never what they emit: a torch or ExecuTorch upgrade that breaks that shows here as different bytes."""
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir._serialize._named_data_store import NamedDataStore
     from executorch.exir.backend import backend_api
     from torch.fx.traceback import NodeSource
 
     def patched():
-        return NodeSource.__init__, XNNPACKPassManager.transform, backend_api._create_partitions_in_graph_module
+        return (
+            NodeSource.__init__,
+            XNNPACKPassManager.transform,
+            backend_api._create_partitions_in_graph_module,
+            NamedDataStore.add_named_data,
+            XnnpackBackend.__dict__.get("copy_exported_program_for_preprocess"),
+        )
 
     before = patched()
     shipped, delegates = _program(lowering.less_bookkeeping)
@@ -51,6 +59,72 @@ def test_the_bookkeeping_cuts_leave_the_program_byte_identical() -> None:
     plain, plain_delegates = _program(contextlib.nullcontext)
     assert delegates == plain_delegates == 3
     assert shipped == plain
+
+
+class TwoMethods(nn.Module):
+    """Two methods over the same frozen linears (as ``forward`` and ``evaluate`` share a model's base)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.second(self.first(x).relu())
+
+    def evaluate(self, x):
+        return self.second(self.first(x).tanh())
+
+
+def _stored_weights(bookkeeping) -> tuple[bytes, dict[str, list]]:
+    """The program's bytes, and for each named-data key the bytes objects each method's partitions hold for it."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    x = (torch.randn(2, 8),)
+    methods = {"forward": (x, None), "evaluate": (x, None)}
+    programs = lowering.trace(TwoMethods(), methods, "xnnpack", lowering.frozen_weights_tag, tag_computed=False)
+    edge = lowering.to_edge(programs, "xnnpack", bookkeeping)
+    held: dict[str, list] = {}
+    for program in edge._edge_programs.values():
+        for module in program.graph_module.modules():
+            if isinstance(module, LoweredBackendModule) and module.named_data_store_output is not None:
+                out = module.named_data_store_output
+                for key, entry in (out.pte_data | out.external_data.get(lowering.WEIGHTS_TAG, {})).items():
+                    held.setdefault(key, []).append(out.buffers[entry.buffer_index])
+    return lowering.emit(edge, lowering.frozen_weights_tag, (), bookkeeping).buffer, held
+
+
+def test_a_partition_is_copied_for_xnnpack_with_its_weights_shared() -> None:
+    """ExecuTorch deep-copies each partition's program before the backend preprocesses it; under
+    ``less_bookkeeping`` XNNPACK's copy is a new graph and state dict over the same weight tensors, and the weights
+    are as they were after the lowering (XNNPACK writes into none of them)."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    module = TwoMethods()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    x = (torch.randn(2, 8),)
+    programs = lowering.trace(module, {"forward": (x, None)}, "xnnpack", lowering.frozen_weights_tag, False)
+    (program,) = programs.values()
+    with lowering.less_bookkeeping():
+        copied = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
+    lowering.emit(lowering.to_edge(programs, "xnnpack"), lowering.frozen_weights_tag)  # in less_bookkeeping too
+    plain = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
+    assert copied.graph_module is not program.graph_module and copied.state_dict is not program.state_dict
+    assert program.state_dict and all(copied.state_dict[k] is t for k, t in program.state_dict.items())
+    assert not any(plain.state_dict[k] is t for k, t in program.state_dict.items())
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def test_a_weight_two_methods_use_is_held_once_in_memory() -> None:
+    """Each method's XNNPACK partitions store the weights they take; with ``less_bookkeeping`` a weight both methods
+    take is one bytes object (without it, one per method), and the program's bytes are the same."""
+    shipped, held = _stored_weights(lowering.less_bookkeeping)
+    plain, plain_held = _stored_weights(contextlib.nullcontext)
+    assert shipped == plain
+    assert held.keys() == plain_held.keys() and len(held) == 4  # two weights and two biases
+    assert all(len(objects) == 2 for objects in held.values())
+    assert all(a is b for a, b in held.values())
+    assert not any(a is b for a, b in plain_held.values()) and all(a == b for a, b in plain_held.values())
 
 
 class ScaledByWidth(nn.Module):
@@ -188,3 +262,43 @@ def test_tag_computed_tags_what_is_computed_from_constants_alone() -> None:
     tagged = [n for n in exported.graph.nodes if n.meta.get("custom", {}).get("delegate_constant_tag") == "weights"]
     assert [n.op for n in tagged] == ["placeholder", "call_function"]
     assert all(n.op != "call_function" or all(i in tagged for i in n.all_input_nodes) for n in tagged)
+
+
+class TiedHead(nn.Module):
+    """An embedding lookup (the portable kernel's: a constant the emitter places in the .ptd) whose table is also
+    the weight of a linear head (XNNPACK's: named data it stores for the .ptd), as a tied LM head is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.mix = nn.Embedding(16, 8), nn.Linear(8, 8)
+
+    def forward(self, ids):
+        return torch.nn.functional.linear(self.mix(self.embed(ids)), self.embed.weight)
+
+
+def test_the_weights_file_written_from_memory_is_executorchs_own_file_canonicalised(tmp_path) -> None:
+    """``shared.ptd.store_weights`` writes the .ptd from the tensors the program manager holds: the same key -> (bytes,
+    layout) pairs as the file ExecuTorch writes itself, so the same canonical bytes; the tied table, under both the
+    lookup's key and XNNPACK's, is stored once."""
+    from executorch.exir._serialize._cord import Cord
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    from shared.ptd import WEIGHTS_TAG, canonical_ptd, program_named_tensors, ptd_contents
+
+    methods = {"forward": ((torch.tensor([[1, 5, 7]]),), None)}
+    programs = lowering.trace(TiedHead(), methods, "xnnpack", lowering.frozen_weights_tag, tag_computed=False)
+    manager = lowering.emit(lowering.to_edge(programs, "xnnpack"), lowering.frozen_weights_tag)
+    manager.write_tensor_data_to_file(str(tmp_path))
+    payload = FlatTensorSerializer().deserialize(Cord((tmp_path / f"{WEIGHTS_TAG}.ptd").read_bytes()))
+    from_file = {k: (bytes(payload.buffers[e.buffer_index]), e.tensor_layout) for k, e in payload.named_data.items()}
+    in_memory = program_named_tensors(manager)
+    emitter, xnnpack = manager._emitter_output.external_constant_map, manager._named_data.external_data
+    assert emitter[WEIGHTS_TAG] and xnnpack[WEIGHTS_TAG]  # both sources of the file are exercised
+    assert {k: (bytes(b), layout) for k, (b, layout) in in_memory.items()} == from_file
+    written = bytes(canonical_ptd(in_memory))
+    assert written == bytes(canonical_ptd(from_file))
+    contents = ptd_contents(written)
+    table = TiedHead().embed.weight.detach().numpy().tobytes()
+    assert sum(data == table for data, _ in from_file.values()) == 2  # the lookup's key and XNNPACK's
+    assert len({segment for segment, _ in contents.values()}) == len(contents) - 1
