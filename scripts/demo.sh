@@ -7,7 +7,7 @@
 #   MOBIZO_DEMO_MODEL=smollm2 bash scripts/demo.sh   # SmolLM2-135M-Instruct (export alone takes minutes)
 #
 # Everything is written under runs/demo/ (override with MOBIZO_DEMO_DIR); MOBIZO_DEMO_STEPS (150; SmolLM2 200) and
-# MOBIZO_DEMO_EVAL_LIMIT (400 validation examples) shorten it.
+# MOBIZO_DEMO_EVAL_LIMIT (400 validation examples; SmolLM2 all 872, the accuracy targets' set) shorten it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
@@ -18,7 +18,7 @@ DATA=$(realpath "${MOBIZO_TASK_DATA_DIR:-data}")
 # SmolLM2: a job's default 200 steps (1.4 s each through the program on an idle 2-core x86-64 VM, after a 4-minute
 # compile).
 STEPS=${MOBIZO_DEMO_STEPS:-$([ "${MOBIZO_DEMO_MODEL:-tiny}" = smollm2 ] && echo 200 || echo 150)}
-EVAL_LIMIT=${MOBIZO_DEMO_EVAL_LIMIT:-400}
+EVAL_LIMIT=${MOBIZO_DEMO_EVAL_LIMIT:-$([ "${MOBIZO_DEMO_MODEL:-tiny}" = smollm2 ] && echo 872 || echo 400)}
 rm -rf "$WORK" && mkdir -p "$WORK"
 export MOBIZO_DATA_DIR="$WORK/server" MOBIZO_ADMIN_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')
 PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
