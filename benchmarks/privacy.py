@@ -24,6 +24,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from shared import defaults
+
 EPSILONS = (math.inf, 8.0, 3.0, 1.0)
 
 
@@ -36,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-eval", type=int, default=200, help="validation rows")
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS), help="inf: not private")
     parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--clip", type=float, default=defaults.DP_CLIP, help="C (default: a private job's)")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, help="default: the objective's")
     parser.add_argument("--clip-only", action="store_true", help="add the private path without its noise (sigma 0)")

@@ -329,8 +329,7 @@ class HyperParams(BaseModel):
         kind = self.task_kind()
         if self.objective is None and kind is not None:
             self.objective = defaults.default_objective(kind, getattr(self, "answer_len", None))
-        private = getattr(self, "privacy", None) is not None
-        chosen = defaults.for_method(self.method, self.quantize, self.objective, private)  # values shown to learn
+        chosen = defaults.for_method(self.method, self.quantize, self.objective)  # values shown to learn
         self._defaulted = {name for name in (*defaults.TUNED, "alpha") if getattr(self, name) is None}
         for name in self._defaulted - {"alpha"}:
             setattr(self, name, getattr(chosen, name))

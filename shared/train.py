@@ -124,7 +124,7 @@ def with_defaults(config: TrainConfig) -> TrainConfig:
     checks it later) and the method's defaults for that objective for the tuned values it does not give
     (``shared.defaults.TUNED``: steps, lr, eps, rank, schedule; alpha follows the rank)."""
     objective = config.objective if config.objective is not None else _default_objective(config)
-    chosen = defaults.for_method(config.method, objective=objective, private=config.dp_epsilon is not None)
+    chosen = defaults.for_method(config.method, objective=objective)
     missing = {name: getattr(chosen, name) for name in defaults.TUNED if getattr(config, name) is None}
     config = replace(config, objective=objective, **missing)
     return config if config.alpha is not None else replace(config, alpha=defaults.alpha_for(config.rank))

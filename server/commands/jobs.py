@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
+from shared import defaults
 from shared.backends import (
     DEVICE_BACKENDS,
     OBJECTIVE_HELP,
@@ -78,7 +79,6 @@ _PERSONAL_ONLY = ("model", "task", "template", "verbalizer", "steps", "device_id
 
 
 def _add_submit(sub: argparse._SubParsersAction) -> None:
-    from shared import defaults
 
     p = sub.add_parser(
         "submit",
@@ -159,8 +159,12 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     )
     dp = p.add_argument_group("private jobs (docs/guide/privacy.md: the device uploads noised g alone, no losses)")
     dp.add_argument("--dp-epsilon", type=float, help="(epsilon, delta)-DP for each of the device's examples")
-    dp.add_argument("--dp-delta", type=float, help="delta (default 1e-5)")
-    dp.add_argument("--dp-clip", type=float, help="C: each example's projected difference is clipped to [-C, C]")
+    dp.add_argument("--dp-delta", type=float, help=f"delta (default {defaults.DP_DELTA:g})")
+    dp.add_argument(
+        "--dp-clip",
+        type=float,
+        help=f"C: each example's projected difference is clipped to [-C, C] (default {defaults.DP_CLIP:g})",
+    )
     dp.add_argument(
         "--dp-min-examples",
         type=int,

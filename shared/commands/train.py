@@ -120,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_KEEP,
         type=float,
         metavar="C",
-        help="a private run's clip of each example's projected difference (default 1.0)",
+        help=f"a private run's clip of each example's projected difference (default {defaults.DP_CLIP:g})",
     )
     add("--eval-every", default=_KEEP, type=int, metavar="K", help="also evaluate every K steps")
     add(
