@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-train", type=int, default=1000, help="training rows (the private sampling pool)")
     parser.add_argument("--n-eval", type=int, default=200, help="validation rows")
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS), help="inf: not private")
-    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--delta", type=float, default=defaults.DP_DELTA)
     parser.add_argument("--clip", type=float, default=defaults.DP_CLIP, help="C (default: a private job's)")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, help="default: the objective's")

@@ -79,7 +79,6 @@ _PERSONAL_ONLY = ("model", "task", "template", "verbalizer", "steps", "device_id
 
 
 def _add_submit(sub: argparse._SubParsersAction) -> None:
-
     p = sub.add_parser(
         "submit",
         help="submit a job, or with --cohort a federated job (prints it as JSON)",

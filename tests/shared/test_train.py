@@ -363,6 +363,8 @@ def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp
     quantized = JobCreate(model="m", task="sst2", quantize="8da4w")  # its g needs a larger eps (shared.defaults)
     assert (quantized.lr, quantized.eps) == (chosen.lr, defaults.QUANTIZED_EPS["8da4w"]) != (job.lr, job.eps)
     assert JobCreate(model="m", task="sst2", quantize="8da4w", eps=0.02).eps == 0.02  # a given eps is kept
+    private = JobCreate(model="m", task="sst2", privacy={"epsilon": 8, "min_examples": 100})  # the method's own lr
+    assert (private.lr, private.privacy.clip, private.privacy.delta) == (job.lr, defaults.DP_CLIP, defaults.DP_DELTA)
     for command in (["train"], ["jobs", "submit"]):
         with pytest.raises(SystemExit):
             main([*command, "--help"])
