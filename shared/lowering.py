@@ -379,6 +379,11 @@ def _xnnpack_partitioner():
     inference programs, float32 and 8da4w — the third pass has nothing left to decide, and this partitioner answers
     without a check, which takes ExecuTorch's path of two passes: the same edge program, one re-trace of each large
     method less. A method with a node XNNPACK cannot take gets the check and the three passes.
+
+    An 8da4w method is checked as it will be once functionalized (``_subclass_weights_as_params``): its weights are
+    torchao tensor subclasses, whose inner tensors the traced graph reads through ``access_subclass_inner_tensor``
+    and the functional graph holds as parameters. XNNPACK's check wants a parameter there, so on the traced graph it
+    refused every quantized linear, and 8da4w exports took the three passes.
     """
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
@@ -388,7 +393,9 @@ def _xnnpack_partitioner():
             if check is None:
                 return ops, check
             kept = [node for node in ep.graph.nodes if node.op == "call_function" and node.target in ops]
-            return (ops, None) if all(check(node) for node in kept) else (ops, check)
+            with _subclass_weights_as_params():
+                every = all(check(node) for node in kept)
+            return (ops, None) if every else (ops, check)
 
         def partition(self, exported_program):
             # XnnpackPartitioner.partition only warns when it is not called from to_edge_transform_and_lower, which
@@ -397,6 +404,28 @@ def _xnnpack_partitioner():
             return super(XnnpackPartitioner, self).partition(exported_program)
 
     return WholeMethodPartitioner()
+
+
+@contextlib.contextmanager
+def _subclass_weights_as_params() -> Iterator[None]:
+    """While this runs, XNNPACK's GEMM check takes an inner tensor of a constant tensor subclass (torchao's quantized
+    weight: ``access_subclass_inner_tensor(weight, "qdata")``) for the parameter it becomes when the method is
+    functionalized; everything else it checks as before."""
+    from executorch.backends.xnnpack.partition.config import gemm_configs
+
+    is_param_node = gemm_configs.is_param_node
+
+    def param_once_functional(ep, node) -> bool:
+        inner = torch.ops.export.access_subclass_inner_tensor.default
+        if isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == inner:
+            return is_param_node(ep, node.args[0])
+        return is_param_node(ep, node)
+
+    gemm_configs.is_param_node = param_once_functional
+    try:
+        yield
+    finally:
+        gemm_configs.is_param_node = is_param_node
 
 
 def inferred_sizes(graph_module: torch.fx.GraphModule):

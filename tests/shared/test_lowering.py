@@ -302,3 +302,44 @@ def test_the_weights_file_written_from_memory_is_executorchs_own_file_canonicali
     table = TiedHead().embed.weight.detach().numpy().tobytes()
     assert sum(data == table for data, _ in from_file.values()) == 2  # the lookup's key and XNNPACK's
     assert len({segment for segment, _ in contents.values()}) == len(contents) - 1
+
+
+class Quantized(nn.Module):
+    """One 8da4w linear (int4 groupwise weights, int8 dynamic activations), as ``shared.quantize`` makes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
+
+        torch.manual_seed(0)
+        self.linear = nn.Linear(64, 16)
+        quantize_(self, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)))
+
+    def forward(self, x):
+        return self.linear(x).relu()
+
+
+def test_an_8da4w_method_is_decomposed_once_into_executorchs_own_program(monkeypatch) -> None:
+    """torchao's quantized weight is a tensor subclass: the traced graph reads its inner tensors through
+    ``access_subclass_inner_tensor``, where XNNPACK's check wants the parameters the functional graph holds. The
+    partitioner checks the linear as it will be once functionalized (no check left, so one decomposition), and the
+    program is the one ExecuTorch's own path gives, with the linear in XNNPACK."""
+
+    def traced() -> dict:
+        methods = {"forward": ((torch.randn(2, 64),), None)}
+        return lowering.trace(Quantized(), methods, "xnnpack", lowering.frozen_weights_tag, tag_computed=True)
+
+    def program() -> tuple[bytes, list[str]]:
+        manager = lowering.emit(lowering.to_edge(traced(), "xnnpack"), lowering.frozen_weights_tag)
+        (plan,) = manager.executorch_program.execution_plan
+        return manager.buffer, [op.name for op in plan.operators]
+
+    programs = traced()
+    inner = [n for n in programs["forward"].graph.nodes if "access_subclass_inner_tensor" in str(n.target)]
+    assert inner, "the traced weight is no longer a tensor subclass: this test no longer covers the case"
+    assert lowering._xnnpack_partitioner().ops_to_not_decompose(programs["forward"])[1] is None
+    ours, operators = program()
+    assert not any("linear" in op or "mm" in op for op in operators)  # the linear is XNNPACK's
+    monkeypatch.setattr(lowering, "_kept_whole", lambda programs, partitioner: None)  # ExecuTorch's path
+    assert program()[0] == ours
