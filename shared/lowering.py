@@ -382,8 +382,8 @@ def _xnnpack_partitioner():
 
     An 8da4w method is checked as it will be once functionalized (``_subclass_weights_as_params``): its weights are
     torchao tensor subclasses, whose inner tensors the traced graph reads through ``access_subclass_inner_tensor``
-    and the functional graph holds as parameters. XNNPACK's check wants a parameter there, so on the traced graph it
-    refused every quantized linear, and 8da4w exports took the three passes.
+    and the functional graph holds as parameters. XNNPACK's check wants a parameter there: on the traced graph as it
+    is, it refuses every quantized linear, and an 8da4w method would take the three passes.
     """
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
