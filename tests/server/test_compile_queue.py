@@ -87,7 +87,7 @@ def test_an_export_that_cannot_fit_fails_its_job_naming_the_need(settings, tmp_p
     from shared.model_files import float32_bytes
 
     need = export_need_mb(float32_bytes(tiny_model_dir))
-    limit = need // 2  # the tiny model needs about 0.6 GB (the libraries); half of it cannot fit
+    limit = need // 2  # the estimate for the tiny model is about 1.5 GB; half of it cannot fit
     with TestClient(create_app(settings.model_copy(update={"compile_memory_mb": limit}))) as client:
         register_model(client, tiny_model_dir)
         user = create_user(client)
