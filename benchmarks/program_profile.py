@@ -10,12 +10,16 @@ prints, per program, milliseconds per step for the whole ``Method::execute`` and
 
     python -m benchmarks.program_profile --programs both.pte none.pte --steps 10 --threads 1 [--top 12]
 
-The programs are the ones ``benchmarks.program`` writes in its ``--workdir``.
+With ``--inference FILE.pte`` (the ``inference`` program of the same cell) it profiles, beside them, the plain
+forward of the base model over the same rows as the first program's step (each row twice: the ± pair), so that
+what a step costs over inference is named operator by operator. The programs are the ones ``benchmarks.program``
+writes in its ``--workdir``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import sys
@@ -30,18 +34,30 @@ import torch
 _WRAPPERS = {"OPERATOR_CALL", "DELEGATE_CALL"}
 
 
-def _load(pte: Path):
-    """(module with ETDump on and B set to zeros, its config)."""
+def _load(pte: Path, ptd: Path):
+    """The program with ETDump on."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
     from device_agent.native_log import runtime_log_filtered
+
+    with runtime_log_filtered():
+        return _load_for_executorch(str(pte), data_path=str(ptd), enable_etdump=True)
+
+
+def _load_training(pte: Path):
+    """(training program with ETDump on and B set to zeros, its config)."""
     from shared.manifest import read_manifest
 
     manifest = read_manifest(pte)
-    with runtime_log_filtered():
-        module = _load_for_executorch(str(pte), data_path=str(pte.parent / manifest.ptd.file), enable_etdump=True)
+    module = _load(pte, pte.parent / manifest.ptd.file)
     module.run_method("set_lora_b", (torch.zeros(manifest.lora_size),))
     return module, manifest.config
+
+
+def _load_inference(pte: Path):
+    """An inference program of ``benchmarks.program`` (its weights file named in ``FILE.export.json``)."""
+    ptd = Path(json.loads(pte.with_suffix(".export.json").read_text())["ptd"])
+    return _load(pte, ptd)
 
 
 def _grouped(module, steps: int) -> dict[str, float]:
@@ -72,17 +88,19 @@ def _grouped(module, steps: int) -> dict[str, float]:
     return {key: statistics.median(values) for key, values in per_step.items()}
 
 
-def profile_programs(ptes: list[Path], steps: int) -> list[dict[str, float]]:
-    """Each program's ``_grouped`` profile; their forwards interleaved, step after step, so that every program sees
-    the same machine state."""
-    from benchmarks.program import _inputs
+def profile_programs(ptes: list[Path], steps: int, inference: Path | None = None) -> list[dict[str, float]]:
+    """Each program's ``_grouped`` profile, then ``inference``'s (over the first program's rows) when given; their
+    forwards interleaved, step after step, so that every program sees the same machine state."""
+    from benchmarks.program import INFERENCE, _inputs
 
-    loaded = [_load(pte) for pte in ptes]
+    loaded = [(*_load_training(pte), "step") for pte in ptes]
+    if inference is not None:
+        loaded.append((_load_inference(inference), loaded[0][1], INFERENCE))
     vocab = 256  # ids below 256 exist in every byte-level vocabulary; a step's cost does not depend on them
     for k in range(steps + 1):
-        for module, cfg in loaded:
-            module.run_method("forward", tuple(_inputs(cfg, vocab, k, "step")))
-    return [_grouped(module, steps) for module, _ in loaded]
+        for module, cfg, kind in loaded:
+            module.run_method("forward", tuple(_inputs(cfg, vocab, k, kind)))
+    return [_grouped(module, steps) for module, _, _ in loaded]
 
 
 def print_profiles(names: list[str], profiles: list[dict[str, float]], top: int) -> None:
@@ -111,15 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="profiled steps per program (after one warm-up)")
     parser.add_argument("--threads", type=int, default=1, help="XNNPACK threadpool size (and torch's threads)")
     parser.add_argument("--top", type=int, default=12, help="operator groups shown apart")
+    parser.add_argument(
+        "--inference",
+        type=Path,
+        help="benchmarks.program's inference program of the first program's cell, profiled over the same rows",
+    )
     args = parser.parse_args(argv)
     for pte in args.programs:
         if not pte.is_file():
             parser.error(f"--programs: no such file: {pte}")
+    if args.inference is not None and not args.inference.with_suffix(".export.json").is_file():
+        parser.error(f"--inference: not an inference program of benchmarks.program (no .export.json): {args.inference}")
     from benchmarks.program import _set_threads
 
     _set_threads(args.threads)
-    profiles = profile_programs(args.programs, args.steps)
-    print_profiles([pte.stem for pte in args.programs], profiles, args.top)
+    profiles = profile_programs(args.programs, args.steps, args.inference)
+    names = [pte.stem for pte in args.programs] + ([args.inference.stem] if args.inference is not None else [])
+    print_profiles(names, profiles, args.top)
     return 0
 
 

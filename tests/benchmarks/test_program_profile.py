@@ -1,5 +1,7 @@
 """benchmarks/program_profile.py: an ETDump profile of a program's step, grouped by operator."""
 
+import pytest
+
 from benchmarks import program_profile
 from tests.utils.programs import TINY_Q4
 
@@ -18,3 +20,29 @@ def test_the_profile_splits_a_step_into_delegate_and_portable_operators(program_
     assert program_profile.main(["--programs", str(pte), str(pte), "--steps", "1", "--top", "3"]) == 0
     table = capsys.readouterr().out
     assert "| **whole step (Method::execute)** |" in table and table.count("\n") == 2 + 3 + 3 + 1
+
+
+def test_an_inference_program_is_profiled_over_the_same_rows_beside_the_step(
+    program_factory, tiny_model_dir, tmp_path, capsys
+):
+    """``--inference``: benchmarks.program's plain forward of the base model over the step's 2·batch rows; its
+    linears are XNNPACK's too, and it runs none of the step's noise generator."""
+    from benchmarks.program import INFERENCE, _export_child
+
+    pte, _ = program_factory(TINY_Q4)
+    inference = tmp_path / "inference.pte"
+
+    class Sink(list):
+        put = list.append
+
+    _export_child(str(tiny_model_dir), TINY_Q4, str(inference), INFERENCE, Sink())
+    step, plain = program_profile.profile_programs([pte], steps=1, inference=inference)
+    assert plain["total"] > 0 and any(key.startswith("xnnpack: Fully Connected") for key in plain)
+    assert not any(key.startswith("portable: bitwise_xor") for key in plain)
+    assert any(key.startswith("portable: bitwise_xor") for key in step)
+
+    assert program_profile.main(["--programs", str(pte), "--inference", str(inference), "--steps", "1"]) == 0
+    assert f"| {pte.stem} | inference |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a training program is not an inference program
+        program_profile.main(["--programs", str(pte), "--inference", str(pte)])
+    assert "--inference: not an inference program" in capsys.readouterr().err
