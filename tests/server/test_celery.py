@@ -335,7 +335,12 @@ def test_a_round_is_replayed_and_closed_by_the_verify_queue(env, storage, tmp_pa
                 url = f"/v1/round-clients/{lease['round']['client_id']}/result"
                 reported = client.post(url, files=files, headers=device["headers"])
                 assert reported.status_code == 201, reported.text
-        done = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()
+            # The K-th report closes the round, unless the app's sweeper found it full first and is closing it in
+            # its own thread (the report then answers at once): wait for the close, with the worker still there.
+            deadline = time.monotonic() + 120
+            while (done := client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json())["status"] == "running":
+                assert time.monotonic() < deadline, "the full round was not closed within 120 s"
+                time.sleep(0.2)
         assert done["status"] == "succeeded", done["error"]
         (round_,) = client.get(f"/v1/jobs/{job['id']}/rounds", headers=ADMIN).json()["data"]
         adapter = client.get(f"/v1/adapters/{round_['adapter_id']}", headers=users[0]).json()
