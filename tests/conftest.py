@@ -165,3 +165,14 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory):
 
     with s3_server(tmp_path_factory.mktemp("s3") / "moto.log") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def runner_binary() -> Path:
+    """The native runner built for this machine (build.sh is incremental: a no-op when nothing changed)."""
+    import subprocess
+
+    build = Path(__file__).resolve().parents[1] / "device_agent" / "runner" / "build.sh"
+    result = subprocess.run([str(build)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    return Path(result.stdout.strip().splitlines()[-1])

@@ -3,11 +3,10 @@
 import resource
 
 from benchmarks import runner_memory
-from tests.device_agent.conftest import runner_binary  # noqa: F401 - the fixture, built once per session
 from tests.utils.programs import TINY_Q4
 
 
-def test_the_runners_own_peak_is_measured_not_the_benchmarks(program_factory, runner_binary, capsys):  # noqa: F811
+def test_the_runners_own_peak_is_measured_not_the_benchmarks(program_factory, runner_binary, capsys):
     """The runner runs the steps asked for, and its peak is its own: a few MB for the tiny program, far below this
     process's (torch loaded), which a runner forked from here would report (``ru_maxrss`` survives fork and exec)."""
     pte, manifest = program_factory(TINY_Q4)

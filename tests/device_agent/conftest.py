@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,16 +17,7 @@ from tests.server import live
 from tests.utils.program_cache import seed_server_program
 from tests.utils.programs import TINY_Q4, TINY_Q4_8DA4W, TINY_Q4_MOMENTUM
 
-RUNNER_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "runner"
 ADB_STANDIN_DIR = Path(__file__).resolve().parents[2] / "device_agent" / "adb_standin"
-
-
-@pytest.fixture(scope="session")
-def runner_binary() -> Path:
-    """The runner built for this machine (build.sh is incremental: a no-op when nothing changed)."""
-    result = subprocess.run([str(RUNNER_DIR / "build.sh")], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    return Path(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")
