@@ -8,8 +8,10 @@ an ``inference`` program: the plain forward of the base model over the same 2q·
   after a warm-up, for each ``--threads`` count (torch's threads and ExecuTorch's XNNPACK threadpool alike);
   medians and the speed-up of ``both`` over ``none`` (none s / both s).
 - **memory**: each program in a fresh process: load it, run ``forward`` once, then the step's peak RSS over the
-  RSS before it (``benchmarks.step_time.CpuMemory``: VmHWM reset, malloc_trim) and the process's peak; the ratio of
-  each step's to the inference program's.
+  RSS before it (``benchmarks.step_time.CpuMemory``: VmHWM reset, malloc_trim), the process's peak, and the
+  program's own (that peak over the process's RSS before the program was loaded: the interpreter, torch and the
+  runtime's library left out, as a device's native runner has none of them); the ratio of each to the inference
+  program's.
 - **export**: seconds and peak RSS (a child process per export), ``.pte`` and ``.ptd`` sizes, and the manifest's
   memory estimate (``memory_mb``, what the server's lease filter compares with a device's free memory) next to the
   measured peak.
@@ -146,17 +148,23 @@ def _load(pte: Path, ptd: Path, d: int | None):
 
 
 def _memory_child(pte: str, ptd: str, d: int | None, cfg, vocab: int, kind: str, queue) -> None:
+    from executorch.runtime import Runtime
+
+    import device_agent.native_log  # noqa: F401 - imported by _load: loaded before the baseline
     from benchmarks.step_time import CpuMemory
 
     _set_threads(1)  # the memory of a step does not depend on who runs it; one thread, as a phone's small core
-
+    Runtime.get()  # the runtime's library in memory before the baseline: its size is not the program's
+    probe = CpuMemory()
+    probe.start()
+    base = probe.before if probe.available else None
     forward = _load(Path(pte), Path(ptd), d)
     forward(_inputs(cfg, vocab, 0, kind))  # warm: the delegate's first run allocates its workspace
     probe = CpuMemory()
     probe.start()
     forward(_inputs(cfg, vocab, 1, kind))
     peak, step = probe.stop()
-    queue.put({"run_peak_mb": peak, "run_step_mb": step})
+    queue.put({"run_peak_mb": peak, "run_step_mb": step, "program_mb": None if base is None else peak - base})
 
 
 def memory_measured(pte: Path, ptd: Path, d: int | None, cfg, vocab: int, kind: str) -> dict:
@@ -258,6 +266,7 @@ def _memory_ratios(info: dict, name: str) -> dict:
     return {
         "step_mb_vs_inference": info[name]["run_step_mb"] / ref["run_step_mb"] if ref["run_step_mb"] else None,
         "peak_mb_vs_inference": info[name]["run_peak_mb"] / ref["run_peak_mb"],
+        "program_mb_vs_inference": info[name]["program_mb"] / ref["program_mb"] if ref["program_mb"] else None,
     }
 
 
@@ -268,9 +277,9 @@ def _f(value, spec: str) -> str:
 def print_table(rows: list[dict]) -> None:
     print(
         "| batch | q | threads | runner | s/step | none ÷ this | run MB | × inference | run peak MB | × inference "
-        "| estimate MB | export s | export MB | .pte KB | .ptd MB |"
+        "| program MB | × inference | estimate MB | export s | export MB | .pte KB | .ptd MB |"
     )
-    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         pte_kb = r["pte_bytes"] / 1e3 if "pte_bytes" in r else None
         ptd_mb = r["ptd_bytes"] / 1e6 if "ptd_bytes" in r else None
@@ -281,6 +290,8 @@ def print_table(rows: list[dict]) -> None:
             _f(r.get("step_mb_vs_inference"), ".2f"),
             _f(r.get("run_peak_mb"), ".0f"),
             _f(r.get("peak_mb_vs_inference"), ".2f"),
+            _f(r.get("program_mb"), ".0f"),
+            _f(r.get("program_mb_vs_inference"), ".2f"),
             _f(r.get("estimate_mb"), ".0f"),
             _f(r.get("export_s"), ".0f"),
             _f(r.get("export_peak_rss_mb"), ".0f"),

@@ -6,6 +6,20 @@ from benchmarks import program_profile
 from tests.utils.programs import TINY_Q4
 
 
+@pytest.fixture(scope="module")
+def inference_program(tiny_model_dir, tmp_path_factory):
+    """benchmarks.program's plain forward of the tiny model over the 2·batch rows of a ``TINY_Q4`` step."""
+    from benchmarks.program import INFERENCE, _export_child
+
+    inference = tmp_path_factory.mktemp("inference") / "inference.pte"
+
+    class Sink(list):
+        put = list.append
+
+    _export_child(str(tiny_model_dir), TINY_Q4, str(inference), INFERENCE, Sink())
+    return inference
+
+
 def test_the_profile_splits_a_step_into_delegate_and_portable_operators(program_factory, capsys):
     """Every group is time inside ``Method::execute`` (nested events, so their sum cannot exceed it), the base
     linears are XNNPACK's fully connected operator, and the noise generator's integer ops run outside it."""
@@ -23,19 +37,12 @@ def test_the_profile_splits_a_step_into_delegate_and_portable_operators(program_
 
 
 def test_an_inference_program_is_profiled_over_the_same_rows_beside_the_step(
-    program_factory, tiny_model_dir, tmp_path, capsys
+    program_factory, inference_program, capsys
 ):
     """``--inference``: benchmarks.program's plain forward of the base model over the step's 2·batch rows; its
     linears are XNNPACK's too, and it runs none of the step's noise generator."""
-    from benchmarks.program import INFERENCE, _export_child
-
     pte, _ = program_factory(TINY_Q4)
-    inference = tmp_path / "inference.pte"
-
-    class Sink(list):
-        put = list.append
-
-    _export_child(str(tiny_model_dir), TINY_Q4, str(inference), INFERENCE, Sink())
+    inference = inference_program
     step, plain = program_profile.profile_programs([pte], steps=1, inference=inference)
     assert plain["total"] > 0 and any(key.startswith("xnnpack: Fully Connected") for key in plain)
     assert not any(key.startswith("portable: bitwise_xor") for key in plain)
@@ -46,3 +53,24 @@ def test_an_inference_program_is_profiled_over_the_same_rows_beside_the_step(
     with pytest.raises(SystemExit):  # a training program is not an inference program
         program_profile.main(["--programs", str(pte), "--inference", str(pte)])
     assert "--inference: not an inference program" in capsys.readouterr().err
+
+
+def test_a_programs_own_memory_leaves_out_the_measuring_process(program_factory, inference_program, tiny_model_dir):
+    """benchmarks.program's memory of a step and of the inference forward of the same rows, each in a fresh
+    process: the program's own (the peak over the RSS before loading it) is positive and a small part of the
+    process's peak, whose interpreter and torch a device's native runner does not have."""
+    import json
+
+    from benchmarks.program import INFERENCE, memory_measured
+    from shared.ptd import WEIGHTS_TAG
+
+    pte, manifest = program_factory(TINY_Q4)
+    inference = inference_program
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    ptd = pte.parent / manifest.ptd.file
+    step = memory_measured(pte, ptd, manifest.lora_size, TINY_Q4, vocab, "step")
+    plain = memory_measured(
+        inference, inference.with_suffix("") / f"{WEIGHTS_TAG}.ptd", None, TINY_Q4, vocab, INFERENCE
+    )
+    for row in (step, plain):
+        assert 0 < row["program_mb"] < row["run_peak_mb"] / 2, row
