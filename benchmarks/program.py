@@ -10,8 +10,8 @@ an ``inference`` program: the plain forward of the base model over the same 2q·
 - **memory**: each program in a fresh process: load it, run ``forward`` once, then the step's peak RSS over the
   RSS before it (``benchmarks.step_time.CpuMemory``: VmHWM reset, malloc_trim), the process's peak, and the
   program's own (that peak over the process's RSS before the program was loaded: the interpreter, torch and the
-  runtime's library left out, as a device's native runner has none of them); the ratio of each to the inference
-  program's.
+  runtime's library left out; what the Python runtime allocates to load the program stays in); the ratio of each
+  to the inference program's.
 - **export**: seconds and peak RSS (a child process per export), ``.pte`` and ``.ptd`` sizes, and the manifest's
   memory estimate (``memory_mb``, what the server's lease filter compares with a device's free memory) next to the
   measured peak.
