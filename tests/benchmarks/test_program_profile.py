@@ -1,5 +1,7 @@
 """benchmarks/program_profile.py: an ETDump profile of a program's step, grouped by operator."""
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import program_profile
@@ -8,7 +10,8 @@ from tests.utils.programs import TINY_Q4
 
 @pytest.fixture(scope="module")
 def inference_program(tiny_model_dir, tmp_path_factory):
-    """benchmarks.program's plain forward of the tiny model over the 2·batch rows of a ``TINY_Q4`` step."""
+    """``(pte, ptd)``: benchmarks.program's plain forward of the tiny model over the 2·batch rows of a ``TINY_Q4``
+    step, and its weights file."""
     from benchmarks.program import INFERENCE, _export_child
 
     inference = tmp_path_factory.mktemp("inference") / "inference.pte"
@@ -16,8 +19,9 @@ def inference_program(tiny_model_dir, tmp_path_factory):
     class Sink(list):
         put = list.append
 
-    _export_child(str(tiny_model_dir), TINY_Q4, str(inference), INFERENCE, Sink())
-    return inference
+    sink = Sink()
+    _export_child(str(tiny_model_dir), TINY_Q4, str(inference), INFERENCE, sink)
+    return inference, Path(sink[0]["ptd"])
 
 
 def test_the_profile_splits_a_step_into_delegate_and_portable_operators(program_factory, capsys):
@@ -42,7 +46,7 @@ def test_an_inference_program_is_profiled_over_the_same_rows_beside_the_step(
     """``--inference``: benchmarks.program's plain forward of the base model over the step's 2·batch rows; its
     linears are XNNPACK's too, and it runs none of the step's noise generator."""
     pte, _ = program_factory(TINY_Q4)
-    inference = inference_program
+    inference, _ = inference_program
     step, plain = program_profile.profile_programs([pte], steps=1, inference=inference)
     assert plain["total"] > 0 and any(key.startswith("xnnpack: Fully Connected") for key in plain)
     assert not any(key.startswith("portable: bitwise_xor") for key in plain)
@@ -62,15 +66,12 @@ def test_a_programs_own_memory_leaves_out_the_measuring_process(program_factory,
     import json
 
     from benchmarks.program import INFERENCE, memory_measured
-    from shared.ptd import WEIGHTS_TAG
 
     pte, manifest = program_factory(TINY_Q4)
-    inference = inference_program
+    inference, inference_ptd = inference_program
     vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     ptd = pte.parent / manifest.ptd.file
     step = memory_measured(pte, ptd, manifest.lora_size, TINY_Q4, vocab, "step")
-    plain = memory_measured(
-        inference, inference.with_suffix("") / f"{WEIGHTS_TAG}.ptd", None, TINY_Q4, vocab, INFERENCE
-    )
+    plain = memory_measured(inference, inference_ptd, None, TINY_Q4, vocab, INFERENCE)
     for row in (step, plain):
         assert 0 < row["program_mb"] < row["run_peak_mb"] / 2, row
