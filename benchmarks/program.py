@@ -65,10 +65,16 @@ class PlainForward(nn.Module):
         return {"forward": ((ids, torch.ones_like(ids), torch.zeros(rows, cfg.answer_len, dtype=torch.long)), None)}
 
 
+def inference_weights(pte: Path) -> Path:
+    """The weights file of an inference program ``pte`` this benchmark exported: a folder of the program's name."""
+    from shared.ptd import WEIGHTS_TAG
+
+    return pte.with_suffix("") / f"{WEIGHTS_TAG}.ptd"
+
+
 def _export_child(model_dir: str, cfg, out: str, kind: str, queue) -> None:
     from shared.files import atomic_write
     from shared.program import export_program, lower
-    from shared.ptd import WEIGHTS_TAG
 
     started = time.perf_counter()
     if kind == INFERENCE:
@@ -80,10 +86,9 @@ def _export_child(model_dir: str, cfg, out: str, kind: str, queue) -> None:
         quantize_base(model, cfg.quantize, cfg.group_size)  # inference at the training program's weights
         manager = lower(PlainForward(model), cfg)
         atomic_write(Path(out), manager.write_to_file)
-        data_dir = Path(out).with_suffix("")  # its own weights: no LoRA A, so not the training programs' .ptd
-        data_dir.mkdir(exist_ok=True)
-        manager.write_tensor_data_to_file(str(data_dir))
-        ptd = data_dir / f"{WEIGHTS_TAG}.ptd"
+        ptd = inference_weights(Path(out))  # its own weights: no LoRA A, so not the training programs' .ptd
+        ptd.parent.mkdir(exist_ok=True)
+        manager.write_tensor_data_to_file(str(ptd.parent))
     else:
         manifest = export_program(Path(model_dir), cfg, Path(out), progress=lambda _: None)
         ptd = Path(out).parent / manifest.ptd.file

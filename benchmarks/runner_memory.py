@@ -1,25 +1,36 @@
 """What a device's process needs to train with a program: the native runner's peak RSS against the manifest's
 ``memory_mb`` (``shared.program.memory_estimate_mb``, the figure the server's lease filter compares with a device's
-free memory).
+free memory), and, with ``--inference``, against the inference forward of the same rows on the same runtime.
 
 Each program runs ``--steps`` steps of real SST-2 rows (the agent's batches, ``benchmarks.agent.sst2_batches``) in
 a fresh ``mobizo_runner`` process at full width (no ``--min-width``: every step at ``seq_len``, the memory plan's
-own worst case); its peak RSS is the kernel's ``ru_maxrss`` of that one process (``os.wait4``). The runner is what
-the ``adb`` backend runs on a phone; a Python agent (``executorch`` backend) holds the same program beside the
-interpreter and torch it had already loaded before it leased the job.
+own worst case); its peak RSS is the kernel's ``ru_maxrss`` of that one process (``os.wait4``), loading included.
+The runner is what the ``adb`` backend runs on a phone; a Python agent (``executorch`` backend) holds the same
+program beside the interpreter and torch it had already loaded before it leased the job.
 
-    python -m benchmarks.runner_memory --programs A.pte [B.pte ...] [--steps 3] [--runner PATH]
+``--inference`` names, for each training program in order, the plain forward of the base model over the same 2q·E
+rows (``benchmarks.program``'s ``inference`` program, its weights in the folder of its name): the runner's
+``forward`` mode runs it ``--steps`` times in a fresh process, and the table gives the step's peak and time over
+the inference forward's, the device's own step-to-inference ratios (no interpreter on either side). Time per call
+is the runner's own clock around ``forward``: the median of the calls after the first (the first allocates the
+delegate's workspace).
+
+    python -m benchmarks.runner_memory --programs A.pte [B.pte ...] [--inference A-inference.pte ...] [--steps 3]
+        [--runner PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.agent import sst2_batches
+from benchmarks.program import inference_weights
 from device_agent.batches import write_batches
 from device_agent.commands.agent import runner_default
 from device_agent.local_data import program_shape
@@ -36,6 +47,22 @@ open(sys.argv[1], "w").write(f"{usage.ru_maxrss} {os.waitstatus_to_exitcode(stat
 """
 
 
+def _run(args: list[str], folder: Path, what: Path) -> tuple[float, list[dict]]:
+    """Runs the runner with ``args`` in a fresh process → (its own peak RSS in MB, its stdout's JSON lines)."""
+    with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
+        subprocess.run([sys.executable, "-S", "-c", LAUNCH, str(folder / "peak"), *args], stdout=out, stderr=err)
+    peak_kb, code = map(int, (folder / "peak").read_text().split())
+    if code != 0:
+        raise RuntimeError(f"{what}: the runner exited {code}: {(folder / 'err').read_text()[-2000:]}")
+    return peak_kb / 1024, [json.loads(line) for line in (folder / "out").read_text().splitlines()]
+
+
+def _seconds(lines: list[dict]) -> float:
+    """The median time of the calls after the first (the first allocates the delegate's workspace)."""
+    times = [line["seconds"] for line in lines]
+    return statistics.median(times[1:] if len(times) > 1 else times)
+
+
 def runner_peak(runner: Path, pte: Path, steps: int) -> dict:
     """Runs ``steps`` steps of ``pte`` in one runner process → its manifest's figures and the process's peak."""
     manifest = read_manifest(pte)
@@ -46,37 +73,71 @@ def runner_peak(runner: Path, pte: Path, steps: int) -> dict:
         write_batches(batches, program_shape(manifest.config), rows)
         args = [str(runner), "--program", str(pte), "--data", str(pte.parent / manifest.ptd.file)]
         args += ["--batches", str(batches), "--eps", EPS, "--out-b", str(folder / "b.f32")]
-        with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
-            subprocess.run([sys.executable, "-S", "-c", LAUNCH, str(folder / "peak"), *args], stdout=out, stderr=err)
-        peak_kb, code = map(int, (folder / "peak").read_text().split())
-        if code != 0:
-            raise RuntimeError(f"{pte}: the runner exited {code}: {(folder / 'err').read_text()[-2000:]}")
-        lines = (folder / "out").read_text().splitlines()
+        peak_mb, lines = _run(args, folder, pte)
     return {
         "program": pte.as_posix(),
+        "kind": "step",
         "quantize": manifest.config.quantize,
         "steps": len(lines),
         "ptd_mb": manifest.ptd.size / 2**20,
         "memory_mb": manifest.memory_mb,
-        "peak_mb": peak_kb / 1024,
+        "peak_mb": peak_mb,
+        "seconds": _seconds(lines),
     }
 
 
-def print_table(rows: list[dict]) -> None:
-    print("| program | quantize | .ptd MB | manifest memory_mb | runner peak RSS MB | estimate / peak |")
-    print("|---|---|---|---|---|---|")
+def forward_peak(runner: Path, pte: Path, calls: int) -> dict:
+    """Runs ``calls`` forwards of the inference program ``pte`` (its weights: ``inference_weights``) in one runner
+    process → the process's peak and the time of a call."""
+    ptd = inference_weights(pte)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [str(runner), "forward", "--program", str(pte), "--data", str(ptd), "--iterations", str(calls)]
+        peak_mb, lines = _run(args, Path(tmp), pte)
+    return {
+        "program": pte.as_posix(),
+        "kind": "inference",
+        "quantize": "",
+        "steps": len(lines),
+        "ptd_mb": ptd.stat().st_size / 2**20,
+        "memory_mb": None,
+        "peak_mb": peak_mb,
+        "seconds": _seconds(lines),
+    }
+
+
+def print_table(rows: list[dict], pairs: list[tuple[dict, dict]]) -> None:
+    print("| program | kind | quantize | .ptd MB | manifest memory_mb | runner peak RSS MB | s/call", end="")
+    print(" | estimate / peak |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ratio = r["memory_mb"] / r["peak_mb"]
+        estimate = "—" if r["memory_mb"] is None else f"{r['memory_mb']:,}"
+        ratio = "—" if r["memory_mb"] is None else f"{r['memory_mb'] / r['peak_mb']:.2f}"
         print(
-            f"| {r['program']} | {r['quantize']} | {r['ptd_mb']:,.0f} | {r['memory_mb']:,} | {r['peak_mb']:,.0f} "
-            f"| {ratio:.2f} |"
+            f"| {r['program']} | {r['kind']} | {r['quantize'] or '—'} | {r['ptd_mb']:,.0f} | {estimate} "
+            f"| {r['peak_mb']:,.0f} | {r['seconds']:.4f} | {ratio} |"
         )
+    if pairs:
+        print()
+        print("| step program | peak ÷ inference's | s/call ÷ inference's |")
+        print("|---|---|---|")
+        for step, inference in pairs:
+            print(
+                f"| {step['program']} | {step['peak_mb'] / inference['peak_mb']:.2f} "
+                f"| {step['seconds'] / inference['seconds']:.2f} |"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=Path, nargs="+", required=True, help="training programs (FILE.pte)")
-    parser.add_argument("--steps", type=int, default=3, help="steps each runner process runs")
+    parser.add_argument(
+        "--inference",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="for each training program in order, benchmarks.program's inference program of the same rows",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="steps (forward calls) each runner process runs")
     parser.add_argument("--runner", type=Path, default=None, help="the native runner (default: the one built here)")
     args = parser.parse_args(argv)
     runner = args.runner or runner_default()
@@ -85,7 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     for pte in args.programs:
         if not pte.is_file():
             parser.error(f"--programs: {pte} does not exist")
-    print_table([runner_peak(runner, pte, args.steps) for pte in args.programs])
+    if args.inference and len(args.inference) != len(args.programs):
+        parser.error(f"--inference: {len(args.inference)} programs for {len(args.programs)} training programs")
+    for pte in args.inference:
+        if not pte.is_file() or not inference_weights(pte).is_file():
+            parser.error(f"--inference: {pte} or its weights {inference_weights(pte)} does not exist")
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    steps = [runner_peak(runner, pte, args.steps) for pte in args.programs]
+    inference = [forward_peak(runner, pte, args.steps) for pte in args.inference]
+    print_table(steps + inference, list(zip(steps, inference)))
     return 0
 
 

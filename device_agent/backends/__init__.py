@@ -30,7 +30,7 @@ class StepRecord:
     lr: float  # the float32 lr the step ran at: its batch record's (device_agent.batches)
     losses: np.ndarray  # float32 [2q] (a private step's stay on the device: not logged)
     g: np.ndarray  # float32 [q]
-    seconds: float  # wall time of the step as the backend saw it
+    seconds: float  # wall time of the step's forward call on the device
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 
-#include "generate.h"
+#include "modes.h"
 #include "program_calls.h"
 #include "runner_io.h"
 
@@ -40,7 +40,7 @@ std::vector<int64_t> parse_ids(const std::string& name, const std::string& text)
     const std::string part = text.substr(start, end - start);
     char* stop = nullptr;
     const long long v = std::strtoll(part.c_str(), &stop, 10);
-    if (part.empty() || *stop != '\0' || v < 0) throw GenerateUsage(name + ": not a list of token ids: " + text);
+    if (part.empty() || *stop != '\0' || v < 0) throw UsageError(name + ": not a list of token ids: " + text);
     ids.push_back(v);
     start = end + 1;
   }
@@ -60,21 +60,12 @@ int64_t argmax_last(const executorch::aten::Tensor& logits) {
 }  // namespace
 
 int generate(int argc, char** argv) {
-  std::map<std::string, std::string> kv;
-  for (int i = 0; i < argc; i += 2) {
-    const std::string key = argv[i];
-    if (key.rfind("--", 0) != 0 || i + 1 >= argc) throw GenerateUsage("expected --name value pairs near " + key);
-    kv[key] = argv[i + 1];
-  }
-  for (const char* required : {"--program", "--data", "--prompt-ids", "--max-new-tokens"})
-    if (!kv.count(required)) throw GenerateUsage(std::string(required) + " is required");
-  for (const auto& [key, value] : kv)
-    if (key != "--program" && key != "--data" && key != "--prompt-ids" && key != "--max-new-tokens" &&
-        key != "--b" && key != "--stop-ids")
-      throw GenerateUsage("unknown argument " + key);
+  std::map<std::string, std::string> kv =
+      parse_pairs(argc, argv, {"--program", "--data", "--prompt-ids", "--max-new-tokens", "--b", "--stop-ids"},
+                  {"--program", "--data", "--prompt-ids", "--max-new-tokens"});
   std::vector<int64_t> tokens = parse_ids("--prompt-ids", kv["--prompt-ids"]);
   const std::vector<int64_t> max_new = parse_ids("--max-new-tokens", kv["--max-new-tokens"]);
-  if (tokens.empty() || max_new.size() != 1 || max_new[0] < 1) throw GenerateUsage("--prompt-ids and --max-new-tokens must be non-empty");
+  if (tokens.empty() || max_new.size() != 1 || max_new[0] < 1) throw UsageError("--prompt-ids and --max-new-tokens must be non-empty");
   std::set<int64_t> stop;
   if (kv.count("--stop-ids"))
     for (int64_t id : parse_ids("--stop-ids", kv["--stop-ids"])) stop.insert(id);

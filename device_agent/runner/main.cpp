@@ -1,5 +1,6 @@
 // mobizo_runner: runs a mobizo training program (.pte + .ptd) for steps [start, N) on a device;
-// `mobizo_runner generate ...` runs an inference program instead (generate.cpp).
+// `mobizo_runner generate ...` runs an inference program instead (generate.cpp), and `mobizo_runner forward ...`
+// times any program's forward on rows of ones (forward.cpp).
 //
 // Usage (see README.md):
 //   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --eps EPS --out-b B.f32
@@ -15,10 +16,12 @@
 // float32, step k's clip then its q noise values at k*(1+q), for every step of the batches file; drawn by the
 // agent from the device's private seed (device_agent.job.private_noise). Required by a private program.
 // Each step's lr is its batches record's (the job's schedule); eps is one value for the run.
-// stdout: one JSON line per step {"step":k,"seed":s,"lr":lr,"losses":[...],"g":[...]}, flushed per line.
+// stdout: one JSON line per step {"step":k,"seed":s,"lr":lr,"losses":[...],"g":[...],"seconds":t}, flushed per line
+// (t: the forward call's own wall-clock seconds).
 // Exit codes: 0 done, 1 failure (message on stderr), 2 bad arguments, 75 stopped (SIGTERM, SIGINT,
 // or the stop file appeared) after finishing the current step and writing the checkpoint.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -31,7 +34,7 @@
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 
-#include "generate.h"
+#include "modes.h"
 #include "program_calls.h"
 #include "runner_io.h"
 
@@ -46,16 +49,14 @@ using executorch::runtime::Error;
 using mobizo::b_size;
 using mobizo::check;
 using mobizo::RunnerError;
+using mobizo::UsageError;
+using mobizo::parse_count;
 
 constexpr int kExitUsage = 2;
 constexpr int kExitStopped = 75;
 
 volatile std::sig_atomic_t g_stop = 0;
 extern "C" void on_stop_signal(int) { g_stop = 1; }
-
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 struct Options {
   std::string program, data, batches, out_b, init_b, checkpoint, job_id, stop_file, init_state, private_inputs;
@@ -70,49 +71,30 @@ float parse_float(const std::string& name, const std::string& text) {
   return v;
 }
 
-uint64_t parse_count(const std::string& name, const std::string& text) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  if (text.empty() || text[0] == '-' || *end != '\0') throw UsageError(name + ": not a count: " + text);
-  return v;
-}
-
 Options parse_args(int argc, char** argv) {
-  std::map<std::string, std::string> kv;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string key = argv[i];
-    if (key.rfind("--", 0) != 0 || i + 1 >= argc) throw UsageError("expected --name value pairs near " + key);
-    kv[key] = argv[i + 1];
-  }
-  auto take = [&](const char* key, bool required) {
-    auto it = kv.find(key);
-    if (it == kv.end()) {
-      if (required) throw UsageError(std::string(key) + " is required");
-      return std::string();
-    }
-    std::string v = it->second;
-    kv.erase(it);
-    return v;
-  };
+  std::map<std::string, std::string> kv = mobizo::parse_pairs(
+      argc, argv,
+      {"--program", "--data", "--batches", "--out-b", "--eps", "--init-b", "--init-state", "--private", "--checkpoint",
+       "--job-id", "--stop-file", "--checkpoint-every", "--steps", "--min-width"},
+      {"--program", "--data", "--batches", "--out-b", "--eps"});
   Options o;
-  o.program = take("--program", true);
-  o.data = take("--data", true);
-  o.batches = take("--batches", true);
-  o.out_b = take("--out-b", true);
-  o.eps = parse_float("--eps", take("--eps", true));
-  o.init_b = take("--init-b", false);
-  o.init_state = take("--init-state", false);
-  o.private_inputs = take("--private", false);
-  o.checkpoint = take("--checkpoint", false);
-  o.job_id = take("--job-id", false);
-  o.stop_file = take("--stop-file", false);
-  const std::string every = take("--checkpoint-every", false);
+  o.program = kv["--program"];
+  o.data = kv["--data"];
+  o.batches = kv["--batches"];
+  o.out_b = kv["--out-b"];
+  o.eps = parse_float("--eps", kv["--eps"]);
+  o.init_b = kv["--init-b"];
+  o.init_state = kv["--init-state"];
+  o.private_inputs = kv["--private"];
+  o.checkpoint = kv["--checkpoint"];
+  o.job_id = kv["--job-id"];
+  o.stop_file = kv["--stop-file"];
+  const std::string every = kv["--checkpoint-every"];
   if (!every.empty()) o.checkpoint_every = parse_count("--checkpoint-every", every);
-  const std::string steps = take("--steps", false);
+  const std::string steps = kv["--steps"];
   if (!steps.empty()) o.steps = parse_count("--steps", steps);
-  const std::string min_width = take("--min-width", false);
+  const std::string min_width = kv["--min-width"];
   if (!min_width.empty()) o.min_width = parse_count("--min-width", min_width);
-  if (!kv.empty()) throw UsageError("unknown argument " + kv.begin()->first);
   if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw UsageError("--checkpoint-every needs --checkpoint");
   return o;
 }
@@ -278,8 +260,10 @@ void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, 
     tensors.push_back(from_blob(clip.data(), {1}, ScalarType::Float));
     tensors.push_back(from_blob(noise.data(), {static_cast<executorch::aten::SizesType>(priv.q)}, ScalarType::Float));
   }
+  const auto started = std::chrono::steady_clock::now();
   auto out = module.execute("forward", std::vector<EValue>(tensors.begin(), tensors.end()));
   check(out.error(), "forward at step " + std::to_string(step));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const auto& losses = out.get().at(0).toTensor();
   const auto& g = out.get().at(1).toTensor();
   std::printf("{\"step\":%u,\"seed\":%lld,\"lr\":%.9g,\"losses\":[", step, static_cast<long long>(batch.seed),
@@ -287,7 +271,7 @@ void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, 
   print_floats(losses.const_data_ptr<float>(), losses.numel());
   std::fputs("],\"g\":[", stdout);
   print_floats(g.const_data_ptr<float>(), g.numel());
-  std::fputs("]}\n", stdout);
+  std::printf("],\"seconds\":%.6f}\n", seconds);
   std::fflush(stdout);
 }
 
@@ -334,10 +318,8 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, on_stop_signal);
   try {
     if (argc > 1 && std::string(argv[1]) == "generate") return mobizo::generate(argc - 2, argv + 2);
-    return train(parse_args(argc, argv));
-  } catch (const mobizo::GenerateUsage& e) {
-    std::fprintf(stderr, "mobizo_runner: usage error: %s\n", e.what());
-    return kExitUsage;
+    if (argc > 1 && std::string(argv[1]) == "forward") return mobizo::forward(argc - 2, argv + 2);
+    return train(parse_args(argc - 1, argv + 1));
   } catch (const UsageError& e) {
     std::fprintf(stderr, "mobizo_runner: usage error: %s\n", e.what());
     return kExitUsage;

@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -93,6 +94,27 @@ void widen(const std::vector<uint8_t>& raw, size_t offset, size_t count, std::ve
 }
 
 }  // namespace
+
+std::map<std::string, std::string> parse_pairs(int argc, char** argv, const std::set<std::string>& known,
+                                               const std::set<std::string>& required) {
+  std::map<std::string, std::string> kv;
+  for (int i = 0; i < argc; i += 2) {
+    const std::string key = argv[i];
+    if (key.rfind("--", 0) != 0 || i + 1 >= argc) throw UsageError("expected --name value pairs near " + key);
+    if (!known.count(key)) throw UsageError("unknown argument " + key);
+    kv[key] = argv[i + 1];
+  }
+  for (const std::string& key : required)
+    if (!kv.count(key)) throw UsageError(key + " is required");
+  return kv;
+}
+
+uint64_t parse_count(const std::string& name, const std::string& text) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text[0] == '-' || *end != '\0') throw UsageError(name + ": not a count: " + text);
+  return v;
+}
 
 bool file_exists(const std::string& path) {
   struct stat st;

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,6 +19,19 @@ namespace mobizo {
 struct RunnerError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Bad arguments: the run ends with exit code 2 and the message on stderr.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A mode's arguments, `--name value` pairs, as a map; a name outside `known` or a name without a value is a
+// UsageError, and so is a missing name of `required`.
+std::map<std::string, std::string> parse_pairs(int argc, char** argv, const std::set<std::string>& known,
+                                               const std::set<std::string>& required);
+
+// A non-negative decimal count; anything else is a UsageError naming the argument.
+uint64_t parse_count(const std::string& name, const std::string& text);
 
 // One training step's data, widened to the int64 tensors the program takes, and its learning rate.
 struct StepBatch {

@@ -1,27 +1,9 @@
 """benchmarks/program_profile.py: an ETDump profile of a program's step, grouped by operator."""
 
-from pathlib import Path
-
 import pytest
 
 from benchmarks import program_profile
 from tests.utils.programs import TINY_Q4
-
-
-@pytest.fixture(scope="module")
-def inference_program(tiny_model_dir, tmp_path_factory):
-    """``(pte, ptd)``: benchmarks.program's plain forward of the tiny model over the 2·batch rows of a ``TINY_Q4``
-    step, and its weights file."""
-    from benchmarks.program import INFERENCE, _export_child
-
-    inference = tmp_path_factory.mktemp("inference") / "inference.pte"
-
-    class Sink(list):
-        put = list.append
-
-    sink = Sink()
-    _export_child(str(tiny_model_dir), TINY_Q4, str(inference), INFERENCE, sink)
-    return inference, Path(sink[0]["ptd"])
 
 
 def test_the_profile_splits_a_step_into_delegate_and_portable_operators(program_factory, capsys):

@@ -1,6 +1,7 @@
 """benchmarks/runner_memory.py: the native runner's own peak RSS against the manifest's memory estimate."""
 
 import resource
+import subprocess
 
 from benchmarks import runner_memory
 from tests.utils.programs import TINY_Q4
@@ -17,4 +18,40 @@ def test_the_runners_own_peak_is_measured_not_the_benchmarks(program_factory, ru
 
     assert runner_memory.main(["--programs", str(pte), "--steps", "1", "--runner", str(runner_binary)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert len(table) == 3 and table[2].startswith(f"| {pte.as_posix()} | none |")
+    assert len(table) == 3 and table[2].startswith(f"| {pte.as_posix()} | step | none |")
+
+
+def test_the_step_is_set_against_the_inference_forward_of_its_rows_on_the_same_runtime(
+    program_factory, inference_program, runner_binary, capsys
+):
+    """The runner's ``forward`` mode runs the inference program as often as asked, in a process of its own: its peak
+    is the runner's (far below this process's) and each call has its own time; the table sets the step's peak and
+    time over the inference forward's."""
+    pte, _ = program_factory(TINY_Q4)
+    inference, _ = inference_program
+    row = runner_memory.forward_peak(runner_binary, inference, calls=3)
+    ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    assert row["steps"] == 3 and row["seconds"] > 0 and 0 < row["peak_mb"] < ours / 2, (row, ours)
+
+    args = ["--programs", str(pte), "--inference", str(inference), "--steps", "2", "--runner", str(runner_binary)]
+    assert runner_memory.main(args) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[3].startswith(f"| {inference.as_posix()} | inference |") and table[-1].startswith(f"| {pte}")
+    peak_ratio, time_ratio = (float(cell) for cell in table[-1].strip("| ").split(" | ")[1:])
+    assert peak_ratio > 0 and time_ratio > 0
+
+
+def test_the_forward_mode_refuses_a_training_step_and_bad_arguments(program_factory, runner_binary):
+    """A training program's forward takes floats (lr, eps): the mode says it runs inference forwards, exit 1."""
+    pte, manifest = program_factory(TINY_Q4)
+    ptd = pte.parent / manifest.ptd.file
+    done = subprocess.run(
+        [str(runner_binary), "forward", "--program", str(pte), "--data", str(ptd), "--iterations", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and "not an int64 tensor" in done.stderr, done.stderr
+    for bad, message in ((["--iterations", "0"], "at least 1"), (["--iterations", "x"], "not a count")):
+        args = [str(runner_binary), "forward", "--program", str(pte), "--data", str(ptd), *bad]
+        done = subprocess.run(args, capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr, done.stderr

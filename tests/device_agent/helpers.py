@@ -74,9 +74,12 @@ def runner_args(
 
 
 def run_runner(args: list[str]) -> tuple[int, list[dict], str]:
-    """(exit status, parsed stdout lines, stderr)."""
+    """(exit status, parsed stdout lines, stderr); each line's ``seconds`` (its own time, which no other run
+    repeats) is checked positive and left out, so that lines of two runs compare as their steps."""
     done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()], done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert all(line.pop("seconds") > 0 for line in lines), done.stdout
+    return done.returncode, lines, done.stderr
 
 
 def python_reference(  # noqa: ANN201
