@@ -13,10 +13,11 @@ rows (``benchmarks.program``'s ``inference`` program, its weights in the folder 
 ``forward`` mode runs it ``--steps`` times in a fresh process, and the table gives the step's peak and time over
 the inference forward's, the device's own step-to-inference ratios (no interpreter on either side). Time per call
 is the runner's own clock around ``forward``: the median of the calls after the first (the first allocates the
-delegate's workspace).
+delegate's workspace). With ``--repeats R`` each program runs in R processes, a step program's each followed by its
+inference program's, so that a drift in the machine's speed falls on both sides of the ratio.
 
     python -m benchmarks.runner_memory --programs A.pte [B.pte ...] [--inference A-inference.pte ...] [--steps 3]
-        [--runner PATH]
+        [--repeats 1] [--runner PATH]
 """
 
 from __future__ import annotations
@@ -138,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         help="for each training program in order, benchmarks.program's inference program of the same rows",
     )
     parser.add_argument("--steps", type=int, default=3, help="steps (forward calls) each runner process runs")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="processes per program, each step program's followed by its inference program's (a drift in the "
+        "machine's speed falls on both sides): the peak is the largest, the time the median of their medians",
+    )
     parser.add_argument("--runner", type=Path, default=None, help="the native runner (default: the one built here)")
     args = parser.parse_args(argv)
     runner = args.runner or runner_default()
@@ -151,12 +159,28 @@ def main(argv: list[str] | None = None) -> int:
     for pte in args.inference:
         if not pte.is_file() or not inference_weights(pte).is_file():
             parser.error(f"--inference: {pte} or its weights {inference_weights(pte)} does not exist")
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    steps = [runner_peak(runner, pte, args.steps) for pte in args.programs]
-    inference = [forward_peak(runner, pte, args.steps) for pte in args.inference]
+    if args.steps < 1 or args.repeats < 1:
+        parser.error("--steps and --repeats must be at least 1")
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for _ in range(args.repeats):
+        for i, pte in enumerate(args.programs):
+            runs.setdefault(("step", i), []).append(runner_peak(runner, pte, args.steps))
+            if args.inference:
+                runs.setdefault(("inference", i), []).append(forward_peak(runner, args.inference[i], args.steps))
+    steps = [_pooled(runs["step", i]) for i in range(len(args.programs))]
+    inference = [_pooled(runs["inference", i]) for i in range(len(args.inference))]
     print_table(steps + inference, list(zip(steps, inference)))
     return 0
+
+
+def _pooled(rows: list[dict]) -> dict:
+    """One program's processes as one row: the largest peak, the median of the processes' times per call."""
+    return {
+        **rows[0],
+        "steps": sum(r["steps"] for r in rows),
+        "peak_mb": max(r["peak_mb"] for r in rows),
+        "seconds": statistics.median(r["seconds"] for r in rows),
+    }
 
 
 if __name__ == "__main__":

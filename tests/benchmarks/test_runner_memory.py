@@ -33,7 +33,8 @@ def test_the_step_is_set_against_the_inference_forward_of_its_rows_on_the_same_r
     ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     assert row["steps"] == 3 and row["seconds"] > 0 and 0 < row["peak_mb"] < ours / 2, (row, ours)
 
-    args = ["--programs", str(pte), "--inference", str(inference), "--steps", "2", "--runner", str(runner_binary)]
+    args = ["--programs", str(pte), "--inference", str(inference), "--steps", "2", "--repeats", "2"]
+    args += ["--runner", str(runner_binary)]
     assert runner_memory.main(args) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[3].startswith(f"| {inference.as_posix()} | inference |") and table[-1].startswith(f"| {pte}")
