@@ -35,6 +35,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: a module's tests keep their order
 
 
+_STARTED = pytest.StashKey[float]()  # when the session began (time.time())
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+
+    session.config.stash[_STARTED] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The programs and models this session built into the test cache (``tests/utils/program_cache.py``), slowest
+    first, each with the test that asked for it: what a fresh machine spends building them; a warm cache, nothing."""
+    from tests.utils.program_cache import builds_since
+
+    started = config.stash.get(_STARTED, None)
+    builds = sorted(builds_since(started), key=lambda b: -b["seconds"]) if started is not None else []
+    if not builds:
+        return
+    total = sum(build["seconds"] for build in builds)
+    terminalreporter.write_sep("=", f"{len(builds)} builds into the test cache, {total:.0f} s")
+    for build in builds:
+        terminalreporter.write_line(f"{build['seconds']:7.1f}s {build['kind']} {build['what']}  [{build['test']}]")
+
+
 def _tiny_model(tmp_path_factory: pytest.TempPathFactory, recipe: str, **kwargs) -> Path:
     """``make_tiny_model(out, seed=0, **kwargs)`` (``recipe`` names it), built once per machine
     (``tests/utils/program_cache.py``) and copied for the session."""

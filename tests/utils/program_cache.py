@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE_ENV = "MOBIZO_TEST_PROGRAM_CACHE"
 EXPORT_SOURCES = REPO / "shared"
 VERSIONED = ("torch", "executorch", "transformers")
+BUILD_LOG = "builds.jsonl"
 
 
 def cache_root() -> Path:
@@ -79,7 +81,9 @@ def cached_export(
     if not manifest_path(entry / name).is_file():
         with _locked(cache_root() / f".{key}.lock"):  # another session (a pytest-xdist worker) may be exporting it
             if not manifest_path(entry / name).is_file():
+                started = time.perf_counter()
                 publish_once(entry, lambda tmp: export(tmp / name, tmp))
+                _log_build(kind, config.model_dump(mode="json", exclude_defaults=True), time.perf_counter() - started)
     store.mkdir(parents=True, exist_ok=True)
     for path in entry.iterdir():
         if not (store / path.name).exists():  # weights and tokenizer are named by content: shared between programs
@@ -117,8 +121,33 @@ def cached_model(recipe: str, make: Callable[[Path], object], data: tuple[Path, 
             if not entry.is_dir():
                 from shared.files import publish_once
 
+                started = time.perf_counter()
                 publish_once(entry, make)
+                _log_build("model", recipe, time.perf_counter() - started)
     return entry
+
+
+def _log_build(kind: str, what: object, seconds: float) -> None:
+    """One line in ``cache_root()/builds.jsonl`` for a program or model this cache built (a miss): what, how long,
+    and the test that asked. Lines of a few hundred bytes appended by one ``write`` each: workers never interleave."""
+    line = {
+        "at": time.time(),
+        "kind": kind,
+        "what": what,
+        "seconds": round(seconds, 1),
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+    }
+    with open(cache_root() / BUILD_LOG, "a") as log:
+        log.write(json.dumps(line) + "\n")
+
+
+def builds_since(started: float) -> list[dict]:
+    """The cache's builds (``_log_build``) since ``started`` (a ``time.time()``), in the order they ended."""
+    path = cache_root() / BUILD_LOG
+    if not path.is_file():
+        return []
+    lines = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return [line for line in lines if line["at"] >= started]
 
 
 # A server's compile cache, seeded from this one: tests whose subject is not the compile (a device's job, a worker
