@@ -65,6 +65,13 @@ class PlainForward(nn.Module):
         return {"forward": ((ids, torch.ones_like(ids), torch.zeros(rows, cfg.answer_len, dtype=torch.long)), None)}
 
 
+def program_path(workdir: Path, cfg, kind: str) -> Path:
+    """Where this benchmark keeps its ``kind`` program (a schedule, ``schedule+optimizer`` or ``inference``) of
+    ``cfg``'s shapes in ``workdir``: one name per shape, reused by a later run."""
+    answers = "" if cfg.answer_len == 1 else f"-a{cfg.answer_len}"
+    return workdir / f"b{cfg.batch_size}-q{cfg.q}-s{cfg.seq_len}{answers}-{cfg.backend}-{cfg.quantize}-{kind}.pte"
+
+
 def inference_weights(pte: Path) -> Path:
     """The weights file of an inference program ``pte`` this benchmark exported: a folder of the program's name."""
     from shared.ptd import WEIGHTS_TAG
@@ -219,7 +226,7 @@ def bench_cell(model_dir: Path, batch: int, q: int, seq_len: int, args, workdir:
             quantize=args.quantize,
             optimizer=optimizer or "sgd",
         )
-        pte = workdir / f"b{batch}-q{q}-s{seq_len}-{args.backend}-{args.quantize}-{kind}.pte"
+        pte = program_path(workdir, cfg, kind)
         info[kind] = export_measured(model_dir, cfg, pte, kind)
         manifest = None if kind == INFERENCE else json.loads(pte.with_suffix(".json").read_text())
         d = None if manifest is None else manifest["lora_size"]

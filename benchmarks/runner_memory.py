@@ -9,15 +9,17 @@ The runner is what the ``adb`` backend runs on a phone; a Python agent (``execut
 program beside the interpreter and torch it had already loaded before it leased the job.
 
 ``--inference`` names, for each training program in order, the plain forward of the base model over the same 2q·E
-rows (``benchmarks.program``'s ``inference`` program, its weights in the folder of its name): the runner's
+rows (``benchmarks.program``'s ``inference`` program, its weights in the folder of its name); ``--export-inference
+DIR`` exports them instead (or reuses them from DIR), from the model and the shapes each training program's
+manifest names, at its base weights (float32 or 8da4w), one export for programs of one shape: the runner's
 ``forward`` mode runs it ``--steps`` times in a fresh process, and the table gives the step's peak and time over
 the inference forward's, the device's own step-to-inference ratios (no interpreter on either side). Time per call
 is the runner's own clock around ``forward``: the median of the calls after the first (the first allocates the
 delegate's workspace). With ``--repeats R`` each program runs in R processes, a step program's each followed by its
 inference program's, so that a drift in the machine's speed falls on both sides of the ratio.
 
-    python -m benchmarks.runner_memory --programs A.pte [B.pte ...] [--inference A-inference.pte ...] [--steps 3]
-        [--repeats 1] [--runner PATH]
+    python -m benchmarks.runner_memory --programs A.pte [B.pte ...]
+        [--inference A-inference.pte ... | --export-inference DIR] [--steps 3] [--repeats 1] [--runner PATH]
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.agent import sst2_batches
-from benchmarks.program import inference_weights
+from benchmarks.program import INFERENCE, export_measured, inference_weights, program_path
 from device_agent.batches import write_batches
 from device_agent.commands.agent import runner_default
 from device_agent.local_data import program_shape
@@ -138,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="for each training program in order, benchmarks.program's inference program of the same rows",
     )
+    parser.add_argument(
+        "--export-inference",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="export (or reuse from DIR) each training program's inference program of the same rows, from the "
+        "model its manifest names",
+    )
     parser.add_argument("--steps", type=int, default=3, help="steps (forward calls) each runner process runs")
     parser.add_argument(
         "--repeats",
@@ -154,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     for pte in args.programs:
         if not pte.is_file():
             parser.error(f"--programs: {pte} does not exist")
+    if args.inference and args.export_inference:
+        parser.error("--inference and --export-inference: give one")
+    if args.export_inference:
+        args.inference = [exported_inference(pte, args.export_inference, parser) for pte in args.programs]
     if args.inference and len(args.inference) != len(args.programs):
         parser.error(f"--inference: {len(args.inference)} programs for {len(args.programs)} training programs")
     for pte in args.inference:
@@ -171,6 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     inference = [_pooled(runs["inference", i]) for i in range(len(args.inference))]
     print_table(steps + inference, list(zip(steps, inference)))
     return 0
+
+
+def exported_inference(pte: Path, workdir: Path, parser: argparse.ArgumentParser) -> Path:
+    """``benchmarks.program``'s inference program of the training program ``pte``'s rows and base weights, exported
+    into ``workdir`` from the model its manifest names (reused when there) → its path."""
+    manifest = read_manifest(pte)
+    if manifest.model is None or not Path(manifest.model, "config.json").is_file():
+        parser.error(f"--export-inference: {pte}'s manifest names no model folder here ({manifest.model})")
+    out = program_path(workdir, manifest.config, INFERENCE)
+    if not out.is_file():
+        print(f"exporting the inference program of {pte} to {out} ...", file=sys.stderr, flush=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    export_measured(Path(manifest.model), manifest.config, out, INFERENCE)
+    return out
 
 
 def _pooled(rows: list[dict]) -> dict:

@@ -3,6 +3,8 @@
 import resource
 import subprocess
 
+import pytest
+
 from benchmarks import runner_memory
 from tests.utils.programs import TINY_Q4
 
@@ -26,20 +28,26 @@ def test_the_step_is_set_against_the_inference_forward_of_its_rows_on_the_same_r
 ):
     """The runner's ``forward`` mode runs the inference program as often as asked, in a process of its own: its peak
     is the runner's (far below this process's) and each call has its own time; the table sets the step's peak and
-    time over the inference forward's."""
+    time over the inference forward's. ``--export-inference DIR`` finds the inference program of the step's shapes
+    that an earlier run kept in DIR."""
     pte, _ = program_factory(TINY_Q4)
     inference, _ = inference_program
     row = runner_memory.forward_peak(runner_binary, inference, calls=3)
     ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     assert row["steps"] == 3 and row["seconds"] > 0 and 0 < row["peak_mb"] < ours / 2, (row, ours)
 
-    args = ["--programs", str(pte), "--inference", str(inference), "--steps", "2", "--repeats", "2"]
-    args += ["--runner", str(runner_binary)]
-    assert runner_memory.main(args) == 0
-    table = capsys.readouterr().out.splitlines()
+    args = ["--programs", str(pte), "--steps", "2", "--repeats", "2", "--runner", str(runner_binary)]
+    assert runner_memory.main([*args, "--export-inference", str(inference.parent)]) == 0
+    out = capsys.readouterr()
+    table = out.out.splitlines()
     assert table[3].startswith(f"| {inference.as_posix()} | inference |") and table[-1].startswith(f"| {pte}")
+    assert "exporting" not in out.err  # the kept program, not a new export
     peak_ratio, time_ratio = (float(cell) for cell in table[-1].strip("| ").split(" | ")[1:])
     assert peak_ratio > 0 and time_ratio > 0
+
+    with pytest.raises(SystemExit) as refused:
+        runner_memory.main([*args, "--inference", str(inference), "--export-inference", str(inference.parent)])
+    assert refused.value.code == 2 and "give one" in capsys.readouterr().err
 
 
 def test_the_forward_mode_refuses_a_training_step_and_bad_arguments(program_factory, runner_binary):
