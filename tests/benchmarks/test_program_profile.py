@@ -35,7 +35,7 @@ def test_an_inference_program_is_profiled_over_the_same_rows_beside_the_step(
     assert any(key.startswith("portable: bitwise_xor") for key in step)
 
     assert program_profile.main(["--programs", str(pte), "--inference", str(inference), "--steps", "1"]) == 0
-    assert f"| {pte.stem} | inference |" in capsys.readouterr().out
+    assert f"| {pte.stem} | {inference.stem} |" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # a training program is not an inference program
         program_profile.main(["--programs", str(pte), "--inference", str(pte)])
     assert "--inference: not an inference program" in capsys.readouterr().err
