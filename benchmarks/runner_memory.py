@@ -12,11 +12,15 @@ program beside the interpreter and torch it had already loaded before it leased 
 rows (``benchmarks.program``'s ``inference`` program, its weights in the folder of its name); ``--export-inference
 DIR`` exports them instead (or reuses them from DIR), from the model and the shapes each training program's
 manifest names, at its base weights (float32 or 8da4w), one export for programs of one shape: the runner's
-``forward`` mode runs it ``--steps`` times in a fresh process, and the table gives the step's peak and time over
+``forward`` mode runs it ``--steps`` times in a fresh process on the step's own rows (each row twice, as the step's
+± paths see it; its ``--batches``), and the table gives the step's peak and time over
 the inference forward's, the device's own step-to-inference ratios (no interpreter on either side). Time per call
 is the runner's own clock around ``forward``: the median of the calls after the first (the first allocates the
 delegate's workspace). With ``--repeats R`` each program runs in R processes, a step program's each followed by its
-inference program's, so that a drift in the machine's speed falls on both sides of the ratio.
+inference program's, so that a drift in the machine's speed falls on both sides of the ratio. Both sides read the
+same tokens: a device maps in the pages of the embedding rows its tokens look up (an 8da4w program's int8 table,
+31 MB for SmolLM2, is read that way, not packed), so rows of ones would leave most of them out of the inference
+side's peak.
 
     python -m benchmarks.runner_memory --programs A.pte [B.pte ...]
         [--inference A-inference.pte ... | --export-inference DIR] [--steps 3] [--repeats 1] [--runner PATH]
@@ -66,17 +70,23 @@ def _seconds(lines: list[dict]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
-def runner_peak(runner: Path, pte: Path, steps: int) -> dict:
-    """Runs ``steps`` steps of ``pte`` in one runner process → its manifest's figures and the process's peak."""
+def write_sst2_batches(pte: Path, steps: int, folder: Path) -> Path:
+    """``steps`` steps of real SST-2 rows for the training program ``pte`` as the agent builds them, in a batches
+    file in ``folder`` (the same rows for a program's step and for its inference forward) → its path."""
     manifest = read_manifest(pte)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        batches = folder / "batches.mzb"
-        rows = sst2_batches(manifest, pte.parent / manifest.tokenizer.file, steps, folder)
-        write_batches(batches, program_shape(manifest.config), rows)
-        args = [str(runner), "--program", str(pte), "--data", str(pte.parent / manifest.ptd.file)]
-        args += ["--batches", str(batches), "--eps", EPS, "--out-b", str(folder / "b.f32")]
-        peak_mb, lines = _run(args, folder, pte)
+    batches = folder / "batches.mzb"
+    rows = sst2_batches(manifest, pte.parent / manifest.tokenizer.file, steps, folder)
+    write_batches(batches, program_shape(manifest.config), rows)
+    return batches
+
+
+def runner_peak(runner: Path, pte: Path, batches: Path, folder: Path) -> dict:
+    """Runs the steps of ``batches`` with ``pte`` in one runner process → its manifest's figures and the process's
+    peak."""
+    manifest = read_manifest(pte)
+    args = [str(runner), "--program", str(pte), "--data", str(pte.parent / manifest.ptd.file)]
+    args += ["--batches", str(batches), "--eps", EPS, "--out-b", str(folder / "b.f32")]
+    peak_mb, lines = _run(args, folder, pte)
     return {
         "program": pte.as_posix(),
         "kind": "step",
@@ -89,13 +99,13 @@ def runner_peak(runner: Path, pte: Path, steps: int) -> dict:
     }
 
 
-def forward_peak(runner: Path, pte: Path, calls: int) -> dict:
-    """Runs ``calls`` forwards of the inference program ``pte`` (its weights: ``inference_weights``) in one runner
-    process → the process's peak and the time of a call."""
+def forward_peak(runner: Path, pte: Path, batches: Path, calls: int, folder: Path) -> dict:
+    """Runs ``calls`` forwards of the inference program ``pte`` (its weights: ``inference_weights``) over the rows
+    of ``batches`` (the step program's, each row twice) in one runner process → the process's peak and the time
+    of a call."""
     ptd = inference_weights(pte)
-    with tempfile.TemporaryDirectory() as tmp:
-        args = [str(runner), "forward", "--program", str(pte), "--data", str(ptd), "--iterations", str(calls)]
-        peak_mb, lines = _run(args, Path(tmp), pte)
+    args = [str(runner), "forward", "--program", str(pte), "--data", str(ptd), "--iterations", str(calls)]
+    peak_mb, lines = _run([*args, "--batches", str(batches)], folder, pte)
     return {
         "program": pte.as_posix(),
         "kind": "inference",
@@ -176,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.repeats < 1:
         parser.error("--steps and --repeats must be at least 1")
     runs: dict[tuple[str, int], list[dict]] = {}
-    for _ in range(args.repeats):
-        for i, pte in enumerate(args.programs):
-            runs.setdefault(("step", i), []).append(runner_peak(runner, pte, args.steps))
-            if args.inference:
-                runs.setdefault(("inference", i), []).append(forward_peak(runner, args.inference[i], args.steps))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        batches = [write_sst2_batches(pte, args.steps, Path(tempfile.mkdtemp(dir=tmp))) for pte in args.programs]
+        for _ in range(args.repeats):
+            for i, pte in enumerate(args.programs):
+                runs.setdefault(("step", i), []).append(runner_peak(runner, pte, batches[i], folder))
+                if args.inference:
+                    inference = forward_peak(runner, args.inference[i], batches[i], args.steps, folder)
+                    runs.setdefault(("inference", i), []).append(inference)
     steps = [_pooled(runs["step", i]) for i in range(len(args.programs))]
     inference = [_pooled(runs["inference", i]) for i in range(len(args.inference))]
     print_table(steps + inference, list(zip(steps, inference)))

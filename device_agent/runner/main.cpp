@@ -51,6 +51,7 @@ using mobizo::check;
 using mobizo::RunnerError;
 using mobizo::UsageError;
 using mobizo::parse_count;
+using mobizo::print_floats;
 
 constexpr int kExitUsage = 2;
 constexpr int kExitStopped = 75;
@@ -203,16 +204,6 @@ PrivateInputs read_private(Module& module, const Options& o, uint32_t steps) {
     throw RunnerError(o.private_inputs + ": " + std::to_string(p.values.size()) + " values, " + std::to_string(steps) +
                       " steps of 1 + " + std::to_string(p.q) + " expected");
   return p;
-}
-
-// %.9g round-trips a float32 exactly; non-finite values use the spellings Python's json reads.
-void print_floats(const float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (i) std::fputc(',', stdout);
-    if (std::isnan(v[i])) std::fputs("NaN", stdout);
-    else if (std::isinf(v[i])) std::fputs(v[i] > 0 ? "Infinity" : "-Infinity", stdout);
-    else std::printf("%.9g", static_cast<double>(v[i]));
-  }
 }
 
 // With --min-width, the batch keeps only its last `width` columns: its longest row, at least the

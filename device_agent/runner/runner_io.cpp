@@ -116,6 +116,15 @@ uint64_t parse_count(const std::string& name, const std::string& text) {
   return v;
 }
 
+void print_floats(const float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (i) std::fputc(',', stdout);
+    if (std::isnan(v[i])) std::fputs("NaN", stdout);
+    else if (std::isinf(v[i])) std::fputs(v[i] > 0 ? "Infinity" : "-Infinity", stdout);
+    else std::printf("%.9g", static_cast<double>(v[i]));
+  }
+}
+
 bool file_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;

@@ -71,6 +71,9 @@ struct Checkpoint {
 };
 
 bool file_exists(const std::string& path);
+// n float32 values to stdout, comma-separated: %.9g round-trips a float32 exactly; non-finite values use the
+// spellings Python's json reads.
+void print_floats(const float* v, int64_t n);
 std::vector<float> read_b(const std::string& path);
 void write_b(const std::string& path, const std::vector<float>& b);
 Checkpoint read_checkpoint(const std::string& path);
