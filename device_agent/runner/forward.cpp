@@ -14,9 +14,9 @@
 // arguments.
 #include <algorithm>
 #include <chrono>
-#include <memory>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 

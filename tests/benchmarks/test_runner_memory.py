@@ -81,7 +81,7 @@ def test_the_forward_mode_runs_the_step_rows_of_a_batches_file(
 
     from device_agent.batches import BatchesFile, Shape, StepBatch, write_batches
 
-    pte, manifest = program_factory(TINY_Q4)
+    pte, _ = program_factory(TINY_Q4)
     inference, ptd = inference_program
     batches = runner_memory.write_sst2_batches(pte, 2, tmp_path)
     args = [str(runner_binary), "forward", "--program", str(inference), "--data", str(ptd), "--iterations", "3"]
@@ -89,8 +89,9 @@ def test_the_forward_mode_runs_the_step_rows_of_a_batches_file(
     assert done.returncode == 0, done.stderr
     printed = [json.loads(line)["output"] for line in done.stdout.splitlines()]
     forward = Runtime.get().load_program(inference, data_path=ptd).load_method("forward")
+    steps = BatchesFile(batches)
     for k, losses in enumerate(printed):
-        step = BatchesFile(batches)[k % 2]
+        step = steps[k % 2]
         rows = [torch.from_numpy(np.concatenate([x, x])) for x in (step.input_ids, step.attention_mask, step.targets)]
         expected = forward.execute(rows)[0]
         assert torch.equal(torch.tensor(losses, dtype=torch.float32), expected), (k, losses, expected)
