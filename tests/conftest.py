@@ -164,14 +164,15 @@ def one_layer_program_factory(one_layer_model_dir: Path, tmp_path_factory: pytes
 @pytest.fixture(scope="session")
 def tiny_inference(program_factory, tiny_model_dir: Path):
     """``(pte, manifest, store, training manifest)``: the tiny model's inference program (the default context, as
-    a device asks for it), in the store of the suite's training programs, with their LoRA layout (``TINY_Q1``)."""
+    a device asks for it), in the store of the suite's training programs, with the LoRA layout of the jobs the
+    end-to-end tests submit (``TINY_Q4``), so that a server seeded with it finds the program a device asks for."""
     from shared.inference_program import export_inference_program
     from shared.manifest import InferenceConfig, read_inference_manifest
     from tests.utils.program_cache import cached_export
-    from tests.utils.programs import TINY_Q1
+    from tests.utils.programs import TINY_Q4
 
-    train_pte, train_manifest = program_factory(TINY_Q1)
-    config = InferenceConfig(rank=TINY_Q1.rank, alpha=TINY_Q1.alpha)
+    train_pte, train_manifest = program_factory(TINY_Q4)
+    config = InferenceConfig(rank=TINY_Q4.rank, alpha=TINY_Q4.alpha)
     out = cached_export(
         "inference",
         tiny_model_dir,
