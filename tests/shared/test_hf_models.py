@@ -88,9 +88,13 @@ def test_cli_import_rejects_a_missing_file(tmp_path: Path, capsys: pytest.Captur
 def test_import_gguf_fails_cleanly_on_a_file_that_is_not_gguf(tmp_path: Path) -> None:
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"not a gguf file at all")
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     with pytest.raises(MobizoError, match="fake.gguf"):
         import_gguf(fake, tmp_path / "m")
     assert not (tmp_path / "m").exists()
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)  # the import's read-once wrappers undone
 
 
 @pytest.mark.slow
