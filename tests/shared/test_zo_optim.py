@@ -141,21 +141,28 @@ EPS = float(np.float32(1e-2))
 
 
 @pytest.mark.parametrize("optimizer", ["momentum", "normalized"])
-def test_each_optimizers_program_is_its_eager_step_and_its_replay_bit_for_bit(
-    program_factory, tiny_model_dir, optimizer
-):
+def test_each_optimizers_program_is_its_eager_step_and_its_replay_bit_for_bit(request, optimizer):
     """10 steps in the .pte: each step's losses are the eager step module's from the same B and state (within the
     float32 bound across kernels), its update is the eager update of its own g (the replay, bit for bit: B and the
-    state), and a run resumed after 5 steps (B, then the state rebuilt from the log) ends on the same bits."""
+    state), and a run resumed after 5 steps (B, then the state rebuilt from the log) ends on the same bits.
+
+    momentum: the suite's program (the federation tests train with it too); normalized: its program is this test's
+    alone, so it is the one-layer model's at 4 columns, an export of about half the time."""
     from shared.hf_models import load_model
     from shared.program import build_step_module
     from tests.shared.test_program import _batches, assert_same_step_losses
     from tests.utils.programs import TINY_Q4_MOMENTUM, TINY_Q4_NORMALIZED
 
+    model, factory = (
+        ("tiny_model_dir", "program_factory")
+        if optimizer == "momentum"
+        else ("one_layer_model_dir", "one_layer_program_factory")
+    )
     cfg = TINY_Q4_MOMENTUM if optimizer == "momentum" else TINY_Q4_NORMALIZED
-    pte, manifest = program_factory(cfg)
+    model_dir = request.getfixturevalue(model)
+    pte, manifest = request.getfixturevalue(factory)(cfg)
     assert manifest.methods[-2:] == ["get_opt_state", "set_opt_state"]
-    eager = build_step_module(load_model(tiny_model_dir)[0], cfg)
+    eager = build_step_module(load_model(model_dir)[0], cfg)
     device, d = Session(pte, manifest), manifest.lora_size
     device.session.set_b(np.full(d, 0.25, np.float32))
     device.session.set_state(np.ones(state_size(optimizer, d), np.float32))
