@@ -196,7 +196,9 @@ def _gguf_parsed_once():
     once. transformers' GGUF loader reads the file's header three times (for the tokenizer, the config and the
     weights: SmolLM2's 49,152-token vocabulary, 4 s a time) and rebuilds the tensor-name map for every submodule
     of the model (397 times for SmolLM2, 5 s in all): 13 of the 21 s an import took. Both are read-only here (a
-    reader of a memory-mapped file, a name lookup table), so sharing them changes nothing the loader returns."""
+    reader of a memory-mapped file, a name lookup table), so sharing them changes nothing the loader returns. The
+    two names are gguf's module globals, swapped for the block: only a command that imports one model at a time
+    (``mobizo models import``) runs it."""
     import gguf
 
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
