@@ -1,0 +1,195 @@
+"""Which hyperparameters around a job's defaults learn faster? Named variants of the defaults, each over run seeds.
+
+The accuracy benchmark (``benchmarks/accuracy.py``) tunes one method's learning rate at a time; this script asks
+whether anything NEAR a job's classification defaults (MobiZO q = 4 at batch 16, rank 4 on q_proj and v_proj, lr
+4e-2 with a cosine decay to 0, eps 1e-2, 200 steps: ``shared.defaults.CLASSIFICATION``) gains more, averaged over
+run seeds (batch order and step seeds), because one seed's figure moves by several points. Each variant changes a
+few ``mobizo train`` settings (``VARIANTS``); every run is ``shared.train.train`` (eager) on the accuracy
+benchmark's seeded sample of the task (``benchmarks.accuracy.sample_task``: 1,000 training examples, and the test
+set), scored on the test set every ``--eval-every`` steps. The table gives the test accuracy of each seed's LAST
+step (the adapter a job returns, with no step chosen by a held-out set), the mean over seeds and its gain over the
+base model (step 0), and the mean at the middle of the run.
+
+Runs go ``--workers`` at a time, each a process (``--threads`` torch threads each; on a GPU several processes keep
+it busier than one). A run's result is a file of ``OUT/results/``, written when it finishes; runs checkpoint
+every ``--eval-every`` steps, so the same command, started again, skips the finished runs and continues the others.
+``--deadline S`` stops starting runs after S seconds (the table then holds the runs that finished).
+
+    python -m benchmarks.sweep --model DIR --data-dir DATA --device cuda --workers 8 --out runs/sweep
+    python -m benchmarks.sweep --model DIR --data-dir DATA --variants defaults,long-lr-2e-2 --seeds 0 --out runs/sw
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.accuracy import TASK_FILES, check_pools, sample_task
+from shared.files import atomic_write_bytes
+from shared.tasks import task_data_dir
+
+# The job's defaults for a classification task (the rest come from shared.defaults.CLASSIFICATION).
+BASE: dict[str, Any] = {"method": "mobizo", "q": 4, "batch_size": 16}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "lr-6e-2": {"lr": 6e-2},
+    "lr-3e-2": {"lr": 3e-2},
+    "eps-1e-3": {"eps": 1e-3},
+    "warmup-20-lr-6e-2": {"warmup_steps": 20, "lr": 6e-2},
+    "rank-2-lr-6e-2": {"rank": 2, "lr": 6e-2},
+    "rank-2-lr-8e-2": {"rank": 2, "lr": 8e-2},
+    "rank-1-lr-8e-2": {"rank": 1, "lr": 8e-2},
+    "rank-1-lr-1.6e-1": {"rank": 1, "lr": 1.6e-1},
+    "v-only-lr-6e-2": {"targets": ("v_proj",), "lr": 6e-2},
+    "q-8": {"q": 8},
+    "q-16-lr-3e-2": {"q": 16, "lr": 3e-2},
+    "batch-32": {"batch_size": 32},
+    "batch-32-q-16": {"batch_size": 32, "q": 16},
+    "momentum-lr-2e-2": {"optimizer": "momentum", "lr": 2e-2},
+    "normalized-lr-3e-2": {"optimizer": "normalized", "lr": 3e-2},
+    "long-lr-2e-2": {"steps": 2000, "lr": 2e-2},  # shared.defaults.LONG_RUN_LR
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--model", required=True, type=Path, metavar="DIR", help="Hugging Face model folder")
+    add("--out", required=True, type=Path, metavar="DIR", help="results folder (resumable: rerun to continue)")
+    add("--task", default="sst2", choices=TASK_FILES)
+    add("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    add("--seeds", default="0,1,2", help="comma-separated run seeds")
+    add("--steps", type=int, default=200, help="steps of a variant that names none")
+    add("--eval-every", type=int, default=50, metavar="K", help="test accuracy (and checkpoint) every K steps")
+    add("--n-train", type=int, default=1000)
+    add("--n-val", type=int, default=500, help="held back from the training pool (as the accuracy benchmark's)")
+    add("--n-test", type=int, default=1000)
+    add("--sample-seed", type=int, default=0, help="seeds the train/test samples")
+    add("--seq-len", type=int, help="cut prompts from the left to this many tokens (default: no cut)")
+    add("--data-dir", type=Path, help="task data (default: the shipped samples in data/, or $MOBIZO_TASK_DATA_DIR)")
+    add("--device", default="cpu", help="cpu or cuda")
+    add("--workers", type=int, default=1, help="runs at a time, each in its own process (1: in this process)")
+    add("--threads", type=int, default=1, help="torch CPU threads of each run")
+    add("--deadline", type=float, metavar="S", help="start no run after S seconds")
+    args = parser.parse_args(argv)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    return args
+
+
+def run_one(job: dict[str, Any]) -> dict[str, Any]:
+    """Train one (variant, seed) and return its result line; in a worker process or in this one."""
+    import torch
+
+    from shared.train import TrainConfig, train
+
+    torch.set_num_threads(job["threads"])
+    settings = {**BASE, **VARIANTS[job["variant"]]}
+    settings.setdefault("steps", job["steps"])
+    begin = time.perf_counter()
+    metrics = train(
+        TrainConfig(
+            model=job["model"],
+            task=job["task"],
+            train=Path(job["files"]["train"]),
+            eval=Path(job["files"]["test"]),
+            out=Path(job["out"]),
+            seed=job["seed"],
+            eval_every=job["eval_every"],
+            checkpoint_every=job["eval_every"],
+            seq_len=job["seq_len"],
+            device=job["device"],
+            **settings,
+        ),
+        progress=False,
+    )
+    return {
+        "variant": job["variant"],
+        "seed": job["seed"],
+        "steps": metrics["steps"],
+        "curve": [{"step": e["step"], "accuracy": e["accuracy"]} for e in metrics["eval"]],
+        "step_time_s": metrics["step_time_s"],
+        "wall_s": time.perf_counter() - begin,
+        "device": metrics["device"],
+    }
+
+
+def read_results(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+def table(results: list[dict[str, Any]], variants: list[str]) -> str:
+    """One row per variant: each seed's test accuracy at the last step, their mean and its gain over step 0, and the
+    mean at the middle of the run (the eval step nearest half of it)."""
+    head = f"{'variant':<34} {'settings':<44} {'last step, per seed':<22} {'mean':>6} {'gain':>6} {'mid':>12}"
+    lines = [head, "-" * len(head)]
+    for variant in variants:
+        runs = sorted((r for r in results if r["variant"] == variant), key=lambda r: r["seed"])
+        if not runs:
+            continue
+        last = [r["curve"][-1]["accuracy"] for r in runs]
+        base = statistics.mean(r["curve"][0]["accuracy"] for r in runs)
+        mid_step = min((p["step"] for p in runs[0]["curve"]), key=lambda s: abs(s - runs[0]["steps"] / 2))
+        mid = statistics.mean(p["accuracy"] for r in runs for p in r["curve"] if p["step"] == mid_step)
+        settings = ", ".join(f"{k} {'/'.join(v) if isinstance(v, tuple) else v}" for k, v in VARIANTS[variant].items())
+        per_seed = " ".join(f"{a:.3f}" for a in last)
+        mean = statistics.mean(last)
+        lines.append(
+            f"{variant:<34} {settings or '(a job’s defaults)':<44} {per_seed:<22} {mean:>6.3f} "
+            f"{100 * (mean - base):>+6.1f} {f'{mid:.3f} @{mid_step}':>12}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    data_dir = args.data_dir or task_data_dir()
+    check_pools(data_dir, [args.task], args)
+    files = sample_task(args.task, data_dir, args.out, args)
+    variants, seeds = args.variants.split(","), [int(s) for s in args.seeds.split(",")]
+    results_dir = args.out / "results"
+    done = {(r["variant"], r["seed"]) for r in read_results(results_dir)}
+    common = {
+        "model": str(args.model),
+        "task": args.task,
+        "files": {k: str(v) for k, v in files.items()},
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "seq_len": args.seq_len,
+        "device": args.device,
+        "threads": args.threads,
+    }
+    jobs = [
+        common | {"variant": v, "seed": s, "out": str(args.out / "runs" / f"{v}-seed{s}")}
+        for v in variants
+        for s in seeds
+        if (v, s) not in done
+    ]
+    print(f"{len(jobs)} runs to go ({len(done)} finished before)", file=sys.stderr, flush=True)
+    begin = time.perf_counter()
+    pool = multiprocessing.get_context("spawn").Pool(args.workers) if args.workers > 1 else None
+    try:
+        for result in pool.imap_unordered(run_one, jobs) if pool else map(run_one, jobs):
+            name = f"{result['variant']}-seed{result['seed']}.json"
+            atomic_write_bytes(results_dir / name, (json.dumps(result, indent=2) + "\n").encode())
+            curve = " ".join(f"{p['accuracy']:.3f}" for p in result["curve"])
+            print(f"  {result['variant']} seed {result['seed']}: {curve}", file=sys.stderr, flush=True)
+            if args.deadline is not None and time.perf_counter() - begin > args.deadline:
+                print("deadline: no more runs started", file=sys.stderr)
+                break
+    finally:
+        if pool:
+            pool.terminate()
+    print(table(read_results(results_dir), variants))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
