@@ -8,7 +8,7 @@ few ``mobizo train`` settings (``VARIANTS``); every run is ``shared.train.train`
 benchmark's seeded sample of the task (``benchmarks.accuracy.sample_task``: 1,000 training examples, and the test
 set), scored on the test set every ``--eval-every`` steps. The table gives the test accuracy of each seed's LAST
 step (the adapter a job returns, with no step chosen by a held-out set), the mean over seeds and its gain over the
-base model (step 0), and the mean at the middle of the run.
+base model (step 0), and the mean at the middle of the run; ``OUT/last-step.png`` draws the last-step figures.
 
 Runs go ``--workers`` at a time, each a process (``--threads`` torch threads each; on a GPU several processes keep
 it busier than one). A run's result is a file of ``OUT/results/``, written when it finishes; runs checkpoint
@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--workers", type=int, default=1, help="runs at a time, each in its own process (1: in this process)")
     add("--threads", type=int, default=1, help="torch CPU threads of each run")
     add("--deadline", type=float, metavar="S", help="start no run after S seconds")
+    add("--no-plot", action="store_true", help="skip OUT/last-step.png")
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
     if unknown:
@@ -148,6 +149,41 @@ def table(results: list[dict[str, Any]], variants: list[str]) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict[str, Any]], variants: list[str], path: Path) -> None:
+    """Each variant's last-step test accuracy per seed (dots) and their mean (a bar), best mean on top, beside the
+    defaults' mean and the base model's accuracy + 25 points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for variant in variants:
+        runs = [r for r in results if r["variant"] == variant]
+        if runs:
+            last = [r["curve"][-1]["accuracy"] for r in runs]
+            label = variant if runs[0]["steps"] == 200 else f"{variant} ({runs[0]['steps']:,} steps)"
+            rows.append((statistics.mean(last), label, last, runs[0]["curve"][0]["accuracy"]))
+    rows.sort()
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.4))
+    for y, (mean, label, last, _) in enumerate(rows):
+        ax.barh(y, mean, color="tab:blue" if label != "defaults" else "tab:orange", alpha=0.35)
+        ax.plot(last, [y] * len(last), "k.", markersize=6)
+    base = statistics.mean(r[3] for r in rows)
+    ax.axvline(base + 0.25, color="tab:red", linestyle="--", label=f"base model + 25 points ({base + 0.25:.3f})")
+    for mean, label, _, _ in rows:
+        if label == "defaults":
+            ax.axvline(mean, color="tab:orange", label=f"the defaults' mean ({mean:.3f})")
+    ax.set_yticks(range(len(rows)), [r[1] for r in rows], fontsize=8)
+    ax.set_xlim(base, max(max(r[2]) for r in rows) + 0.04)
+    ax.set_xlabel(f"test accuracy at the last step (dots: run seeds; bars: their mean; base model {base:.3f})")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    buffer = path.with_suffix(".tmp.png")
+    fig.savefig(buffer, dpi=100)
+    buffer.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     data_dir = args.data_dir or task_data_dir()
@@ -187,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if pool:
             pool.terminate()
-    print(table(read_results(results_dir), variants))
+    results = read_results(results_dir)
+    if not args.no_plot and results:
+        plot(results, variants, args.out / "last-step.png")
+    print(table(results, variants))
     return 0
 
 

@@ -50,6 +50,7 @@ def test_variants_over_seeds_run_resume_and_tabulate(tiny_model_dir: Path, tmp_p
     assert (ran["rank-2-lr-6e-2"]["rank"], ran["rank-2-lr-6e-2"]["lr"]) == (2, 6e-2)
     assert ran["rank-2-lr-6e-2"]["eps"] == job.eps
     table = capsys.readouterr().out
+    assert (out / "last-step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Started again with one run gone (its result and its checkpoints): only that run is repeated, in this process
     # instead of a worker's, and it ends on the same curve.
