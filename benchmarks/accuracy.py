@@ -61,7 +61,7 @@ from shared.backends import OBJECTIVES, OPTIMIZERS, QUANTIZATIONS
 from shared.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from shared.data import load_examples, read_jsonl
 from shared.evaluate import evaluate
-from shared.files import atomic_dir, atomic_write_bytes
+from shared.files import atomic_dir, atomic_write, atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame
 from shared.lora import inject_lora
 from shared.schedule import SCHEDULES
@@ -526,9 +526,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     title = f"{Path(results['model']).name}: batch {results['batch_size']}, {how} ({results['device']})"
     fig.suptitle(textwrap.fill(title, 50 * len(tasks)), fontsize=10)  # about what a column's width holds
     fig.tight_layout()
-    buffer = path.with_suffix(".tmp.png")
-    fig.savefig(buffer, dpi=100)
-    buffer.replace(path)
+    atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
 
 
 def main(argv: list[str] | None = None) -> int:

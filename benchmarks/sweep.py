@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.accuracy import TASK_FILES, check_pools, sample_task
-from shared.files import atomic_write_bytes
+from shared.files import atomic_write, atomic_write_bytes
 from shared.tasks import task_data_dir
 
 # The job's defaults for a classification task (the rest come from shared.defaults.CLASSIFICATION).
@@ -179,9 +179,7 @@ def plot(results: list[dict[str, Any]], variants: list[str], path: Path) -> None
     ax.set_xlabel(f"test accuracy at the last step (dots: run seeds; bars: their mean; base model {base:.3f})")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    buffer = path.with_suffix(".tmp.png")
-    fig.savefig(buffer, dpi=100)
-    buffer.replace(path)
+    atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
 
 
 def main(argv: list[str] | None = None) -> int:
