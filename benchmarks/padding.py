@@ -10,8 +10,8 @@ B; within float32 rounding, as the cut columns are padding in every row).
 ``--baseline FILE.pte`` adds a third way: another program of the same config, run at ``seq_len`` in the same
 rounds (``benchmarks.export_time --keep``'s ``sdpa.pte`` is the step as it was before the additive mask and the
 fitted width: Hugging Face's layers, torch's SDPA, every row at ``seq_len``). The table then gives what a step of
-today's program at its batch's longest row costs against that baseline; a job of the same steps pays that ratio in
-device-seconds, as both take the same steps to within rounding (their losses' agreement is printed too).
+today's program at its batch's longest row costs against that baseline. Where the two take the same steps (float32
+programs agree to rounding; the agreement of their losses is printed), a job pays that ratio in device-seconds.
 
     mobizo export --model runs/smollm2 --task sst2 --q 4 --batch-size 16 --seq-len 64 --out runs/pad/p.pte
     python -m benchmarks.padding --program runs/pad/p.pte --steps 20 --repeats 3
