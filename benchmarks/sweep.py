@@ -13,7 +13,8 @@ base model (step 0), and the mean at the middle of the run; ``OUT/last-step.png`
 Runs go ``--workers`` at a time, each a process (``--threads`` torch threads each; on a GPU several processes keep
 it busier than one). A run's result is a file of ``OUT/results/``, written when it finishes; runs checkpoint
 every ``--eval-every`` steps, so the same command, started again, skips the finished runs and continues the others.
-``--deadline S`` stops starting runs after S seconds (the table then holds the runs that finished).
+``--deadline S`` stops once a run finishes past S seconds: the runs still going are stopped (the same command
+continues them from their checkpoints), and the table holds the runs that finished.
 
     python -m benchmarks.sweep --model DIR --data-dir DATA --device cuda --workers 8 --out runs/sweep
     python -m benchmarks.sweep --model DIR --data-dir DATA --variants defaults,long-lr-2e-2 --seeds 0 --out runs/sw
@@ -76,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="cpu", help="cpu or cuda")
     add("--workers", type=int, default=1, help="runs at a time, each in its own process (1: in this process)")
     add("--threads", type=int, default=1, help="torch CPU threads of each run")
-    add("--deadline", type=float, metavar="S", help="start no run after S seconds")
+    add("--deadline", type=float, metavar="S", help="stop once a run ends past S seconds (a rerun resumes the rest)")
     add("--no-plot", action="store_true", help="skip OUT/last-step.png")
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
