@@ -1,4 +1,4 @@
-"""The Llama decoder's RMSNorm and attention, written so that XNNPACK takes a whole layer at any width.
+"""The Llama decoder's RMSNorm, attention and MLP, written so that XNNPACK takes a whole layer at any width.
 
 A program's ``forward`` and ``evaluate`` take any number of columns (a symbolic width, ``ProgramConfig.widths``).
 XNNPACK's partitioner refuses, at such a width, a reshape with more than one size it cannot state as a number, any
@@ -13,6 +13,10 @@ Here the same mathematics avoids them:
   global average pooling) instead of the last one of ``(rows, width, hidden)``: the same 1/hidden sum.
 - ``rotate_half(x)`` is ``x @ R``, R a constant signed permutation (``linear``, which XNNPACK takes): each output
   is one input, negated or not, plus zeros, so the product is exact on any kernel.
+- Every projection (attention's and the MLP's, and a LoRA term's A) takes a ``(rows * width, features)`` matrix,
+  not a ``(rows, width, features)`` tensor: the same products, but a 2-D ``linear`` is one ``mm`` where a 3-D one
+  is ``matmul``'s folding, which each of the export's re-traces with a symbolic width recomputes in Python (a
+  fifth of a float32 export's time, ``benchmarks/export_time.py``).
 - Grouped-query attention folds each key head's query heads into the rows of one ``bmm``: queries
   ``(rows * kv_heads, groups * width, head_dim)`` against keys ``(rows * kv_heads, width, head_dim)``, so no key
   or value is repeated; every reshape leaves one size to infer (``-1``). The additive mask is laid out the same way
@@ -76,9 +80,10 @@ def attention_forward(self, hidden_states, position_embeddings=None, attention_m
         return type(self).forward(self, hidden_states, position_embeddings, attention_mask, *args, **kwargs)
     rows, head_dim = hidden_states.shape[0], self.head_dim
     heads, kv_heads = self.config.num_attention_heads, self.config.num_key_value_heads
-    query = self.q_proj(hidden_states).reshape(rows, -1, heads, head_dim).transpose(1, 2)
-    key = self.k_proj(hidden_states).reshape(rows, -1, kv_heads, head_dim).transpose(1, 2)
-    value = self.v_proj(hidden_states).reshape(rows, -1, kv_heads, head_dim).transpose(1, 2)
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])  # (rows * width, hidden): 2-D projections
+    query = self.q_proj(flat).reshape(rows, -1, heads, head_dim).transpose(1, 2)
+    key = self.k_proj(flat).reshape(rows, -1, kv_heads, head_dim).transpose(1, 2)
+    value = self.v_proj(flat).reshape(rows, -1, kv_heads, head_dim).transpose(1, 2)
     cos, sin = (t.reshape(rows, 1, -1, head_dim) for t in position_embeddings)
     query = query * cos + nn.functional.linear(query, getattr(self, ROTATION)) * sin
     key = key * cos + nn.functional.linear(key, getattr(self, ROTATION)) * sin
@@ -91,18 +96,28 @@ def attention_forward(self, hidden_states, position_embeddings=None, attention_m
         scores = scores + _folded_mask(attention_mask, rows, kv_heads, heads // kv_heads)
     probs = torch.softmax(scores, dim=-1)
     output = torch.bmm(probs, value.reshape(rows * kv_heads, -1, head_dim))
-    output = output.reshape(rows, heads, -1, head_dim).transpose(1, 2).reshape(rows, -1, heads * head_dim)
-    return self.o_proj(output), None
+    output = output.reshape(rows, heads, -1, head_dim).transpose(1, 2).reshape(-1, heads * head_dim)
+    output = self.o_proj(output)
+    return output.reshape(rows, -1, output.shape[-1]), None
+
+
+def mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's LlamaMLP on the ``(rows * width, hidden)`` matrix of ``x``."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = self.down_proj(self.act_fn(self.gate_proj(flat)) * self.up_proj(flat))
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def fold_llama_layers(model: nn.Module) -> nn.Module:
-    """Give every Llama RMSNorm and attention of ``model`` the forwards above (in place) → the model."""
-    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRMSNorm
+    """Give every Llama RMSNorm, attention and MLP of ``model`` the forwards above (in place) → the model."""
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 
     weights: dict[tuple, torch.Tensor] = {}  # one tensor, shared by every layer
     for module in model.modules():
         if type(module) is LlamaRMSNorm:
             module.forward = types.MethodType(rms_norm_forward, module)
+        elif type(module) is LlamaMLP:
+            module.forward = types.MethodType(mlp_forward, module)
         elif type(module) is LlamaAttention:
             like = module.q_proj.weight
             key = (module.head_dim, like.dtype, like.device)
@@ -117,6 +132,6 @@ def unfold_llama_layers(model: nn.Module) -> nn.Module:
     """Hugging Face's own forwards again (in place; the benchmarks' comparison) → the model."""
     for module in model.modules():
         if isinstance(getattr(module, "forward", None), types.MethodType) and "forward" in vars(module):
-            if module.forward.__func__ in (rms_norm_forward, attention_forward):
+            if module.forward.__func__ in (rms_norm_forward, attention_forward, mlp_forward):
                 del module.forward
     return model
