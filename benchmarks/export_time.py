@@ -11,17 +11,21 @@ peak RSS is that export's own), through the stages of ``shared.lowering``:
 
 ``shipped`` runs the stages as ``export_program`` does; ``plain`` runs lower and emit without
 ``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``executorch-edge``
-decomposes each method twice as ExecuTorch's own edge path does (functionalized first) instead of
-once (``shared.lowering._decomposed_once``), and must give the same bytes too; ``hf-layers`` is ``shipped``
-with Hugging Face's own Llama norm and attention in place of ``shared.layers``' (the layer XNNPACK takes whole);
-``sdpa`` is ``hf-layers`` with torch's scaled_dot_product_attention in place of the additive-mask attention
-(``shared.hf_models.ATTENTION``). Each prints the graph's node count per method, the XNNPACK partitions per
-method, the peak RSS (overall and by the end of each stage), and the sha256 of the ``.pte`` and the ``.ptd``:
-``shipped`` and ``plain`` must be the same bytes. ``--keep DIR`` keeps each program (``VARIANT.pte`` and its
-manifest), for ``benchmarks.program_profile`` to time their steps side by side.
+decomposes each method twice as ExecuTorch's own edge path does (functionalized first) instead of once
+(``shared.lowering._decomposed_once``), and must give the same bytes too; ``hf-layers`` is ``shipped`` with Hugging
+Face's own Llama norm, attention and MLP in place of ``shared.layers``' (the layer XNNPACK takes whole); ``sdpa`` is
+``hf-layers`` with torch's scaled_dot_product_attention in place of the additive-mask attention
+(``shared.hf_models.ATTENTION``); ``one-process`` is ``shipped`` with every method lowered in the export's own
+process (``MOBIZO_LOWERING_PROCESSES=1``) where ``shipped`` lowers some in a second one on a machine of two CPUs or
+more (``shared.lowering.lowering_processes``), and must give the same bytes. Each prints the graph's node count per
+method, the XNNPACK partitions per method, the peak RSS (overall and by the end of each stage), the peak PSS of the
+export's processes together (sampled every 0.2 s: what the export holds when its lowering runs in two processes),
+and the sha256 of the ``.pte`` and the ``.ptd``: ``shipped`` and ``plain`` must be the same bytes. ``--keep DIR``
+keeps each program (``VARIANT.pte`` and its manifest), for ``benchmarks.program_profile`` to time their steps side
+by side.
 
     python -m benchmarks.export_time --model DIR [--q 4] [--batch-size 16] [--seq-len 64] [--quantize none|8da4w]
-        [--variants shipped plain executorch-edge hf-layers sdpa] [--keep DIR]
+        [--variants shipped plain one-process executorch-edge hf-layers sdpa] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing as mp
+import os
 import resource
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-VARIANTS = ("shipped", "plain", "executorch-edge", "hf-layers", "sdpa")
+VARIANTS = ("shipped", "plain", "one-process", "executorch-edge", "hf-layers", "sdpa")
+SAME_BYTES = ("shipped", "plain", "one-process", "executorch-edge")  # variants that must emit the same program
 STAGES = ("build", "trace", "lower", "emit", "store")
 
 
@@ -63,6 +70,8 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
         peaks[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         clock = now
 
+    if variant == "one-process":
+        os.environ[lowering.LOWERING_PROCESSES_ENV] = "1"
     if variant == "executorch-edge":  # ExecuTorch's own edge path: functionalize, then decompose
         lowering._kept_whole = lambda programs, partitioner: None
     model, tokenizer = load_model(Path(model_dir), "float32")
@@ -103,6 +112,37 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
     )
 
 
+def _tree_pss_kb(pid: int) -> int:
+    """Proportional set size of ``pid`` and its descendants together, in kB (pages they share counted once)."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as file:
+            total += next((int(line.split()[1]) for line in file if line.startswith("Pss:")), 0)
+        with open(f"/proc/{pid}/task/{pid}/children") as file:
+            children = [int(child) for child in file.read().split()]
+    except OSError:  # exited meanwhile
+        return total
+    return total + sum(_tree_pss_kb(child) for child in children)
+
+
+class PeakPss:
+    """The peak of ``_tree_pss_kb(pid)``, sampled every ``every_s`` seconds in a thread until ``stop()`` → MB."""
+
+    def __init__(self, pid: int, every_s: float = 0.2) -> None:
+        self.peak_kb, self._done = 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(pid, every_s), daemon=True)
+        self._thread.start()
+
+    def _sample(self, pid: int, every_s: float) -> None:
+        while not self._done.wait(every_s):
+            self.peak_kb = max(self.peak_kb, _tree_pss_kb(pid))
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return self.peak_kb / 1024
+
+
 def export_measured(model_dir: Path, cfg, variant: str, keep: Path | None) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -111,8 +151,10 @@ def export_measured(model_dir: Path, cfg, variant: str, keep: Path | None) -> di
         out_dir.mkdir(parents=True, exist_ok=True)
         proc = ctx.Process(target=_export_child, args=(str(model_dir), cfg, variant, str(out_dir), queue))
         proc.start()
+        pss = PeakPss(proc.pid)
         info = queue.get()
         proc.join()
+        info["peak_pss_mb"] = pss.stop()
     return info
 
 
@@ -123,6 +165,7 @@ def print_table(rows: list[dict]) -> None:
         print(f"| {stage} s | " + " | ".join(f"{row['seconds'][stage]:.1f}" for row in rows) + " |")
     print("| **total s** | " + " | ".join(f"**{row['total_s']:.1f}**" for row in rows) + " |")
     print("| peak RSS MB | " + " | ".join(f"{row['peak_rss_mb']:,.0f}" for row in rows) + " |")
+    print("| peak PSS MB, all processes | " + " | ".join(f"{row['peak_pss_mb']:,.0f}" for row in rows) + " |")
     for stage in STAGES:
         peaks = " | ".join(f"{row['peak_by_stage_mb'][stage]:,.0f}" for row in rows)
         print(f"| peak RSS MB by the end of {stage} | {peaks} |")
@@ -133,11 +176,11 @@ def print_table(rows: list[dict]) -> None:
     print("| .pte sha256 | " + " | ".join(row["pte_sha256"][:16] for row in rows) + " |")
     print("| .ptd sha256 | " + " | ".join(row["ptd_sha256"][:16] for row in rows) + " |")
     if _differ(rows):
-        print("THE PROGRAMS DIFFER: a bookkeeping cut or the one decomposition changed the program")
+        print("THE PROGRAMS DIFFER: a bookkeeping cut, the one decomposition or the second process changed the program")
 
 
 def _differ(rows: list[dict]) -> bool:
-    same = [row for row in rows if row["variant"] in ("shipped", "plain", "executorch-edge")]
+    same = [row for row in rows if row["variant"] in SAME_BYTES]
     return len({(row["pte_sha256"], row["ptd_sha256"]) for row in same}) > 1
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from shared.manifest import ProgramFile
 from shared.ptd import WEIGHTS_TAG, store_weights
 
 # method name -> (example inputs, dynamic shapes of those inputs or None)
+log = logging.getLogger(__name__)
 Methods = dict[str, tuple[tuple, Any]]
 WeightsTag = Callable[[torch.fx.Node], str | None]
 
@@ -464,6 +466,9 @@ def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeepi
     with bookkeeping():
         kept = _kept_whole(programs, partitioner)
         if kept is not None:
+            apart = _methods_apart(programs) if lowering_processes() > 1 else []
+            if apart:
+                return _lowered_in_two_processes(programs, partitioner, passes, kept, apart)
             return _decomposed_once(programs, partitioner, passes, kept)
         return to_edge_transform_and_lower(
             programs, transform_passes=passes, partitioner=partitioner, compile_config=edge_config()
@@ -507,6 +512,167 @@ def _decomposed_once(programs: dict, partitioner: list, passes: list, kept: list
     for name, program in edge._edge_programs.items():
         _sanity_check_graph_for_non_decomp_ops(name, program, kept, None, generate_error=True)
     return edge
+
+
+LOWERING_PROCESSES_ENV = "MOBIZO_LOWERING_PROCESSES"
+
+
+def lowering_processes() -> int:
+    """How many processes lower a program's methods: two where this process may run on two CPUs or more (``fork``
+    exists), one otherwise; ``MOBIZO_LOWERING_PROCESSES=1`` keeps the lowering in this process."""
+    configured = os.environ.get(LOWERING_PROCESSES_ENV, "").strip()
+    if configured:
+        return 1 if configured == "1" else 2
+    if not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity"):
+        return 1
+    return min(2, len(os.sched_getaffinity(0)))
+
+
+def _methods_apart(programs: dict) -> list[str]:
+    """The methods a second process lowers: the two sides' nodes balanced, the largest method staying here; none
+    where there is a single method or the second side would get next to nothing."""
+    sizes = {name: len(program.graph.nodes) for name, program in programs.items()}
+    here, there, apart = 0, 0, []
+    for name in sorted(sizes, key=lambda n: -sizes[n]):
+        if here <= there:
+            here += sizes[name]
+        else:
+            there += sizes[name]
+            apart.append(name)
+    return apart if there >= 0.25 * (here + there) else []
+
+
+def _lowered_in_two_processes(programs: dict, partitioner: list, passes: list, kept: list, apart: list[str]):
+    """``_decomposed_once`` of ``programs`` with the methods ``apart`` lowered at the same time in a forked process:
+    the lowering is Python bound, one core's work a method, and the methods are independent until the program is
+    emitted. The child sends its lowered methods back through ExecuTorch's serialization of edge programs with
+    delegates (``exir.serde``), without their weights (``_weights_out``, ``_weights_back``): the parent holds the same
+    tensors, and the same XNNPACK blobs from its own methods. The emitted program's bytes are those of one process
+    (``benchmarks/export_time.py``, ``tests/shared/test_lowering.py``). Where the child fails, or its weights are not
+    all found here, this process lowers those methods itself."""
+    import pickle
+    import sys
+    import tempfile
+    import traceback
+
+    from executorch.exir.program._program import EdgeProgramManager
+
+    fd, path = tempfile.mkstemp(prefix="mobizo-lowered-", suffix=".pickle")
+    os.close(fd)
+    pid = os.fork()
+    if pid == 0:  # the child: lower, write, exit without running the parent's cleanup
+        code = 1
+        try:
+            torch.set_num_threads(1)  # OpenMP's threads do not survive a fork (as in DataLoader's workers)
+            edge = _decomposed_once({name: programs[name] for name in apart}, partitioner, passes, kept)
+            sent = {name: _weights_out(edge.exported_program(name), programs[name]) for name in apart}
+            with open(path, "wb") as file:
+                pickle.dump(sent, file, protocol=pickle.HIGHEST_PROTOCOL)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    try:
+        here = _decomposed_once({n: p for n, p in programs.items() if n not in apart}, partitioner, passes, kept)
+        _, status = os.waitpid(pid, 0)
+        lowered = None
+        if status == 0:
+            with open(path, "rb") as file:
+                sent = pickle.load(file)
+            lowered = _weights_back(sent, programs, here)
+    finally:
+        os.unlink(path)
+    if lowered is None:
+        log.warning("lowering %s in a second process failed (above) or its weights differ: lowering here", apart)
+        lowered = _decomposed_once({name: programs[name] for name in apart}, partitioner, passes, kept)
+        lowered = {name: lowered.exported_program(name) for name in apart}
+    edge = {name: lowered[name] if name in apart else here.exported_program(name) for name in programs}
+    return EdgeProgramManager(edge, here._config_methods, edge_config())
+
+
+def _lowered_modules(program) -> list:
+    """The backend-lowered modules a method calls, in the order of its graph."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    return [m for m in program.graph_module.children() if isinstance(m, LoweredBackendModule)]
+
+
+def _weights_out(program, traced) -> tuple:
+    """A lowered method to send to another process: its serialized form with every weight left out that the
+    receiver holds too, i.e. each delegate's named-data blob (the receiver's own methods hold the same, under the
+    same key) and each parameter or constant of a delegate's original program that is a tensor of ``traced`` (the
+    method as traced, before the fork), sent as its name → (artifact, blobs' keys and sha256, tensors' names)."""
+    import hashlib
+
+    from executorch.exir.serde.serialize import serialize
+
+    ours = {id(t): name for name, t in (*traced.state_dict.items(), *traced.constants.items())}
+    blobs, tensors = [], []
+    for index, module in enumerate(_lowered_modules(program)):
+        store = module.named_data_store_output
+        if store is not None:
+            keys = {entry.buffer_index: key for key, entry in _data_entries(store)}
+            for i, buffer in enumerate(store.buffers):
+                if isinstance(buffer, bytes) and i in keys:
+                    blobs.append((index, i, keys[i], hashlib.sha256(buffer).hexdigest()))
+                    store.buffers[i] = b""
+        original = module.original_module
+        for table in (original.state_dict, original.constants):
+            for name, value in table.items():
+                if isinstance(value, torch.Tensor) and id(value) in ours:
+                    tensors.append((index, name, ours[id(value)]))
+                    table[name] = torch.zeros((), dtype=value.dtype).expand(value.shape)
+    return serialize(program), blobs, tensors
+
+
+def _data_entries(store) -> list:
+    """(key, entry) of every datum of a delegate's named-data store, in the .pte or in a data file."""
+    return [*store.pte_data.items(), *(item for data in store.external_data.values() for item in data.items())]
+
+
+def _weights_back(sent: dict, traced: dict, here) -> dict | None:
+    """The methods ``_weights_out`` sent, their weights put back from this process (``traced``: the methods as
+    traced; ``here``: the methods lowered here) → name → program; None where one is not found or differs."""
+    import hashlib
+
+    from executorch.exir.serde.serialize import deserialize
+
+    held = {}  # key -> blob, from the delegates lowered here
+    for name in here.methods:
+        for module in _lowered_modules(here.exported_program(name)):
+            store = module.named_data_store_output
+            if store is not None:
+                for key, entry in _data_entries(store):
+                    held.setdefault(key, store.buffers[entry.buffer_index])
+    ours = {}
+    for program in traced.values():
+        ours.update(program.state_dict)
+        ours.update(program.constants)
+    serde_log = logging.getLogger("executorch.exir.serde.export_serialize")
+    level = serde_log.level
+    serde_log.setLevel(logging.ERROR)  # "symbol ... did not appear": the width's symbol, unused by a small method
+    try:
+        out = {}
+        for name, (artifact, blobs, tensors) in sent.items():
+            program = deserialize(artifact)
+            modules = _lowered_modules(program)
+            for index, i, key, digest in blobs:
+                blob = held.get(key)
+                if blob is None or hashlib.sha256(blob).hexdigest() != digest:
+                    return None
+                modules[index].named_data_store_output.buffers[i] = blob
+            for index, tensor_name, our_name in tensors:
+                original = modules[index].original_module
+                table = original.state_dict if tensor_name in original.state_dict else original.constants
+                if our_name not in ours or ours[our_name].shape != table[tensor_name].shape:
+                    return None
+                table[tensor_name] = ours[our_name]
+            out[name] = program
+        return out
+    finally:
+        serde_log.setLevel(level)
 
 
 def emit(edge, weights_tag: WeightsTag, zero_buffers: Iterable[str] = (), bookkeeping: Callable = less_bookkeeping):
