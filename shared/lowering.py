@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shared import memory
 from shared.layers import ROTATION
 from shared.manifest import ProgramFile
 from shared.ptd import WEIGHTS_TAG, store_weights
@@ -518,14 +519,17 @@ LOWERING_PROCESSES_ENV = "MOBIZO_LOWERING_PROCESSES"
 
 
 def lowering_processes() -> int:
-    """How many processes lower a program's methods: two where this process may run on two CPUs or more (``fork``
-    exists), one otherwise; ``MOBIZO_LOWERING_PROCESSES=1`` keeps the lowering in this process."""
+    """How many processes lower a program's methods: two where this process may run on two CPUs or more (and
+    ``fork`` exists) and the memory available is at least twice this process's peak so far (a second process's
+    lowering adds up to about two thirds of it: SmolLM2's 8da4w program, ``benchmarks/export_time.py``), one
+    otherwise. ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
     configured = os.environ.get(LOWERING_PROCESSES_ENV, "").strip()
     if configured:
         return 1 if configured == "1" else 2
-    if not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity"):
+    if not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
         return 1
-    return min(2, len(os.sched_getaffinity(0)))
+    available = memory.free_memory_mb()
+    return 2 if available is not None and available >= 2 * memory.peak_rss_mb() else 1
 
 
 def _methods_apart(programs: dict) -> list[str]:
@@ -551,45 +555,63 @@ def _lowered_in_two_processes(programs: dict, partitioner: list, passes: list, k
     (``benchmarks/export_time.py``, ``tests/shared/test_lowering.py``). Where the child fails, or its weights are not
     all found here, this process lowers those methods itself."""
     import pickle
+    import signal
     import sys
     import tempfile
     import traceback
 
     from executorch.exir.program._program import EdgeProgramManager
 
-    fd, path = tempfile.mkstemp(prefix="mobizo-lowered-", suffix=".pickle")
-    os.close(fd)
-    pid = os.fork()
-    if pid == 0:  # the child: lower, write, exit without running the parent's cleanup
-        code = 1
-        try:
-            torch.set_num_threads(1)  # OpenMP's threads do not survive a fork (as in DataLoader's workers)
-            edge = _decomposed_once({name: programs[name] for name in apart}, partitioner, passes, kept)
-            sent = {name: _weights_out(edge.exported_program(name), programs[name]) for name in apart}
-            with open(path, "wb") as file:
+    parent = os.getpid()
+    with tempfile.TemporaryFile(prefix="mobizo-lowered-") as file:  # no name: nothing left behind by a kill
+        pid = os.fork()
+        if pid == 0:  # the child: lower, write, exit without running the parent's cleanup
+            code = 1
+            try:
+                _die_with(parent)
+                torch.set_num_threads(1)  # OpenMP's threads do not survive a fork (as in DataLoader's workers)
+                edge = _decomposed_once({name: programs[name] for name in apart}, partitioner, passes, kept)
+                sent = {name: _weights_out(edge.exported_program(name), programs[name]) for name in apart}
                 pickle.dump(sent, file, protocol=pickle.HIGHEST_PROTOCOL)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
+                file.flush()
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        status = None
+        try:
+            here = _decomposed_once({n: p for n, p in programs.items() if n not in apart}, partitioner, passes, kept)
+            _, status = os.waitpid(pid, 0)
         finally:
-            sys.stderr.flush()
-            os._exit(code)
-    try:
-        here = _decomposed_once({n: p for n, p in programs.items() if n not in apart}, partitioner, passes, kept)
-        _, status = os.waitpid(pid, 0)
+            if status is None:  # this process's own lowering failed: stop the child
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
         lowered = None
         if status == 0:
-            with open(path, "rb") as file:
-                sent = pickle.load(file)
-            lowered = _weights_back(sent, programs, here)
-    finally:
-        os.unlink(path)
+            file.seek(0)
+            lowered = _weights_back(pickle.load(file), programs, here)
     if lowered is None:
         log.warning("lowering %s in a second process failed (above) or its weights differ: lowering here", apart)
         lowered = _decomposed_once({name: programs[name] for name in apart}, partitioner, passes, kept)
         lowered = {name: lowered.exported_program(name) for name in apart}
     edge = {name: lowered[name] if name in apart else here.exported_program(name) for name in programs}
     return EdgeProgramManager(edge, here._config_methods, edge_config())
+
+
+def _die_with(parent: int) -> None:
+    """In a forked child: be killed when the process that forked it dies (Linux's parent-death signal), so that a
+    compile worker killed for its timeout leaves no lowering behind."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the child ends with its lowering
+        return
+    if os.getppid() != parent:  # the parent died before the signal was asked for
+        os._exit(1)
 
 
 def _lowered_modules(program) -> list:

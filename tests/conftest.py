@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Exports lower every method in their own process: the suite's two workers already use both cores (a second lowering
+# process each would only contend for them). tests/shared/test_lowering.py turns the second process on where it
+# tests it, and the benchmark compares the two (benchmarks/export_time.py).
+os.environ.setdefault("MOBIZO_LOWERING_PROCESSES", "1")
 
 # The longest modules, longest first (CI's --durations: SmolLM2 learning, the demo, the 8da4w and schedule exports),
 # then every module with a slow test, then the rest in collection order. pytest-xdist deals whole modules to its two

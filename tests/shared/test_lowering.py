@@ -127,6 +127,74 @@ def test_a_weight_two_methods_use_is_held_once_in_memory() -> None:
     assert not any(a is b for a, b in plain_held.values()) and all(a == b for a, b in plain_held.values())
 
 
+def test_methods_lowered_in_a_second_process_make_the_program_of_one(monkeypatch) -> None:
+    """With two processes a forked one lowers the methods of its share (here ``evaluate``) and sends them back
+    without their weights: neither XNNPACK's blobs nor the delegates' tensors travel, this process puts back its
+    own (the very blob objects its ``forward`` holds), and the program's bytes are those of one process."""
+    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "1")
+    one, _ = _stored_weights(lowering.less_bookkeeping)
+    back = []
+    weights_back = lowering._weights_back
+
+    def spy(sent, traced, here):
+        back.append((sent, weights_back(sent, traced, here)))
+        return back[-1][1]
+
+    monkeypatch.setattr(lowering, "_weights_back", spy)
+    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "2")
+    two, held = _stored_weights(lowering.less_bookkeeping)
+    ((sent, lowered),) = back
+    assert list(sent) == ["evaluate"] and lowered is not None  # lowered there, every weight found here
+    _, blobs, tensors = sent["evaluate"]
+    assert len(blobs) == len(tensors) == 4  # two weights and two biases, none of them sent
+    assert two == one
+    assert len(held) == 4 and all(a is b for a, b in held.values())
+
+
+def test_a_failed_second_process_leaves_its_methods_to_this_one(monkeypatch, caplog) -> None:
+    """Where the forked process fails, this one lowers its methods itself, says so, and emits the same program."""
+    import logging
+
+    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "1")
+    one, _ = _stored_weights(lowering.less_bookkeeping)
+
+    def fails(program, traced):
+        raise RuntimeError("the second process fails (a test)")
+
+    monkeypatch.setattr(lowering, "_weights_out", fails)
+    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "2")
+    with caplog.at_level(logging.WARNING, logger=lowering.__name__):
+        two, _ = _stored_weights(lowering.less_bookkeeping)
+    assert "['evaluate'] in a second process failed" in caplog.text
+    assert two == one
+
+
+def test_the_second_process_gets_a_balanced_share_of_the_methods_or_none(monkeypatch) -> None:
+    """The largest method stays, each next one goes to the lighter side; a share under a quarter of the nodes is
+    not worth a process. One process where the environment says so, one CPU is there, or the memory available is
+    under twice this process's peak."""
+    from types import SimpleNamespace
+
+    def programs(**nodes):
+        return {name: SimpleNamespace(graph=SimpleNamespace(nodes=range(n))) for name, n in nodes.items()}
+
+    training = programs(forward=3323, get_lora_b=369, set_lora_b=371, evaluate=3000)  # SmolLM2's, in nodes
+    assert lowering._methods_apart(training) == ["evaluate", "set_lora_b"]
+    assert lowering._methods_apart(programs(forward=3323)) == []
+    assert lowering._methods_apart(programs(forward=3323, get_lora_b=369, set_lora_b=371)) == []
+    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "1")
+    assert lowering.lowering_processes() == 1
+    monkeypatch.delenv(lowering.LOWERING_PROCESSES_ENV)
+    monkeypatch.setattr(lowering.os, "sched_getaffinity", lambda pid: {0})
+    assert lowering.lowering_processes() == 1
+    monkeypatch.setattr(lowering.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(lowering.memory, "peak_rss_mb", lambda: 3000.0)
+    monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 6000)
+    assert lowering.lowering_processes() == 2
+    monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 5999)  # under twice this process's peak
+    assert lowering.lowering_processes() == 1
+
+
 class ScaledByWidth(nn.Module):
     """A linear whose output is scaled by the input's symbolic width: ``mul`` takes that size where its schema takes
     a tensor, which ExecuTorch's ``SymToTensorPass`` (one of the edge passes ``less_bookkeeping`` skips where they
