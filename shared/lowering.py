@@ -454,9 +454,10 @@ def inferred_sizes(graph_module: torch.fx.GraphModule):
     return PassResult(graph_module, changed)
 
 
-def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeeping):
+def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeeping, quantized: bool = False):
     """lower: to the edge dialect, XNNPACK taking what it supports (``bookkeeping``: the context the stage runs in;
-    the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves).
+    the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves; ``quantized``: the
+    methods' weights are quantized, which keeps them to one process unless told, ``lowering_processes``).
 
     Each method is decomposed once (``_decomposed_once``) where XNNPACK's partitioner needs no per-node check;
     otherwise ExecuTorch's ``to_edge_transform_and_lower`` decides, node by node, what to keep whole."""
@@ -467,7 +468,7 @@ def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeepi
     with bookkeeping():
         kept = _kept_whole(programs, partitioner)
         if kept is not None:
-            apart = _methods_apart(programs) if lowering_processes() > 1 else []
+            apart = _methods_apart(programs) if lowering_processes(quantized) > 1 else []
             if apart:
                 return _lowered_in_two_processes(programs, partitioner, passes, kept, apart)
             return _decomposed_once(programs, partitioner, passes, kept)
@@ -518,15 +519,19 @@ def _decomposed_once(programs: dict, partitioner: list, passes: list, kept: list
 LOWERING_PROCESSES_ENV = "MOBIZO_LOWERING_PROCESSES"
 
 
-def lowering_processes() -> int:
+def lowering_processes(quantized: bool = False) -> int:
     """How many processes lower a program's methods: two where this process may run on two CPUs or more (and
-    ``fork`` exists) and the memory available is at least twice this process's peak so far (a second process's
-    lowering adds up to about two thirds of it: SmolLM2's 8da4w program, ``benchmarks/export_time.py``), one
-    otherwise. ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
+    ``fork`` exists) and the memory available is at least twice this process's peak so far (a second process adds
+    about a fifth of it, SmolLM2's programs in ``benchmarks/export_time.py``), one otherwise, and one for a
+    ``quantized`` program: its weights are computed from the traced ones, so the second process sends them whole
+    (TinyLlama-1.1B's 8da4w export peaked at 15.5 GB in two processes, 7.1 GB in one). ``MOBIZO_LOWERING_PROCESSES``
+    (1 or 2) decides instead."""
     configured = os.environ.get(LOWERING_PROCESSES_ENV, "").strip()
     if configured:
         return 1 if configured == "1" else 2
-    if not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+    if quantized or not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity"):
+        return 1
+    if len(os.sched_getaffinity(0)) < 2:
         return 1
     available = memory.free_memory_mb()
     return 2 if available is not None and available >= 2 * memory.peak_rss_mb() else 1
@@ -728,7 +733,7 @@ def lower(
     ``weights_tag`` names what goes to the .ptd; ``tag_computed`` also tags values computed from frozen constants
     alone (quantized weights); ``zero_buffers`` (name substrings) are mutable buffers that start from zeros rather
     than whatever memory the runtime hands out."""
-    edge = to_edge(trace(module, methods, backend, weights_tag, tag_computed), backend)
+    edge = to_edge(trace(module, methods, backend, weights_tag, tag_computed), backend, quantized=tag_computed)
     return emit(edge, weights_tag, zero_buffers)
 
 

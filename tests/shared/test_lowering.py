@@ -171,8 +171,8 @@ def test_a_failed_second_process_leaves_its_methods_to_this_one(monkeypatch, cap
 
 def test_the_second_process_gets_a_balanced_share_of_the_methods_or_none(monkeypatch) -> None:
     """The largest method stays, each next one goes to the lighter side; a share under a quarter of the nodes is
-    not worth a process. One process where the environment says so, one CPU is there, or the memory available is
-    under twice this process's peak."""
+    not worth a process. One process where the environment says so, one CPU is there, the memory available is
+    under twice this process's peak, or the weights are quantized."""
     from types import SimpleNamespace
 
     def programs(**nodes):
@@ -191,8 +191,11 @@ def test_the_second_process_gets_a_balanced_share_of_the_methods_or_none(monkeyp
     monkeypatch.setattr(lowering.memory, "peak_rss_mb", lambda: 3000.0)
     monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 6000)
     assert lowering.lowering_processes() == 2
+    assert lowering.lowering_processes(quantized=True) == 1  # its computed weights would travel whole
     monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 5999)  # under twice this process's peak
     assert lowering.lowering_processes() == 1
+    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "2")
+    assert lowering.lowering_processes(quantized=True) == 2
 
 
 class ScaledByWidth(nn.Module):
