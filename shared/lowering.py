@@ -727,14 +727,26 @@ def lower(
     weights_tag: WeightsTag = frozen_weights_tag,
     tag_computed: bool = False,
     zero_buffers: Iterable[str] = (),
+    progress: Callable[[str], None] = lambda _: None,
 ):
     """trace → to_edge → emit: the ExecuTorch program manager of ``module``'s ``methods``.
 
     ``weights_tag`` names what goes to the .ptd; ``tag_computed`` also tags values computed from frozen constants
     alone (quantized weights); ``zero_buffers`` (name substrings) are mutable buffers that start from zeros rather
-    than whatever memory the runtime hands out."""
-    edge = to_edge(trace(module, methods, backend, weights_tag, tag_computed), backend, quantized=tag_computed)
-    return emit(edge, weights_tag, zero_buffers)
+    than whatever memory the runtime hands out; ``progress`` is told when each stage ends."""
+    import time
+
+    started = time.perf_counter()
+    programs = trace(module, methods, backend, weights_tag, tag_computed)
+    nodes = sum(len(program.graph.nodes) for program in programs.values())
+    progress(f"  traced {len(programs)} methods ({nodes:,} nodes) in {time.perf_counter() - started:.0f} s")
+    started = time.perf_counter()
+    edge = to_edge(programs, backend, quantized=tag_computed)
+    progress(f"  lowered to {backend} in {time.perf_counter() - started:.0f} s")
+    started = time.perf_counter()
+    manager = emit(edge, weights_tag, zero_buffers)
+    progress(f"  emitted in {time.perf_counter() - started:.0f} s")
+    return manager
 
 
 def planned_bytes(manager) -> dict[str, int]:

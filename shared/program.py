@@ -163,10 +163,13 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates, cfg.private, cfg.optimizer)
 
 
-def lower(step: nn.Module, cfg: ProgramConfig):
+def lower(step: nn.Module, cfg: ProgramConfig, progress=lambda _: None):
     """A step module (or a benchmark's module with ``example_inputs``) through the one pipeline
-    (``shared.lowering``): quantized weights are tagged with the values computed from them."""
-    return lowering.lower(step, step.example_inputs(cfg), cfg.backend, tag_computed=cfg.quantize != "none")
+    (``shared.lowering``): quantized weights are tagged with the values computed from them; ``progress`` is told
+    when each stage ends."""
+    return lowering.lower(
+        step, step.example_inputs(cfg), cfg.backend, tag_computed=cfg.quantize != "none", progress=progress
+    )
 
 
 def _adapter_b(init_adapter: Path, cfg: ProgramConfig, lora: list) -> torch.Tensor:
@@ -226,7 +229,7 @@ def export_program(
         f"exporting {cfg.q}x{cfg.examples_per_query} paths x2 ({cfg.parallel}), seq {cfg.seq_len}, "
         f"backend {cfg.backend}, base weights {cfg.quantize} ..."
     )
-    emitted = lowering.store(lower(step, cfg), out_pte, store, tokenizer)
+    emitted = lowering.store(lower(step, cfg, progress), out_pte, store, tokenizer)
     manifest = write_manifest(model_dir, cfg, step, emitted, out_pte, time.perf_counter() - started)
     if init_adapter is not None:
         manifest = start_from_adapter(out_pte, init_adapter)
