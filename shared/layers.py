@@ -15,8 +15,8 @@ Here the same mathematics avoids them:
   is one input, negated or not, plus zeros, so the product is exact on any kernel.
 - Every projection (attention's and the MLP's, and a LoRA term's A) takes a ``(rows * width, features)`` matrix,
   not a ``(rows, width, features)`` tensor: the same products, but a 2-D ``linear`` is one ``mm`` where a 3-D one
-  is ``matmul``'s folding, which each of the export's re-traces with a symbolic width recomputes in Python (a
-  fifth of a float32 export's time, ``benchmarks/export_time.py``).
+  is ``matmul``'s folding, which each of the export's re-traces with a symbolic width recomputes in Python (15 %
+  of a profile of SmolLM2's float32 export, docs/benchmarks/export_time.md).
 - Grouped-query attention folds each key head's query heads into the rows of one ``bmm``: queries
   ``(rows * kv_heads, groups * width, head_dim)`` against keys ``(rows * kv_heads, width, head_dim)``, so no key
   or value is repeated; every reshape leaves one size to infer (``-1``). The additive mask is laid out the same way
