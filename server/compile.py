@@ -101,7 +101,7 @@ def build_program(
         publish_once(
             final,
             lambda tmp: export_program(
-                Path(model_dir), cfg, tmp / "program.pte", Path(blobs_dir), progress=lambda _: None
+                Path(model_dir), cfg, tmp / "program.pte", Path(blobs_dir), progress=lambda _: None, memory_mb=memory_mb
             ),
         )
     manifest = read_manifest(final / "program.pte").model_dump(mode="json")

@@ -454,10 +454,17 @@ def inferred_sizes(graph_module: torch.fx.GraphModule):
     return PassResult(graph_module, changed)
 
 
-def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeeping, quantized: bool = False):
+def to_edge(
+    programs: dict,
+    backend: str,
+    bookkeeping: Callable = less_bookkeeping,
+    quantized: bool = False,
+    memory_mb: int | None = None,
+):
     """lower: to the edge dialect, XNNPACK taking what it supports (``bookkeeping``: the context the stage runs in;
     the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves; ``quantized``: the
-    methods' weights are quantized, which keeps them to one process unless told, ``lowering_processes``).
+    methods' weights are quantized, which keeps them to one process unless told; ``memory_mb``: the memory the
+    export may use, None: what the machine has; both decide ``lowering_processes``).
 
     Each method is decomposed once (``_decomposed_once``) where XNNPACK's partitioner needs no per-node check;
     otherwise ExecuTorch's ``to_edge_transform_and_lower`` decides, node by node, what to keep whole."""
@@ -468,7 +475,8 @@ def to_edge(programs: dict, backend: str, bookkeeping: Callable = less_bookkeepi
     with bookkeeping():
         kept = _kept_whole(programs, partitioner)
         if kept is not None:
-            apart = _methods_apart(programs) if lowering_processes(quantized) > 1 else []
+            processes = lowering_processes(quantized, memory_mb, 0 if quantized else _weight_bytes(programs))
+            apart = _methods_apart(programs) if processes > 1 else []
             if apart:
                 return _lowered_in_two_processes(programs, partitioner, passes, kept, apart)
             return _decomposed_once(programs, partitioner, passes, kept)
@@ -519,13 +527,14 @@ def _decomposed_once(programs: dict, partitioner: list, passes: list, kept: list
 LOWERING_PROCESSES_ENV = "MOBIZO_LOWERING_PROCESSES"
 
 
-def lowering_processes(quantized: bool = False) -> int:
+def lowering_processes(quantized: bool = False, memory_mb: int | None = None, weight_bytes: int = 0) -> int:
     """How many processes lower a program's methods: two where this process may run on two CPUs or more (and
-    ``fork`` exists) and the memory available is at least twice this process's peak so far (a second process adds
-    about a fifth of it, SmolLM2's programs in ``benchmarks/export_time.py``), one otherwise, and one for a
-    ``quantized`` program: its weights are computed from the traced ones, so the second process sends them whole
-    (TinyLlama-1.1B's 8da4w export peaked at 15.5 GB in two processes, 7.1 GB in one). ``MOBIZO_LOWERING_PROCESSES``
-    (1 or 2) decides instead."""
+    ``fork`` exists) and the memory available, or ``memory_mb`` where that is less (a server's compile budget), is
+    at least twice what one process's export of ``weight_bytes`` of float32 weights needs
+    (``memory.export_need_mb``: each process stays within it, the second sharing the first's weights), one
+    otherwise, and one for a ``quantized`` program: its weights are computed from the traced ones, so the second
+    process sends them whole (TinyLlama-1.1B's 8da4w export peaked at 15.5 GB in two processes, 7.1 GB in one).
+    ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
     configured = os.environ.get(LOWERING_PROCESSES_ENV, "").strip()
     if configured:
         return 1 if configured == "1" else 2
@@ -534,7 +543,21 @@ def lowering_processes(quantized: bool = False) -> int:
     if len(os.sched_getaffinity(0)) < 2:
         return 1
     available = memory.free_memory_mb()
-    return 2 if available is not None and available >= 2 * memory.peak_rss_mb() else 1
+    if memory_mb is not None:
+        available = memory_mb if available is None else min(available, memory_mb)
+    return 2 if available is not None and available >= 2 * memory.export_need_mb(weight_bytes) else 1
+
+
+def _weight_bytes(programs: dict) -> int:
+    """Bytes of the traced programs' weights and constants, each tensor counted once (the methods share them)."""
+    tensors = {}
+    for program in programs.values():
+        for tensor in (*program.state_dict.values(), *program.constants.values()):
+            if type(tensor) in (torch.Tensor, nn.Parameter):
+                tensors[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            elif isinstance(tensor, torch.Tensor):  # a subclass (a quantized weight): no storage of its own
+                tensors[id(tensor)] = tensor.numel() * tensor.element_size()
+    return sum(tensors.values())
 
 
 def _methods_apart(programs: dict) -> list[str]:
@@ -728,12 +751,15 @@ def lower(
     tag_computed: bool = False,
     zero_buffers: Iterable[str] = (),
     progress: Callable[[str], None] = lambda _: None,
+    memory_mb: int | None = None,
 ):
     """trace → to_edge → emit: the ExecuTorch program manager of ``module``'s ``methods``.
 
     ``weights_tag`` names what goes to the .ptd; ``tag_computed`` also tags values computed from frozen constants
     alone (quantized weights); ``zero_buffers`` (name substrings) are mutable buffers that start from zeros rather
-    than whatever memory the runtime hands out; ``progress`` is told when each stage ends."""
+    than whatever memory the runtime hands out; ``progress`` is told when each stage ends; ``memory_mb``: the
+    memory the export may use (None: what the machine has), which decides whether a second process lowers
+    (``lowering_processes``)."""
     import time
 
     started = time.perf_counter()
@@ -741,7 +767,7 @@ def lower(
     nodes = sum(len(program.graph.nodes) for program in programs.values())
     progress(f"  traced {len(programs)} methods ({nodes:,} nodes) in {time.perf_counter() - started:.0f} s")
     started = time.perf_counter()
-    edge = to_edge(programs, backend, quantized=tag_computed)
+    edge = to_edge(programs, backend, quantized=tag_computed, memory_mb=memory_mb)
     progress(f"  lowered to {backend} in {time.perf_counter() - started:.0f} s")
     started = time.perf_counter()
     manager = emit(edge, weights_tag, zero_buffers)

@@ -163,12 +163,17 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates, cfg.private, cfg.optimizer)
 
 
-def lower(step: nn.Module, cfg: ProgramConfig, progress=lambda _: None):
+def lower(step: nn.Module, cfg: ProgramConfig, progress=lambda _: None, memory_mb: int | None = None):
     """A step module (or a benchmark's module with ``example_inputs``) through the one pipeline
     (``shared.lowering``): quantized weights are tagged with the values computed from them; ``progress`` is told
-    when each stage ends."""
+    when each stage ends; ``memory_mb``: the memory the export may use (None: what the machine has)."""
     return lowering.lower(
-        step, step.example_inputs(cfg), cfg.backend, tag_computed=cfg.quantize != "none", progress=progress
+        step,
+        step.example_inputs(cfg),
+        cfg.backend,
+        tag_computed=cfg.quantize != "none",
+        progress=progress,
+        memory_mb=memory_mb,
     )
 
 
@@ -208,12 +213,14 @@ def export_program(
     store: Path | None = None,
     init_adapter: Path | None = None,
     progress=print,
+    memory_mb: int | None = None,
 ) -> ProgramManifest:
     """Compile a Mobile MP-LoRA training program for the model in ``model_dir``.
 
     Writes ``out_pte`` and its manifest ``out_pte.with_suffix('.json')``; the base weights and the tokenizer go to
     ``store`` (default: beside the program) as ``weights-<sha256>.ptd`` and ``tokenizer-<sha256>.json``, reused
-    when present. Returns the manifest.
+    when present. ``memory_mb``: the memory the export may use (a server's compile budget; None: what the machine
+    has). Returns the manifest.
     """
     from shared.hf_models import load_model
 
@@ -229,7 +236,7 @@ def export_program(
         f"exporting {cfg.q}x{cfg.examples_per_query} paths x2 ({cfg.parallel}), seq {cfg.seq_len}, "
         f"backend {cfg.backend}, base weights {cfg.quantize} ..."
     )
-    emitted = lowering.store(lower(step, cfg, progress), out_pte, store, tokenizer)
+    emitted = lowering.store(lower(step, cfg, progress, memory_mb), out_pte, store, tokenizer)
     manifest = write_manifest(model_dir, cfg, step, emitted, out_pte, time.perf_counter() - started)
     if init_adapter is not None:
         manifest = start_from_adapter(out_pte, init_adapter)

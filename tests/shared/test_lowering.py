@@ -127,6 +127,15 @@ def test_a_weight_two_methods_use_is_held_once_in_memory() -> None:
     assert not any(a is b for a, b in plain_held.values()) and all(a == b for a, b in plain_held.values())
 
 
+def test_the_weights_that_size_the_second_process_are_counted_once_across_methods() -> None:
+    """``lowering_processes`` sizes an export by its traced weights: two methods over the same linears count them
+    once (8x8 + 8 and 8x4 + 4 float32 values)."""
+    x = (torch.randn(2, 8),)
+    methods = {"forward": (x, None), "evaluate": (x, None)}
+    programs = lowering.trace(TwoMethods(), methods, "xnnpack", lowering.frozen_weights_tag, tag_computed=False)
+    assert lowering._weight_bytes(programs) == 4 * (8 * 8 + 8 + 8 * 4 + 4)
+
+
 def test_methods_lowered_in_a_second_process_make_the_program_of_one(monkeypatch) -> None:
     """With two processes a forked one lowers the methods of its share (here ``evaluate``) and sends them back
     without their weights: neither XNNPACK's blobs nor the delegates' tensors travel, this process puts back its
@@ -171,8 +180,8 @@ def test_a_failed_second_process_leaves_its_methods_to_this_one(monkeypatch, cap
 
 def test_the_second_process_gets_a_balanced_share_of_the_methods_or_none(monkeypatch) -> None:
     """The largest method stays, each next one goes to the lighter side; a share under a quarter of the nodes is
-    not worth a process. One process where the environment says so, one CPU is there, the memory available is
-    under twice this process's peak, or the weights are quantized."""
+    not worth a process. One process where the environment says so, one CPU is there, the memory available
+    (or a compile budget under it) is under twice one process's need, or the weights are quantized."""
     from types import SimpleNamespace
 
     def programs(**nodes):
@@ -188,12 +197,15 @@ def test_the_second_process_gets_a_balanced_share_of_the_methods_or_none(monkeyp
     monkeypatch.setattr(lowering.os, "sched_getaffinity", lambda pid: {0})
     assert lowering.lowering_processes() == 1
     monkeypatch.setattr(lowering.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    monkeypatch.setattr(lowering.memory, "peak_rss_mb", lambda: 3000.0)
+    weights = 1499 * 2**19  # 749.5 MiB of float32 weights: one process's export needs 3000 MB
+    assert lowering.memory.export_need_mb(weights) == 3000
     monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 6000)
-    assert lowering.lowering_processes() == 2
-    assert lowering.lowering_processes(quantized=True) == 1  # its computed weights would travel whole
-    monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 5999)  # under twice this process's peak
-    assert lowering.lowering_processes() == 1
+    assert lowering.lowering_processes(weight_bytes=weights) == 2
+    assert lowering.lowering_processes(quantized=True, weight_bytes=weights) == 1  # its weights would travel whole
+    assert lowering.lowering_processes(memory_mb=5999, weight_bytes=weights) == 1  # a compile budget under twice
+    assert lowering.lowering_processes(memory_mb=60000, weight_bytes=weights) == 2  # the machine's memory decides
+    monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 5999)  # under twice one process's need
+    assert lowering.lowering_processes(weight_bytes=weights) == 1
     monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "2")
     assert lowering.lowering_processes(quantized=True) == 2
 
