@@ -16,7 +16,7 @@ from tests.server.factories import ADMIN_TOKEN
 pytest.importorskip("schemathesis", reason="schemathesis is in the dev extra")
 
 CHECKS = "not_a_server_error,status_code_conformance,unsupported_method,allow_header_conformance"
-MAX_EXAMPLES = 25
+MAX_EXAMPLES = 10
 SEED = 1
 
 

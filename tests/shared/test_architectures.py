@@ -9,8 +9,6 @@ from shared.architectures import arch_config, random_model
 from shared.errors import UsageError
 from shared.hf_models import count_params
 
-pytestmark = pytest.mark.numerics  # CI runs these again on ATen's portable kernels (.ci/run)
-
 # --- named architectures ------------------------------------------------------------------------------------
 
 # (hidden, layers, heads, kv heads, intermediate, vocab, tied) from each model's public config.json, and the

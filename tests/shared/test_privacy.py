@@ -17,9 +17,9 @@ from shared.train import LOG_FILE, METRICS_FILE, train
 from shared.train_log import log_line, log_record, parse_log, read_log
 from tests.shared.test_train import _config, adapter_flat_b
 
-pytestmark = pytest.mark.numerics
 
-
+# The rest of the module is marked numerics (CI runs it again on ATen's portable kernels, .ci/run); the accountant
+# is dp-accounting's arithmetic, with no ATen kernel in it.
 def test_the_accountant_is_the_librarys_and_the_calibration_meets_its_target():
     from dp_accounting import GaussianDpEvent, NeighboringRelation, SelfComposedDpEvent
     from dp_accounting.rdp import RdpAccountant
@@ -37,6 +37,7 @@ def test_the_accountant_is_the_librarys_and_the_calibration_meets_its_target():
     assert privacy.noise_multiplier(1.0, 1e-5, 200, 16, 1000) > privacy.noise_multiplier(8.0, 1e-5, 200, 16, 1000)
 
 
+@pytest.mark.numerics
 def test_a_private_g_is_the_clipped_mean_plus_its_noise():
     differences = torch.tensor([[0.5, -3.0, 10.0, 0.25], [-0.1, -0.2, 0.3, -50.0]])
     clipped = torch.tensor([[0.5, -1.0, 1.0, 0.25], [-0.1, -0.2, 0.3, -1.0]]).mean(dim=1)
@@ -49,6 +50,7 @@ def test_a_private_g_is_the_clipped_mean_plus_its_noise():
     assert privacy.noise_std(0.8, 2.0, 4) == pytest.approx(0.8)  # sigma x the replace-one sensitivity 2C/E
 
 
+@pytest.mark.numerics
 def test_a_private_batch_is_a_sample_without_replacement():
     rng = np.random.default_rng(privacy.stream_seed(123, 0, 5))
     batch = privacy.private_batch(50, 16, rng)
@@ -60,6 +62,7 @@ def test_a_private_batch_is_a_sample_without_replacement():
     assert np.all(np.abs(counts - 640) < 5 * math.sqrt(2000 * 0.32 * 0.68))
 
 
+@pytest.mark.numerics
 def test_a_private_log_holds_no_losses_and_the_parser_says_so():
     private_line = log_line(log_record(0, 5, 0.01, 0.01, [0.5, -0.25], None))
     assert "losses" not in json.loads(private_line)
@@ -73,6 +76,7 @@ def test_a_private_log_holds_no_losses_and_the_parser_says_so():
 PRIVATE = {"steps": 6, "batch_size": 8, "q": 2, "lr": 5e-2, "eps": 1e-2, "dp_epsilon": 8.0, "dp_clip": 0.5}
 
 
+@pytest.mark.numerics
 def test_a_private_run_logs_bounded_g_alone_and_replays_to_its_b(tiny_model_dir, tmp_path):
     metrics = train(_config(tiny_model_dir, tmp_path / "run", **PRIVATE), progress=False)
     log = read_log(tmp_path / "run" / LOG_FILE, private=True)
@@ -89,6 +93,7 @@ def test_a_private_run_logs_bounded_g_alone_and_replays_to_its_b(tiny_model_dir,
     assert "private_seed" not in written
 
 
+@pytest.mark.numerics
 def test_a_resumed_private_run_is_the_uninterrupted_one(tiny_model_dir, tmp_path, monkeypatch):
     """The private seed is drawn once and kept in the local checkpoint: a run in pieces draws the same batches and
     noise as one run (the seed fixed here for both, as two runs never share one)."""
@@ -103,6 +108,7 @@ def test_a_resumed_private_run_is_the_uninterrupted_one(tiny_model_dir, tmp_path
     assert pieces["privacy"] == whole["privacy"]
 
 
+@pytest.mark.numerics
 def test_a_private_program_clips_and_noises_its_g_in_graph(program_factory):
     """The private program's ``forward`` takes the clip and the noise: g is the clipped mean plus that noise, the
     very float32 addition, and a clip that bites bounds every g."""
@@ -132,6 +138,7 @@ def test_a_private_program_clips_and_noises_its_g_in_graph(program_factory):
     assert np.abs(clipped).max() <= np.float32(clip) and not np.array_equal(clipped, base)
 
 
+@pytest.mark.numerics
 def test_a_private_run_through_its_program_logs_g_alone_and_replays(tiny_model_dir, program_factory, tmp_path):
     from device_agent.et_program import ProgramStep
     from tests.utils.programs import TINY_Q4
