@@ -530,11 +530,11 @@ LOWERING_PROCESSES_ENV = "MOBIZO_LOWERING_PROCESSES"
 def lowering_processes(quantized: bool = False, memory_mb: int | None = None, weight_bytes: int = 0) -> int:
     """How many processes lower a program's methods: two where this process may run on two CPUs or more (and
     ``fork`` exists) and the memory available, or ``memory_mb`` where that is less (a server's compile budget), is
-    at least twice what one process's export of ``weight_bytes`` of float32 weights needs
-    (``memory.export_need_mb``: each process stays within it, the second sharing the first's weights), one
-    otherwise, and one for a ``quantized`` program: its weights are computed from the traced ones, so the second
-    process sends them whole (TinyLlama-1.1B's 8da4w export peaked at 15.5 GB in two processes, 7.1 GB in one).
-    ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
+    at least twice what one process's export of ``weight_bytes`` of float32 weights needs (``memory.export_need_mb``;
+    the second process shares the first's weights: SmolLM2's float32 program peaked in two at about 1.07x one's
+    need, ``benchmarks/export_time.py``), one otherwise, and one for a ``quantized`` program: its weights are
+    computed from the traced ones, so the second process sends them whole (TinyLlama-1.1B's 8da4w export peaked at
+    15.5 GB in two processes, 7.1 GB in one). ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
     configured = os.environ.get(LOWERING_PROCESSES_ENV, "").strip()
     if configured:
         return 1 if configured == "1" else 2

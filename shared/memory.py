@@ -18,8 +18,8 @@ import sys
 #   quantized right after loading, so the weights count about 1.1x and the traced graphs about 2.3 GB.
 # (base MiB, factor on the float32 weights' MiB) for each quantization: 4-6 % above each of these figures (and
 # about 1 GB above the tiny model's, a safe side for a guard). These are one process's: an export lowers in a second
-# process only where the memory available (or the compile budget, where less) is twice one
-# process's need (shared.lowering.lowering_processes).
+# process only where the memory available (or the compile budget, where less) is twice one process's need
+# (shared.lowering.lowering_processes).
 EXPORT_NEED: dict[str, tuple[int, float]] = {"none": (1500, 2.0), "8da4w": (2400, 1.2)}
 
 
