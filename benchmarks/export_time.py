@@ -87,7 +87,7 @@ def _export_child(model_dir: str, cfg, variant: str, out_dir: str, queue) -> Non
     nodes = {name: len(program.graph.nodes) for name, program in programs.items()}
     lap("trace")
     bookkeeping = contextlib.nullcontext if variant == "plain" else lowering.less_bookkeeping
-    edge = lowering.to_edge(programs, cfg.backend, bookkeeping, quantized=cfg.quantize != "none")
+    edge = lowering.to_edge(programs, cfg.backend, bookkeeping, quantize=cfg.quantize)
     lap("lower")
     manager = lowering.emit(edge, lowering.frozen_weights_tag, bookkeeping=bookkeeping)
     lap("emit")

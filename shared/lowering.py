@@ -458,13 +458,13 @@ def to_edge(
     programs: dict,
     backend: str,
     bookkeeping: Callable = less_bookkeeping,
-    quantized: bool = False,
+    quantize: str = "none",
     memory_mb: int | None = None,
 ):
     """lower: to the edge dialect, XNNPACK taking what it supports (``bookkeeping``: the context the stage runs in;
-    the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves; ``quantized``: the
-    methods' weights are quantized, which keeps them to one process unless told; ``memory_mb``: the memory the
-    export may use, None: what the machine has; both decide ``lowering_processes``).
+    the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves; ``quantize``: how the
+    base's weights are quantized, ``memory_mb``: the memory the export may use, None: what the machine has; both
+    size the export for ``lowering_processes``).
 
     Each method is decomposed once (``_decomposed_once``) where XNNPACK's partitioner needs no per-node check;
     otherwise ExecuTorch's ``to_edge_transform_and_lower`` decides, node by node, what to keep whole."""
@@ -475,7 +475,7 @@ def to_edge(
     with bookkeeping():
         kept = _kept_whole(programs, partitioner)
         if kept is not None:
-            processes = lowering_processes(quantized, memory_mb, 0 if quantized else _weight_bytes(programs))
+            processes = lowering_processes(quantize, memory_mb, _weight_bytes(programs))
             apart = _methods_apart(programs) if processes > 1 else []
             if apart:
                 return _lowered_in_two_processes(programs, partitioner, passes, kept, apart)
@@ -527,25 +527,26 @@ def _decomposed_once(programs: dict, partitioner: list, passes: list, kept: list
 LOWERING_PROCESSES_ENV = "MOBIZO_LOWERING_PROCESSES"
 
 
-def lowering_processes(quantized: bool = False, memory_mb: int | None = None, weight_bytes: int = 0) -> int:
+def lowering_processes(quantize: str = "none", memory_mb: int | None = None, weight_bytes: int = 0) -> int:
     """How many processes lower a program's methods: two where this process may run on two CPUs or more (and
     ``fork`` exists) and the memory available, or ``memory_mb`` where that is less (a server's compile budget), is
-    at least twice what one process's export of ``weight_bytes`` of float32 weights needs (``memory.export_need_mb``;
-    the second process shares the first's weights: SmolLM2's float32 program peaked in two at about 1.07x one's
-    need, ``benchmarks/export_time.py``), one otherwise, and one for a ``quantized`` program: its weights are
-    computed from the traced ones, so the second process sends them whole (TinyLlama-1.1B's 8da4w export peaked at
-    15.5 GB in two processes, 7.1 GB in one). ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
+    at least twice what one process's export needs (``memory.export_need_mb`` of ``weight_bytes``, the traced
+    weights counted as float32, quantized as ``quantize`` says), one otherwise. The second process shares the
+    first's weights, and sends none back that the first holds (``_weights_out``): SmolLM2's float32 program peaked
+    in two at about 1.07x one's need, its 8da4w program at 1.4x (``benchmarks/export_time.py``).
+    ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
     configured = os.environ.get(LOWERING_PROCESSES_ENV, "").strip()
     if configured:
         return 1 if configured == "1" else 2
-    if quantized or not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity"):
+    if not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity"):
         return 1
     if len(os.sched_getaffinity(0)) < 2:
         return 1
     available = memory.free_memory_mb()
     if memory_mb is not None:
         available = memory_mb if available is None else min(available, memory_mb)
-    return 2 if available is not None and available >= 2 * memory.export_need_mb(weight_bytes) else 1
+    need = memory.export_need_mb(weight_bytes, quantize)
+    return 2 if available is not None and available >= 2 * need else 1
 
 
 def _weight_bytes(programs: dict) -> int:
@@ -579,7 +580,8 @@ def _lowered_in_two_processes(programs: dict, partitioner: list, passes: list, k
     the lowering is Python bound, one core's work a method, and the methods are independent until the program is
     emitted. The child sends its lowered methods back through ExecuTorch's serialization of edge programs with
     delegates (``exir.serde``), without their weights (``_weights_out``, ``_weights_back``): the parent holds the same
-    tensors, and the same XNNPACK blobs from its own methods. The emitted program's bytes are those of one process
+    tensors, and the same XNNPACK blobs and tensors computed from the weights (a quantized weight's integers and
+    scales) from its own methods. The emitted program's bytes are those of one process
     (``benchmarks/export_time.py``, ``tests/shared/test_lowering.py``). Where the child fails, or its weights are not
     all found here, this process lowers those methods itself."""
     import pickle
@@ -652,14 +654,16 @@ def _lowered_modules(program) -> list:
 def _weights_out(program, traced) -> tuple:
     """A lowered method to send to another process: its serialized form with every weight left out that the
     receiver holds too, i.e. each delegate's named-data blob (the receiver's own methods hold the same, under the
-    same key) and each parameter or constant of a delegate's original program that is a tensor of ``traced`` (the
-    method as traced, before the fork), sent as its name → (artifact, blobs' keys and sha256, tensors' names)."""
+    same key), each parameter or constant of a delegate's original program that is a tensor of ``traced`` (the
+    method as traced, before the fork), and each other tensor there (computed from the weights: a quantized weight's
+    integers, scales and zero points; the receiver's own methods compute the same) → (artifact, blobs' keys and
+    sha256, tensors' names, computed tensors' names, sha256, dtypes and shapes)."""
     import hashlib
 
     from executorch.exir.serde.serialize import serialize
 
     ours = {id(t): name for name, t in (*traced.state_dict.items(), *traced.constants.items())}
-    blobs, tensors = [], []
+    blobs, tensors, computed = [], [], []
     for index, module in enumerate(_lowered_modules(program)):
         store = module.named_data_store_output
         if store is not None:
@@ -673,13 +677,40 @@ def _weights_out(program, traced) -> tuple:
             for name, value in table.items():
                 if isinstance(value, torch.Tensor) and id(value) in ours:
                     tensors.append((index, name, ours[id(value)]))
-                    table[name] = torch.zeros((), dtype=value.dtype).expand(value.shape)
-    return serialize(program), blobs, tensors
+                elif type(value) in (torch.Tensor, nn.Parameter) and value.is_contiguous():
+                    computed.append((index, name, _digest(value), value.dtype, tuple(value.shape)))
+                else:
+                    continue  # a subclass, no tensor, or a strided view: sent as it is
+                table[name] = torch.zeros((), dtype=value.dtype).expand(value.shape)
+    return serialize(program), blobs, tensors, computed
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    """The sha256 of a contiguous CPU tensor's bytes (read in place)."""
+    import hashlib
+
+    flat = tensor.detach().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy() if flat.numel() else b"").hexdigest()
 
 
 def _data_entries(store) -> list:
     """(key, entry) of every datum of a delegate's named-data store, in the .pte or in a data file."""
     return [*store.pte_data.items(), *(item for data in store.external_data.values() for item in data.items())]
+
+
+def _computed_here(here, traced: dict) -> dict:
+    """(sha256, dtype, shape) → tensor, for every plain tensor of the delegates' original programs of the methods
+    lowered here (``here``) that is not a tensor of the methods as traced (``traced``)."""
+    ours = {id(t) for program in traced.values() for t in (*program.state_dict.values(), *program.constants.values())}
+    held = {}
+    for name in here.methods:
+        for module in _lowered_modules(here.exported_program(name)):
+            original = module.original_module
+            for value in (*original.state_dict.values(), *original.constants.values()):
+                if type(value) in (torch.Tensor, nn.Parameter) and value.is_contiguous() and id(value) not in ours:
+                    key = (_digest(value), value.dtype, tuple(value.shape))
+                    held.setdefault(key, value)
+    return held
 
 
 def _weights_back(sent: dict, traced: dict, here) -> dict | None:
@@ -700,12 +731,13 @@ def _weights_back(sent: dict, traced: dict, here) -> dict | None:
     for program in traced.values():
         ours.update(program.state_dict)
         ours.update(program.constants)
+    computed_here = _computed_here(here, traced) if any(computed for *_, computed in sent.values()) else {}
     serde_log = logging.getLogger("executorch.exir.serde.export_serialize")
     level = serde_log.level
     serde_log.setLevel(logging.ERROR)  # "symbol ... did not appear": the width's symbol, unused by a small method
     try:
         out = {}
-        for name, (artifact, blobs, tensors) in sent.items():
+        for name, (artifact, blobs, tensors, computed) in sent.items():
             program = deserialize(artifact)
             modules = _lowered_modules(program)
             for index, i, key, digest in blobs:
@@ -714,15 +746,24 @@ def _weights_back(sent: dict, traced: dict, here) -> dict | None:
                     return None
                 modules[index].named_data_store_output.buffers[i] = blob
             for index, tensor_name, our_name in tensors:
-                original = modules[index].original_module
-                table = original.state_dict if tensor_name in original.state_dict else original.constants
+                table = _table_of(modules[index].original_module, tensor_name)
                 if our_name not in ours or ours[our_name].shape != table[tensor_name].shape:
                     return None
                 table[tensor_name] = ours[our_name]
+            for index, tensor_name, digest, dtype, shape in computed:
+                tensor = computed_here.get((digest, dtype, shape))
+                if tensor is None:
+                    return None
+                _table_of(modules[index].original_module, tensor_name)[tensor_name] = tensor
             out[name] = program
         return out
     finally:
         serde_log.setLevel(level)
+
+
+def _table_of(original, name: str) -> dict:
+    """The state dict or the constants of a delegate's original program, whichever holds ``name``."""
+    return original.state_dict if name in original.state_dict else original.constants
 
 
 def emit(edge, weights_tag: WeightsTag, zero_buffers: Iterable[str] = (), bookkeeping: Callable = less_bookkeeping):
@@ -748,26 +789,26 @@ def lower(
     methods: Methods,
     backend: str,
     weights_tag: WeightsTag = frozen_weights_tag,
-    tag_computed: bool = False,
+    quantize: str = "none",
     zero_buffers: Iterable[str] = (),
     progress: Callable[[str], None] = lambda _: None,
     memory_mb: int | None = None,
 ):
     """trace → to_edge → emit: the ExecuTorch program manager of ``module``'s ``methods``.
 
-    ``weights_tag`` names what goes to the .ptd; ``tag_computed`` also tags values computed from frozen constants
-    alone (quantized weights); ``zero_buffers`` (name substrings) are mutable buffers that start from zeros rather
-    than whatever memory the runtime hands out; ``progress`` is told when each stage ends; ``memory_mb``: the
-    memory the export may use (None: what the machine has), which decides whether a second process lowers
-    (``lowering_processes``)."""
+    ``weights_tag`` names what goes to the .ptd; ``quantize``: how the module's base weights are quantized (where
+    they are, the values computed from frozen constants alone are tagged too: ``tag_frozen``); ``zero_buffers``
+    (name substrings) are mutable buffers that start from zeros rather than whatever memory the runtime hands out;
+    ``progress`` is told when each stage ends; ``memory_mb``: the memory the export may use (None: what the machine
+    has), which with ``quantize`` decides whether a second process lowers (``lowering_processes``)."""
     import time
 
     started = time.perf_counter()
-    programs = trace(module, methods, backend, weights_tag, tag_computed)
+    programs = trace(module, methods, backend, weights_tag, tag_computed=quantize != "none")
     nodes = sum(len(program.graph.nodes) for program in programs.values())
     progress(f"  traced {len(programs)} methods ({nodes:,} nodes) in {time.perf_counter() - started:.0f} s")
     started = time.perf_counter()
-    edge = to_edge(programs, backend, quantized=tag_computed, memory_mb=memory_mb)
+    edge = to_edge(programs, backend, quantize=quantize, memory_mb=memory_mb)
     progress(f"  lowered to {backend} in {time.perf_counter() - started:.0f} s")
     started = time.perf_counter()
     manager = emit(edge, weights_tag, zero_buffers)

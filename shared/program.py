@@ -165,13 +165,13 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
 
 def lower(step: nn.Module, cfg: ProgramConfig, progress=lambda _: None, memory_mb: int | None = None):
     """A step module (or a benchmark's module with ``example_inputs``) through the one pipeline
-    (``shared.lowering``): quantized weights are tagged with the values computed from them; ``progress`` is told
+    (``shared.lowering``), its base weights quantized as ``cfg`` says; ``progress`` is told
     when each stage ends; ``memory_mb``: the memory the export may use (None: what the machine has)."""
     return lowering.lower(
         step,
         step.example_inputs(cfg),
         cfg.backend,
-        tag_computed=cfg.quantize != "none",
+        quantize=cfg.quantize,
         progress=progress,
         memory_mb=memory_mb,
     )

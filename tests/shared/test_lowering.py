@@ -154,10 +154,67 @@ def test_methods_lowered_in_a_second_process_make_the_program_of_one(monkeypatch
     two, held = _stored_weights(lowering.less_bookkeeping)
     ((sent, lowered),) = back
     assert list(sent) == ["evaluate"] and lowered is not None  # lowered there, every weight found here
-    _, blobs, tensors = sent["evaluate"]
-    assert len(blobs) == len(tensors) == 4  # two weights and two biases, none of them sent
+    _, blobs, tensors, computed = sent["evaluate"]
+    assert len(blobs) == len(tensors) == 4 and not computed  # two weights and two biases, none of them sent
     assert two == one
     assert len(held) == 4 and all(a is b for a, b in held.values())
+
+
+class QuantizedMethods(nn.Module):
+    """Two methods over the same 8da4w linears (as ``forward`` and ``evaluate`` share a quantized base)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
+
+        torch.manual_seed(0)
+        self.first, self.second = nn.Linear(64, 64), nn.Linear(64, 16)
+        quantize_(self, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)))
+
+    def forward(self, x):
+        return self.second(self.first(x).relu())
+
+    def evaluate(self, x):
+        return self.second(self.first(x).tanh())
+
+
+def test_a_quantized_methods_computed_weights_stay_in_the_second_process(monkeypatch) -> None:
+    """An 8da4w method lowered in a second process holds tensors computed from the traced weights (each weight's
+    integers, scales and zero points), not the traced ones: they do not travel either, this process puts back its own
+    tensors of the same bytes (the very objects its ``forward`` holds), and the program's bytes are those of one
+    process."""
+    x = (torch.randn(2, 64),)
+    methods = {"forward": (x, None), "evaluate": (x, None)}
+    held = []
+
+    def program() -> bytes:
+        programs = lowering.trace(QuantizedMethods(), methods, "xnnpack", lowering.frozen_weights_tag, True)
+        edge = lowering.to_edge(programs, "xnnpack", quantize="8da4w")
+        held.append([lowering._computed_here(edge, programs)])
+        return lowering.emit(edge, lowering.frozen_weights_tag).buffer
+
+    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "1")
+    one = program()
+    back = []
+    weights_back = lowering._weights_back
+
+    def spy(sent, traced, here):
+        back.append((sent, weights_back(sent, traced, here)))
+        return back[-1][1]
+
+    monkeypatch.setattr(lowering, "_weights_back", spy)
+    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "2")
+    two = program()
+    ((sent, lowered),) = back
+    assert list(sent) == ["evaluate"] and lowered is not None  # lowered there, every tensor found here
+    _, blobs, _, computed = sent["evaluate"]
+    assert blobs and len(computed) == 6, computed  # two weights' integers, scales and zero points, none of them sent
+    ours = {id(t) for t in held[-1][0].values()}
+    evaluate = [m.original_module for m in lowering._lowered_modules(lowered["evaluate"])]
+    for index, name, *_ in computed:
+        assert id(lowering._table_of(evaluate[index], name)[name]) in ours  # forward's own tensor
+    assert two == one
 
 
 def test_a_failed_second_process_leaves_its_methods_to_this_one(monkeypatch, caplog) -> None:
@@ -180,8 +237,8 @@ def test_a_failed_second_process_leaves_its_methods_to_this_one(monkeypatch, cap
 
 def test_the_second_process_gets_a_balanced_share_of_the_methods_or_none(monkeypatch) -> None:
     """The largest method stays, each next one goes to the lighter side; a share under a quarter of the nodes is
-    not worth a process. One process where the environment says so, one CPU is there, the memory available
-    (or a compile budget under it) is under twice one process's need, or the weights are quantized."""
+    not worth a process. One process where the environment says so, one CPU is there, or the memory available
+    (or a compile budget under it) is under twice one process's need, which quantized weights change."""
     from types import SimpleNamespace
 
     def programs(**nodes):
@@ -201,13 +258,18 @@ def test_the_second_process_gets_a_balanced_share_of_the_methods_or_none(monkeyp
     assert lowering.memory.export_need_mb(weights) == 3000
     monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 6000)
     assert lowering.lowering_processes(weight_bytes=weights) == 2
-    assert lowering.lowering_processes(quantized=True, weight_bytes=weights) == 1  # its weights would travel whole
+    quantized = lowering.memory.export_need_mb(weights, "8da4w")  # 8da4w: 2400 + 1.2 x 749.5 MiB
+    assert quantized == 3300
+    assert lowering.lowering_processes("8da4w", weight_bytes=weights) == 1  # 6000 MB: under twice its need
     assert lowering.lowering_processes(memory_mb=5999, weight_bytes=weights) == 1  # a compile budget under twice
     assert lowering.lowering_processes(memory_mb=60000, weight_bytes=weights) == 2  # the machine's memory decides
+    monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 2 * quantized)
+    assert lowering.lowering_processes("8da4w", weight_bytes=weights) == 2
+    assert lowering.lowering_processes("8da4w", memory_mb=2 * quantized - 1, weight_bytes=weights) == 1
     monkeypatch.setattr(lowering.memory, "free_memory_mb", lambda: 5999)  # under twice one process's need
     assert lowering.lowering_processes(weight_bytes=weights) == 1
     monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "2")
-    assert lowering.lowering_processes(quantized=True) == 2
+    assert lowering.lowering_processes("8da4w", weight_bytes=weights) == 2
 
 
 class ScaledByWidth(nn.Module):
