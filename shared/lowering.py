@@ -533,7 +533,7 @@ def lowering_processes(quantize: str = "none", memory_mb: int | None = None, wei
     at least twice what one process's export needs (``memory.export_need_mb`` of ``weight_bytes``, the traced
     weights counted as float32, quantized as ``quantize`` says), one otherwise. The second process shares the
     first's weights, and sends none back that the first holds (``_weights_out``): SmolLM2's float32 program peaked
-    in two at about 1.07x one's need, its 8da4w program at 1.4x (``benchmarks/export_time.py``).
+    in two at about 1.07x one's need, its 8da4w program at 1.16x (``benchmarks/export_time.py``).
     ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
     configured = os.environ.get(LOWERING_PROCESSES_ENV, "").strip()
     if configured:
@@ -556,7 +556,7 @@ def _weight_bytes(programs: dict) -> int:
         for tensor in (*program.state_dict.values(), *program.constants.values()):
             if type(tensor) in (torch.Tensor, nn.Parameter):
                 tensors[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-            elif isinstance(tensor, torch.Tensor):  # a subclass (a quantized weight): no storage of its own
+            elif isinstance(tensor, torch.Tensor):  # a quantized weight (a subclass): at its float dtype's size
                 tensors[id(tensor)] = tensor.numel() * tensor.element_size()
     return sum(tensors.values())
 
