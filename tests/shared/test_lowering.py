@@ -136,12 +136,11 @@ def test_the_weights_that_size_the_second_process_are_counted_once_across_method
     assert lowering._weight_bytes(programs) == 4 * (8 * 8 + 8 + 8 * 4 + 4)
 
 
-def test_methods_lowered_in_a_second_process_make_the_program_of_one(monkeypatch) -> None:
-    """With two processes a forked one lowers the methods of its share (here ``evaluate``) and sends them back
-    without their weights: neither XNNPACK's blobs nor the delegates' tensors travel, this process puts back its
-    own (the very blob objects its ``forward`` holds), and the program's bytes are those of one process."""
+def _in_one_then_two(monkeypatch, export):
+    """``export()`` lowering in one process, then in two → (its result in one, in two, what the second process sent,
+    the methods put back from it: None where they were not)."""
     monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "1")
-    one, _ = _stored_weights(lowering.less_bookkeeping)
+    one = export()
     back = []
     weights_back = lowering._weights_back
 
@@ -151,8 +150,18 @@ def test_methods_lowered_in_a_second_process_make_the_program_of_one(monkeypatch
 
     monkeypatch.setattr(lowering, "_weights_back", spy)
     monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "2")
-    two, held = _stored_weights(lowering.less_bookkeeping)
+    two = export()
     ((sent, lowered),) = back
+    return one, two, sent, lowered
+
+
+def test_methods_lowered_in_a_second_process_make_the_program_of_one(monkeypatch) -> None:
+    """With two processes a forked one lowers the methods of its share (here ``evaluate``) and sends them back
+    without their weights: neither XNNPACK's blobs nor the delegates' tensors travel, this process puts back its
+    own (the very blob objects its ``forward`` holds), and the program's bytes are those of one process."""
+    (one, _), (two, held), sent, lowered = _in_one_then_two(
+        monkeypatch, lambda: _stored_weights(lowering.less_bookkeeping)
+    )
     assert list(sent) == ["evaluate"] and lowered is not None  # lowered there, every weight found here
     _, blobs, tensors, computed = sent["evaluate"]
     assert len(blobs) == len(tensors) == 4 and not computed  # two weights and two biases, none of them sent
@@ -191,26 +200,14 @@ def test_a_quantized_methods_computed_weights_stay_in_the_second_process(monkeyp
     def program() -> bytes:
         programs = lowering.trace(QuantizedMethods(), methods, "xnnpack", lowering.frozen_weights_tag, True)
         edge = lowering.to_edge(programs, "xnnpack", quantize="8da4w")
-        held.append([lowering._computed_here(edge, programs)])
+        held.append(lowering._computed_here(edge, programs))
         return lowering.emit(edge, lowering.frozen_weights_tag).buffer
 
-    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "1")
-    one = program()
-    back = []
-    weights_back = lowering._weights_back
-
-    def spy(sent, traced, here):
-        back.append((sent, weights_back(sent, traced, here)))
-        return back[-1][1]
-
-    monkeypatch.setattr(lowering, "_weights_back", spy)
-    monkeypatch.setenv(lowering.LOWERING_PROCESSES_ENV, "2")
-    two = program()
-    ((sent, lowered),) = back
+    one, two, sent, lowered = _in_one_then_two(monkeypatch, program)
     assert list(sent) == ["evaluate"] and lowered is not None  # lowered there, every tensor found here
     _, blobs, _, computed = sent["evaluate"]
     assert blobs and len(computed) == 6, computed  # two weights' integers, scales and zero points, none of them sent
-    ours = {id(t) for t in held[-1][0].values()}
+    ours = {id(t) for t in held[-1].values()}
     evaluate = [m.original_module for m in lowering._lowered_modules(lowered["evaluate"])]
     for index, name, *_ in computed:
         assert id(lowering._table_of(evaluate[index], name)[name]) in ours  # forward's own tensor
