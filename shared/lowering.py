@@ -460,11 +460,12 @@ def to_edge(
     bookkeeping: Callable = less_bookkeeping,
     quantize: str = "none",
     memory_mb: int | None = None,
+    progress: Callable[[str], None] = lambda _: None,
 ):
     """lower: to the edge dialect, XNNPACK taking what it supports (``bookkeeping``: the context the stage runs in;
     the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves; ``quantize``: how the
     base's weights are quantized, ``memory_mb``: the memory the export may use, None: what the machine has; both
-    size the export for ``lowering_processes``).
+    size the export for ``lowering_processes``; ``progress`` is told where the methods are lowered).
 
     Each method is decomposed once (``_decomposed_once``) where XNNPACK's partitioner needs no per-node check;
     otherwise ExecuTorch's ``to_edge_transform_and_lower`` decides, node by node, what to keep whole."""
@@ -478,7 +479,9 @@ def to_edge(
             processes = lowering_processes(quantize, memory_mb, _weight_bytes(programs))
             apart = _methods_apart(programs) if processes > 1 else []
             if apart:
+                progress(f"  lowering in two processes (the second: {', '.join(apart)}) ...")
                 return _lowered_in_two_processes(programs, partitioner, passes, kept, apart)
+            progress("  lowering in one process ...")
             return _decomposed_once(programs, partitioner, passes, kept)
         return to_edge_transform_and_lower(
             programs, transform_passes=passes, partitioner=partitioner, compile_config=edge_config()
@@ -808,7 +811,7 @@ def lower(
     nodes = sum(len(program.graph.nodes) for program in programs.values())
     progress(f"  traced {len(programs)} methods ({nodes:,} nodes) in {time.perf_counter() - started:.0f} s")
     started = time.perf_counter()
-    edge = to_edge(programs, backend, quantize=quantize, memory_mb=memory_mb)
+    edge = to_edge(programs, backend, quantize=quantize, memory_mb=memory_mb, progress=progress)
     progress(f"  lowered to {backend} in {time.perf_counter() - started:.0f} s")
     started = time.perf_counter()
     manager = emit(edge, weights_tag, zero_buffers)

@@ -192,18 +192,19 @@ def test_a_quantized_methods_computed_weights_stay_in_the_second_process(monkeyp
     """An 8da4w method lowered in a second process holds tensors computed from the traced weights (each weight's
     integers, scales and zero points), not the traced ones: they do not travel either, this process puts back its own
     tensors of the same bytes (the very objects its ``forward`` holds), and the program's bytes are those of one
-    process."""
+    process. The export says where its methods are lowered."""
     x = (torch.randn(2, 64),)
     methods = {"forward": (x, None), "evaluate": (x, None)}
-    held = []
+    held, told = [], []
 
     def program() -> bytes:
         programs = lowering.trace(QuantizedMethods(), methods, "xnnpack", lowering.frozen_weights_tag, True)
-        edge = lowering.to_edge(programs, "xnnpack", quantize="8da4w")
+        edge = lowering.to_edge(programs, "xnnpack", quantize="8da4w", progress=told.append)
         held.append(lowering._computed_here(edge, programs))
         return lowering.emit(edge, lowering.frozen_weights_tag).buffer
 
     one, two, sent, lowered = _in_one_then_two(monkeypatch, program)
+    assert told == ["  lowering in one process ...", "  lowering in two processes (the second: evaluate) ..."]
     assert list(sent) == ["evaluate"] and lowered is not None  # lowered there, every tensor found here
     _, blobs, _, computed = sent["evaluate"]
     assert blobs and len(computed) == 6, computed  # two weights' integers, scales and zero points, none of them sent
