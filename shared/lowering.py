@@ -219,6 +219,29 @@ def _edge_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
     }
 
 
+def _emit_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
+    """Passes of ExecuTorch's edge-to-ExecuTorch stage that change a graph only where it holds what they rewrite,
+    each with that test: ``LegalizePortableDimOrderPass`` re-traces the whole method with fake tensors (half of an
+    8da4w SmolLM2 program's emit stage) to put a contiguous copy before a portable pooling, ``expand_copy``, ``mean``
+    or ``sum`` whose input is not in the default dim order; the project's graphs hold such ops, never on such an
+    input. An input whose traced value is unknown runs the pass."""
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+
+    def non_default_dim_order_input(gm) -> bool:
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or node.target not in LegalizePortableDimOrderPass._target_ops:
+                continue
+            value = node.args[0] if node.args else None
+            value = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+            if value is None:
+                return True
+            if isinstance(value, torch.Tensor) and tuple(value.dim_order()) != tuple(range(value.dim())):
+                return True
+        return False
+
+    return {LegalizePortableDimOrderPass: non_default_dim_order_input}
+
+
 def _needed_edge_passes(passes: list, triggers: dict) -> list:
     """``passes`` (ExecuTorch's, each wrapped to return a PassResult) with those of ``triggers`` skipped on a graph
     they would leave as it is."""
@@ -240,7 +263,7 @@ def _needed_edge_passes(passes: list, triggers: dict) -> list:
 
 @contextlib.contextmanager
 def less_bookkeeping() -> Iterator[None]:
-    """Seven costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
+    """Eight costs of the edge stages that grow with the graph and the partitions, removed without changing a byte
     of the program (``benchmarks/export_time.py`` compares the bytes with and without them):
 
     - graph modules the edge stages build are lazy (what ``torch.compile`` uses): their Python code is generated once,
@@ -252,6 +275,8 @@ def less_bookkeeping() -> Iterator[None]:
       none of their ops (``_xnnpack_pass_triggers``): those are skipped.
     - the ATen-to-edge stage re-traces each method once per pass, three of which rewrite ops the project's graphs
       do not hold (``_edge_pass_triggers``): those are skipped where a method holds none.
+    - the edge-to-ExecuTorch stage re-traces each method for a dim-order pass with nothing to rewrite in the
+      project's graphs (``_emit_pass_triggers``): skipped where a method gives it nothing.
     - the method partitions are carved out of is an eager graph module all the same, and carving each partition
       re-sorts the method (``legalize_graph`` sets ``GraphModule.graph``), which regenerated its whole code:
       SmolLM2's 339 partitions of ``forward``, a fifth of its export. The code is generated once, after the last.
@@ -277,7 +302,9 @@ def less_bookkeeping() -> Iterator[None]:
 
     triggers = _xnnpack_pass_triggers()
     edge_triggers = _edge_pass_triggers()
+    emit_triggers = _emit_pass_triggers()
     edge_passes = _program._get_aten_to_edge_passes
+    emit_passes = _program.edge_to_executorch_passes
     make_source = NodeSource.__init__
     run_passes = XNNPACKPassManager.transform
     carve = backend_api._create_partitions_in_graph_module
@@ -335,10 +362,14 @@ def less_bookkeeping() -> Iterator[None]:
         pre, post = edge_passes(config)
         return _needed_edge_passes(pre, edge_triggers), post
 
+    def needed_emit_passes(*args, **kwargs):
+        return _needed_edge_passes(emit_passes(*args, **kwargs), emit_triggers)
+
     NodeSource.__init__ = share_history
     XNNPACKPassManager.transform = needed_passes_only
     backend_api._create_partitions_in_graph_module = carve_then_compile
     _program._get_aten_to_edge_passes = needed_edge_passes
+    _program.edge_to_executorch_passes = needed_emit_passes
     NamedDataStore.add_named_data = add_once
     XnnpackBackend.copy_exported_program_for_preprocess = classmethod(copy_sharing_constants)
     try:
@@ -349,6 +380,7 @@ def less_bookkeeping() -> Iterator[None]:
         XNNPACKPassManager.transform = run_passes
         backend_api._create_partitions_in_graph_module = carve
         _program._get_aten_to_edge_passes = edge_passes
+        _program.edge_to_executorch_passes = emit_passes
         NamedDataStore.add_named_data = add_named_data
         if copy_for_preprocess is None:  # inherited from BackendDetails: drop the override
             del XnnpackBackend.copy_exported_program_for_preprocess

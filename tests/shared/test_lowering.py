@@ -42,10 +42,13 @@ def test_the_bookkeeping_cuts_leave_the_program_byte_identical() -> None:
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
     from executorch.exir._serialize._named_data_store import NamedDataStore
     from executorch.exir.backend import backend_api
+    from executorch.exir.program import _program as exir_program
     from torch.fx.traceback import NodeSource
 
     def patched():
         return (
+            exir_program._get_aten_to_edge_passes,
+            exir_program.edge_to_executorch_passes,
             NodeSource.__init__,
             XNNPACKPassManager.transform,
             backend_api._create_partitions_in_graph_module,
@@ -316,6 +319,41 @@ def test_an_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite() -> None:
     (shipped, targets), (plain, _) = program(lowering.less_bookkeeping), program(contextlib.nullcontext)
     assert any("scalar_tensor" in target for target in targets)
     assert shipped == plain
+
+
+class MeanOf(nn.Module):
+    """A mean over the last dimension (a portable ``mean.dim``), of a channels-last input or a contiguous one."""
+
+    def __init__(self, channels_last: bool) -> None:
+        super().__init__()
+        self.channels_last = channels_last
+
+    def forward(self, x):
+        return (x.to(memory_format=torch.channels_last) if self.channels_last else x * 2).mean(-1)
+
+
+def test_the_dim_order_pass_is_skipped_only_where_an_input_is_not_in_the_default_order() -> None:
+    """``LegalizePortableDimOrderPass`` puts a contiguous copy before a portable ``mean`` of a channels-last input:
+    its test sees that input and not a contiguous one, and the channels-last program is the same with and without
+    the skip (its copy there)."""
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+
+    (needed,) = lowering._emit_pass_triggers().values()
+    x = (torch.randn(2, 3, 4, 5),)
+
+    def edge(channels_last: bool):
+        methods = {"forward": (x, None)}
+        programs = lowering.trace(MeanOf(channels_last), methods, "portable", lowering.frozen_weights_tag, False)
+        return lowering.to_edge(programs, "portable")
+
+    assert needed(edge(True).exported_program().graph_module)
+    assert not needed(edge(False).exported_program().graph_module)
+    assert LegalizePortableDimOrderPass in lowering._emit_pass_triggers()
+
+    def program(bookkeeping) -> bytes:
+        return lowering.emit(edge(True), lowering.frozen_weights_tag, (), bookkeeping).buffer
+
+    assert program(lowering.less_bookkeeping) == program(contextlib.nullcontext)
 
 
 class DynamicWeight(nn.Module):
