@@ -568,7 +568,7 @@ def lowering_processes(quantize: str = "none", memory_mb: int | None = None, wei
     at least twice what one process's export needs (``memory.export_need_mb`` of ``weight_bytes``, the traced
     weights counted as float32, quantized as ``quantize`` says), one otherwise. The second process shares the
     first's weights, and sends none back that the first holds (``_weights_out``): SmolLM2's float32 program peaked
-    in two at about 1.07x one's need, its 8da4w program at 1.16x (``benchmarks/export_time.py``).
+    in two at about 1.07x one's need, its 8da4w program at 1.11 to 1.16x (``benchmarks/export_time.py``).
     ``MOBIZO_LOWERING_PROCESSES`` (1 or 2) decides instead."""
     configured = os.environ.get(LOWERING_PROCESSES_ENV, "").strip()
     if configured:
