@@ -243,8 +243,8 @@ def _emit_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
 
 
 def _needed_edge_passes(passes: list, triggers: dict) -> list:
-    """``passes`` (ExecuTorch's, each wrapped to return a PassResult) with those of ``triggers`` skipped on a graph
-    they would leave as it is."""
+    """``passes`` (ExecuTorch's: an edge stage's, each wrapped to return a PassResult, or the emit stage's own pass
+    objects) with those of ``triggers`` skipped on a graph they would leave as it is."""
     from torch.fx.passes.infra.pass_base import PassResult
 
     def when_needed(wrapped, needed):
