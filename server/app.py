@@ -28,8 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server import federation, jobstate
 from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
-from server.db import make_engine, make_sessionmaker, migrate, startup_lock
-from server.inference_builds import InferenceBuilds
+from server.db import make_engine, make_sessionmaker, migrate, read_only_engine, startup_lock
+from server.inference_builds import Bounds, InferenceBuilds
 from server.limits import BodyLimits, RefusedUploads, UploadSlots
 from server.lru import LRUCache
 from server.metrics import RequestMetrics, app_registry
@@ -130,13 +130,19 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         sessions = make_sessionmaker(engine)
         queue = (queue_factory or _default_queue)(sessions, store, settings)
         app.state.settings, app.state.engine, app.state.sessionmaker = settings, engine, sessions
+        app.state.read_sessionmaker = make_sessionmaker(read_only_engine(engine))
         app.state.store = store
         app.state.device_tokens, app.state.program_manifests = LRUCache(100_000), LRUCache(1_000)
         app.state.compile_queue, app.state.verify_pool = queue, _verify_pool(settings)
         app.state.upload_slots = UploadSlots(
             settings.max_uploads, settings.max_uploads_per_device, settings.max_uploads_per_user
         )
-        app.state.inference_builds = InferenceBuilds(store, queue, settings.compile_workers, settings.compile_paused)
+        bounds = Bounds(
+            settings.inference_builds, settings.inference_builds_per_user, settings.inference_builds_per_device
+        )
+        app.state.inference_builds = InferenceBuilds(
+            store, queue, settings.compile_workers, bounds, settings.compile_paused
+        )
         app.state.metrics_registry = app_registry(engine)
         metrics_server = None
         if settings.metrics_port is not None:
@@ -208,6 +214,6 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(SignInRequired, sign_in_required)
     app.add_middleware(BodyLimits, upload_limit=int(settings.max_upload_mb * 1024 * 1024))
-    app.add_middleware(RefusedUploads, delay_s=settings.upload_refusal_delay_s)  # sees every 429
+    app.add_middleware(RefusedUploads, delay_s=settings.upload_refusal_delay_s)  # sees every refusal
     app.add_middleware(RequestMetrics)  # outermost: counts every answer, the other middlewares' too
     return app

@@ -9,6 +9,7 @@ by this module, so the markup can be put in a page as it is.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -22,20 +23,43 @@ class Series:
     points: Sequence[tuple[float, float]]  # (x, y), x increasing
 
 
+_RESOLUTION = 2.0**-40  # values closer than this (relative to their size) are drawn as equal: far above an ulp
+_TINY = 1e-300  # a span below this is drawn as equal too (its tenth would be subnormal)
+
+
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About ``count`` round values (1, 2 or 5 times a power of ten apart) covering [low, high]."""
+    """About ``count`` round values (1, 2 or 5 times a power of ten apart) covering [low, high].
+
+    For any finite ``low`` and ``high`` the answer is at most ``count + 3`` finite, strictly increasing values with
+    ``ticks[0] <= low`` and ``ticks[-1] >= high``: values one ulp apart are drawn as equal (their ticks are spread
+    around them), and a span near the largest float, whose round ticks would pass it, is divided evenly instead.
+    Nothing here loops on the data.
+    """
     if not math.isfinite(low) or not math.isfinite(high):
         return [0.0]
-    if high <= low:
-        high = low + (abs(low) or 1.0)
-    raw = (high - low) / max(1, count - 1)
-    power = 10 ** math.floor(math.log10(raw))
+    low, high = min(low, high), max(low, high)
+    scale = max(abs(low), abs(high))
+    if high - low <= max(_RESOLUTION * scale, _TINY):  # equal as far as a chart can tell
+        half = max(scale / 2, _TINY)
+        low, high = max(low - half, -sys.float_info.max), min(high + half, sys.float_info.max)
+    raw = (high / 2 - low / 2) / max(1, count - 1) * 2  # halves: the span of two finite floats may overflow
+    power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first = math.floor(low / step) * step
-    ticks = [first]
-    while ticks[-1] < high - 1e-12 * step:
+    first, last = math.floor(low / step), math.ceil(high / step)  # at most count + 1 steps apart
+    ticks = [k * step for k in range(first, last + 1)]
+    if ticks[0] > low:  # low / step rounded up past an integer
+        ticks.insert(0, ticks[0] - step)
+    if ticks[-1] < high:
         ticks.append(ticks[-1] + step)
-    return ticks
+    if all(map(math.isfinite, ticks)) and all(a < b for a, b in zip(ticks, ticks[1:])):
+        return ticks
+    return [low * (1 - i / (count - 1)) + high * (i / (count - 1)) for i in range(count)]  # finite for any pair
+
+
+def _fraction(value: float, start: float, end: float) -> float:
+    """Where ``value`` lies from ``start`` (0) to ``end`` (1), computed on halves so that no difference overflows."""
+    span = end / 2 - start / 2
+    return (value / 2 - start / 2) / span if span else 0.0
 
 
 def _label(value: float) -> str:
@@ -64,10 +88,10 @@ def line_chart(
     plot_w, plot_h = width - left - right, height - top - bottom
 
     def sx(x: float) -> float:
-        return left + (x - x0) / ((x1 - x0) or 1) * plot_w
+        return left + _fraction(x, x0, x1) * plot_w
 
     def sy(y: float) -> float:
-        return top + plot_h - (y - y0) / ((y1 - y0) or 1) * plot_h
+        return top + plot_h - _fraction(y, y0, y1) * plot_h
 
     parts = [
         f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '

@@ -6,12 +6,14 @@ without touching it: ``server.celery_queue.CeleryCompileQueue`` (``MOBIZO_QUEUE=
 both kinds of export. Both run one job the same way (``compile_job``): move it to ``compiling``, export the program
 (``server.compile.build_program``), record ``ready`` or ``failed`` with the error text. The local queue runs one
 driver thread per worker process of its own, so a job is ``compiling`` exactly while a process works on it; an
-inference build waits for a free process of the same pool.
+inference build waits until no job is waiting to compile or compiling, then for a free process of the same pool:
+devices asking for inference programs never keep a job from compiling (at most the builds already running).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -108,9 +110,21 @@ class LocalCompileQueue:
         self._pool = WorkerPool(workers)
         self._drivers = ThreadPoolExecutor(workers, thread_name_prefix="compile")
         self._closing = False
+        self._jobs = 0  # jobs submitted and not yet compiled: inference builds wait while there are any
+        self._jobs_done = threading.Condition()
 
     def submit(self, job_id: int) -> None:
-        self._drivers.submit(self._compile, job_id).add_done_callback(_log_crash)
+        with self._jobs_done:
+            self._jobs += 1
+        self._drivers.submit(self._compile_counted, job_id).add_done_callback(_log_crash)
+
+    def _compile_counted(self, job_id: int) -> None:
+        try:
+            self._compile(job_id)
+        finally:
+            with self._jobs_done:
+                self._jobs -= 1
+                self._jobs_done.notify_all()
 
     def cancel(self, job_id: int) -> None:
         """Kill the worker exporting the job's program; its driver then finds the job cancelled and moves on."""
@@ -138,11 +152,16 @@ class LocalCompileQueue:
         compile_job(self._sessions, job_id, export, abandoned=lambda: self._closing)
 
     def build_inference(self, model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+        """Behind every job: waits until none is queued or compiling here, then for a free worker."""
+        with self._jobs_done:
+            self._jobs_done.wait_for(lambda: self._jobs == 0 or self._closing)
         return export_inference(self._store, self._pool.run, model_dir, model_sha256, config, key)
 
     def close(self) -> None:
         """Stop the drivers and kill the compile workers; jobs they were compiling are left for ``recover``."""
         self._closing = True
+        with self._jobs_done:
+            self._jobs_done.notify_all()
         self._drivers.shutdown(wait=False, cancel_futures=True)
         self._pool.close()
 

@@ -75,14 +75,20 @@ class _WriterTurns:
             self._lock.release()
 
 
-def read_only(engine: Engine) -> Connection:
-    """A connection for reads only (``with read_only(engine) as conn``), in autocommit: each statement is its own
-    snapshot. On SQLite it does not take the write lock; on PostgreSQL it spares the BEGIN and ROLLBACK round
-    trips a one-statement read would otherwise cost."""
+def read_only_engine(engine: Engine) -> Engine:
+    """``engine`` for reads only, in autocommit: each statement is its own snapshot. On SQLite its connections never
+    take the write lock; on PostgreSQL they spare the BEGIN and ROLLBACK round trips a one-statement read would
+    otherwise cost. The dashboard's pages read through it (``server.deps.ReadSessionDep``), so that drawing a page
+    holds up no writer."""
     options: dict[str, Any] = {_READ_ONLY: True}
     if engine.dialect.name == "postgresql":  # SQLite's driver is in autocommit already (see _sqlite_pragmas)
         options["isolation_level"] = "AUTOCOMMIT"
-    return engine.connect().execution_options(**options)
+    return engine.execution_options(**options)
+
+
+def read_only(engine: Engine) -> Connection:
+    """A connection of ``read_only_engine`` (``with read_only(engine) as conn``)."""
+    return read_only_engine(engine).connect()
 
 
 def _private_sqlite_file(url: str) -> None:

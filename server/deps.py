@@ -51,6 +51,13 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         yield session
 
 
+async def get_read_session(request: Request) -> AsyncIterator[Session]:
+    """A session that only reads (``server.db.read_only_engine``): it holds no transaction, so however long the
+    request takes with what it read (a dashboard page drawing its charts), no writer waits on it."""
+    with request.app.state.read_sessionmaker() as session:
+        yield session
+
+
 async def get_engine(request: Request) -> Engine:
     return request.app.state.engine
 
@@ -81,6 +88,7 @@ async def get_upload_slots(request: Request) -> UploadSlots:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]

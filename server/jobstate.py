@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Update, and_, bindparam, case, exists, or_, select, true, update
+from sqlalchemy import Boolean, Connection, Update, and_, bindparam, case, exists, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -321,6 +321,7 @@ _HEARTBEAT = (
         Job.leased_device_id == bindparam("holder"),
         Job.lease_expires_at >= bindparam("now"),
         Job.spec["steps"].as_integer() >= bindparam("step"),
+        or_(bindparam("no_loss", type_=Boolean), ~Job.private),  # a private job's losses stay on the device
         ~_REVOKED,  # a lease granted while its device was being revoked ends at the first heartbeat
     )
     .values(
@@ -337,13 +338,14 @@ def heartbeat(
     conn: Connection, job_id: int, device_id: int, lease_s: int, progress: HeartbeatCreate
 ) -> datetime | None:
     """Extend the device's lease and record progress → the new expiry; None when the update did not apply: the
-    job is not running under this device's unexpired lease, or ``progress.step`` is beyond its steps (the caller
+    job is not running under this device's unexpired lease, ``progress.step`` is beyond its steps, or a private
+    job's heartbeat carries a loss (the caller
     reads the job to say which). One conditional UPDATE, so the check and the write cannot be split by another
     request, and a heartbeat costs one statement, in the request's transaction on ``conn`` (the caller commits)."""
     now = utcnow()
     expires = now + timedelta(seconds=lease_s)
     values = {"job_id": job_id, "holder": device_id, "now": now, "expires": expires, "step": progress.step}
-    values |= {"loss": progress.loss, "steps_per_s": progress.steps_per_s}
+    values |= {"loss": progress.loss, "no_loss": progress.loss is None, "steps_per_s": progress.steps_per_s}
     return expires if conn.execute(_HEARTBEAT, values).rowcount else None
 
 

@@ -18,8 +18,9 @@ request over any bound answers 429 with ``Retry-After``. A slot is taken once th
 back when the body stops arriving at the required pace (``server.uploads.BodyPace``: 408), so that uploads that
 send their head and stall hold nothing for long.
 
-``RefusedUploads`` answers an upload refused with 429 only after a pause and with ``Connection: close``: the server
-reads none of the body it refused, and a device that retries at once is held to one try per pause and connection.
+``RefusedUploads`` answers every refused upload (429, a lapsed lease's 409, any other error) only after a pause and
+with ``Connection: close``: the server reads none of the body it refused, and a device that retries at once is held
+to one try per pause and connection.
 """
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ class UploadSlots:
 
 
 class RefusedUploads:
-    """An upload answered 429 (its user's verification places or upload slots are all taken) is answered after
-    ``delay_s`` and with ``Connection: close``.
+    """An upload refused with any error (429: its user's verification places or upload slots are all taken; 409: its
+    lease lapsed; 401, 404, 413, 422, ...) is answered after ``delay_s`` and with ``Connection: close``.
 
     Without it uvicorn keeps such a connection and reads, to discard it, the whole body the route refused unread
     (2.4 MB for a forged 20,000-step log), and a client that retries at once makes the next one at once: six of one
@@ -168,9 +169,10 @@ class RefusedUploads:
             return await self.app(scope, receive, send)
 
         async def refusing(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == status.HTTP_429_TOO_MANY_REQUESTS:
+            if message["type"] == "http.response.start" and message["status"] >= status.HTTP_400_BAD_REQUEST:
                 await asyncio.sleep(self.delay_s)
-                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
         await self.app(scope, receive, refusing)

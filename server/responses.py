@@ -35,10 +35,13 @@ _ERRORS = {
 }
 _METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "PATCH", "TRACE"})
 FILE_RESPONSE = {
-    200: {"content": {"application/octet-stream": {}}, "description": "the file (or the requested range)"},
-    304: {"description": "If-None-Match named this file's sha256: the client has it"},
+    200: {"content": {"application/octet-stream": {}}, "description": "the file"},
+    206: {"content": {"application/octet-stream": {}}, "description": "the range (or ranges) the Range header asked"},
+    304: {"description": "If-None-Match named this file's sha256 (or *): the client has it"},
+    400: {"description": "a malformed Range header"},
+    416: {"description": "the Range header asks for bytes past the end of the file"},
 }
-IfNoneMatch = Header(None, description="a quoted sha256 the client already has")
+IfNoneMatch = Header(None, description="a quoted sha256 the client already has (or *)")
 
 
 def errors(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
@@ -144,8 +147,10 @@ def not_found(what: str) -> HTTPException:
 def serve_file(
     path: Path, sha256: str, filename: str, if_none_match: str | None, media_type: str = "application/octet-stream"
 ) -> Response:
-    """The file with ETag = its sha256; 304 when the client already has exactly these bytes."""
+    """The file with ETag = its sha256; 304 when the client already has exactly these bytes: If-None-Match names
+    its ETag (compared weakly, as RFC 9110 has it for If-None-Match: ``W/`` is ignored) or is ``*``."""
     etag = f'"{sha256}"'
-    if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
+    named = [t.strip().removeprefix("W/") for t in (if_none_match or "").split(",")]
+    if if_none_match is not None and (etag in named or named == ["*"]):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
     return FileResponse(path, filename=filename, media_type=media_type, headers={"ETag": etag})

@@ -56,6 +56,18 @@ class Settings(BaseSettings):
         description="memory a program export may use; one that needs more fails its job with the figure, before it "
         "starts (default: the memory available on the machine when the compile starts)",
     )
+    inference_builds: int = Field(
+        default=4,
+        ge=1,
+        description="inference programs building at once (devices' POST /v1/device/inference); more: 429 "
+        "Retry-After. They wait for the compile workers behind every job's compile",
+    )
+    inference_builds_per_user: int = Field(
+        default=2, ge=1, description="inference programs the devices of one user may have building at once"
+    )
+    inference_builds_per_device: int = Field(
+        default=1, ge=1, description="inference programs one device may have building at once"
+    )
     verify_workers: int = Field(
         default=2, ge=1, description="processes replaying uploaded results (MOBIZO_QUEUE=local)"
     )
@@ -77,6 +89,12 @@ class Settings(BaseSettings):
     upload_min_bytes_per_s: float = Field(
         default=4096.0, gt=0, description="the slowest average pace an upload's body may arrive at"
     )
+    upload_max_body_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="an upload's whole body must arrive within this many seconds of its head (a slower one answers "
+        "408 and gives its slot back): the longest one upload holds a slot",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,
@@ -88,8 +106,8 @@ class Settings(BaseSettings):
         default=1.0,
         ge=0,
         le=60,
-        description="an upload refused with 429 is answered after this pause, closing its connection, so that a "
-        "device retrying at once is held to one try per pause (server.limits.RefusedUploads)",
+        description="an upload refused (429, 409, any error) is answered after this pause, closing its connection, "
+        "so that a device retrying at once is held to one try per pause (server.limits.RefusedUploads)",
     )
     verify_timeout_s: float = Field(
         default=600.0, gt=0, description="a replay running longer is stopped (its worker killed); the upload gets 503"

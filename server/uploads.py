@@ -50,8 +50,9 @@ Slot = Callable[[], AbstractContextManager[object]]
 @dataclass(frozen=True)
 class BodyPace:
     """How an upload's body must arrive: its first bytes within ``timeout_s`` of the request, then on average at
-    least ``min_rate`` bytes per second: byte n is due ``timeout_s + n / min_rate`` seconds after the request. A
-    body that stalls, or trickles (a few bytes now and then, to keep a slot), misses its due time and is dropped.
+    least ``min_rate`` bytes per second: byte n is due ``timeout_s + n / min_rate`` seconds after the request, and
+    every byte within ``max_s`` of it. A body that stalls, or trickles (a few bytes now and then, to keep a slot),
+    misses its due time and is dropped; one paced just above ``min_rate`` holds its slot for ``max_s`` at most.
 
     Until its first bytes arrive an upload holds no slot but does hold one of the thread pool's threads (the routes
     are sync), for at most ``timeout_s``: the header phase and the other routes' bodies have no timeout of this kind
@@ -59,14 +60,15 @@ class BodyPace:
 
     timeout_s: float
     min_rate: float
+    max_s: float = float("inf")
 
     @classmethod
     def of(cls, settings: Settings) -> BodyPace:
-        return cls(settings.upload_body_timeout_s, settings.upload_min_bytes_per_s)
+        return cls(settings.upload_body_timeout_s, settings.upload_min_bytes_per_s, settings.upload_max_body_s)
 
     def due(self, start: float, received: int) -> float:
         """When the next bytes must have arrived (``time.monotonic``), ``received`` bytes into the body."""
-        return start + self.timeout_s + received / self.min_rate
+        return start + min(self.timeout_s + received / self.min_rate, self.max_s)
 
 
 class BodyStalled(Exception):
@@ -108,7 +110,10 @@ def read_parts(
     except BodyStalled:
         held.close()
         assert pace is not None  # only a paced body stalls
-        rule = f"did not arrive in time (from {pace.timeout_s:g} s after the head, at {pace.min_rate:g} bytes/s)"
+        rule = (
+            f"did not arrive in time (from {pace.timeout_s:g} s after the head, at {pace.min_rate:g} bytes/s, "
+            f"all of it within {pace.max_s:g} s)"
+        )
         raise _body_stopped(request, rule) from None
     except ClientDisconnect:
         held.close()
@@ -231,7 +236,7 @@ def receive(store: ArtifactStore, tmp: Path, spec: JobSpec, d: int, parts: dict[
         if b_path is not None:
             check_b(b_path, d)
         check_step_count(log_path, spec)
-        metrics = parse_metrics(metrics_path.read_bytes())
+        metrics = parse_metrics(metrics_path.read_bytes(), private=spec.privacy is not None)
     except ResultRejected as exc:
         raise field_error(exc.field, exc.message) from None
     b_sha = None if b_path is None else sha256_file(b_path)

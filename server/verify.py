@@ -28,7 +28,7 @@ from shared import defaults
 from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import DataError
 from shared.manifest import ProgramManifest
-from shared.schemas import JobSpec, UploadMetrics
+from shared.schemas import MAX_LOSS, JobSpec, UploadMetrics
 
 METRICS_LIMIT = 1 << 20
 _LOG_LINE_BYTES = 512  # step, seed, lr, eps and punctuation, generously
@@ -36,7 +36,6 @@ _FLOAT_BYTES = 32  # one float written with repr() and a separator
 REPLAY_RTOL = 1e-4
 REPLAY_ATOL = 1e-6
 G_RTOL = 1e-5  # g against (l+ - l-) / (2 eps): float32 rounding of the logged losses, with room to spare
-MAX_LOSS = 1e4  # a mean cross-entropy in nats; the log's losses must lie in [0, MAX_LOSS]
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
@@ -90,8 +89,10 @@ def _json_problem(exc: Exception) -> str:
     return "NaN, Infinity or a number too long to read"
 
 
-def parse_metrics(data: bytes) -> dict[str, Any]:
-    """The metrics part as ``UploadMetrics`` validates it, in the form stored (unknown keys dropped, JSON-safe)."""
+def parse_metrics(data: bytes, private: bool = False) -> dict[str, Any]:
+    """The metrics part as ``UploadMetrics`` validates it, in the form stored (unknown keys dropped, JSON-safe). A
+    private job's (``private``) carries no losses and no held-out figures: they are functions of the device's data
+    that no noise covers, so the server refuses to store them."""
     try:
         raw = json.loads(data, parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
@@ -104,7 +105,19 @@ def parse_metrics(data: bytes) -> dict[str, Any]:
         first = exc.errors()[0]
         where = ".".join(str(p)[:64] for p in first["loc"])  # a key is the client's: only its start
         raise ResultRejected("metrics", f"{where}: {first['msg']} ({exc.error_count()} errors)") from None
+    if private and metrics.losses is not None:
+        raise ResultRejected("metrics", "losses: a private job's losses stay on the device")
+    if private and metrics.eval:
+        raise ResultRejected("metrics", "eval: a private job's held-out figures stay on the device")
     return metrics.model_dump(mode="json", exclude_unset=True)
+
+
+def step_losses(log: list[dict]) -> list[float] | None:
+    """Each step's mean path loss, as the device's metrics state it (``device_agent.metrics``), from the checked
+    log; None for a private log (no losses). The server stores these, not the device's claim."""
+    if not log or any("losses" not in rec for rec in log):
+        return None
+    return [float(np.mean(rec["losses"])) for rec in log]
 
 
 def replay_tolerance(max_abs_b: float) -> float:
@@ -310,6 +323,7 @@ def verify_and_package(
         log = read_checked_log(log_path, job["spec"])
         stored_b = Path(out_dir) / "replayed_b_flat"
         checks = _replayed_b(init_path, b_path, log, job["spec"], job["d"], job["exact"], stored_b)
+        checks["losses"] = step_losses(log)
     return {"b_flat": str(stored_b), "archive": package_adapter(job, str(stored_b), out_dir), **checks}
 
 
@@ -329,4 +343,5 @@ def replay_log_only(job: dict[str, Any], log_path: str, init_path: str | None, o
     out = Path(out_dir) / "replayed_b_flat"
     out.write_bytes(b_file_bytes(b.numpy()))
     losses = [loss for rec in log for loss in rec.get("losses", ())]  # a private log has none
-    return {"b_flat": str(out), "replay_s": seconds, "mean_loss": float(np.mean(losses)) if losses else None}
+    mean_loss = float(np.mean(losses)) if losses else None
+    return {"b_flat": str(out), "replay_s": seconds, "mean_loss": mean_loss, "losses": step_losses(log)}

@@ -40,6 +40,7 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _MAX_SEED = 2**31 - 1
 MAX_DB_INT = 2**31 - 1  # the largest value of an INTEGER column (PostgreSQL): ids, memory_mb, steps
 _MAX_INT64 = 2**63 - 1
+MAX_LOSS = 1e4  # a mean cross-entropy in nats: every loss a device reports (log, metrics, heartbeat) lies in [0, it]
 MAX_EVALS = 1000  # held-out measurements of one job (eval_every): each costs a pass over the slice on the device
 MAX_LABELS = 256  # a verbalizer's labels: each is scored on every evaluation example
 MAX_MODEL_PATH = 1024  # with the names of the files inside it, well under the system's PATH_MAX (4096)
@@ -603,7 +604,13 @@ class LeasePublic(BaseModel):
 
 class HeartbeatCreate(_Strict):
     step: int = Field(ge=0, le=MAX_DB_INT)
-    loss: float | None = Field(default=None, allow_inf_nan=False)
+    loss: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LOSS,
+        allow_inf_nan=False,
+        description="the step's mean path loss; a private job's carries none",
+    )
     steps_per_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     paused: StrictBool = Field(default=False, description="training is paused: the device's policy does not hold now")
 
@@ -627,6 +634,9 @@ class ResultPublic(BaseModel):
 
 _Count = Annotated[int, Field(ge=0, le=_MAX_INT64)]
 _Finite = Annotated[float, Field(allow_inf_nan=False)]
+_NonNegative = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]  # seconds, megabytes
+_Loss = Annotated[float, Field(ge=0, le=MAX_LOSS, allow_inf_nan=False)]
+_Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 _Text = Annotated[str, Field(max_length=256)]
 
 
@@ -641,8 +651,8 @@ class EvalMetrics(_Metrics):
     """One evaluation during or after training (``device_agent.evaluation``)."""
 
     step: _Count | None = None
-    accuracy: _Finite | None = None
-    loss: _Finite | None = None
+    accuracy: _Fraction | None = None
+    loss: _Loss | None = None
     n: _Count | None = None
 
 
@@ -675,10 +685,14 @@ class UploadMetrics(_Metrics):
     batch_size: _Count | None = None
     examples_per_query: _Count | None = None
     steps: _Count | None = None
-    losses: list[_Finite] | None = Field(default=None, max_length=1_000_000, description="per step: mean path loss")
-    step_time_s: _Finite | None = None
-    train_time_s: _Finite | None = None
-    peak_rss_mb: _Finite | None = None
+    losses: list[_Loss] | None = Field(
+        default=None,
+        max_length=1_000_000,
+        description="per step: mean path loss (the server stores the means of the verified log's losses instead)",
+    )
+    step_time_s: _NonNegative | None = None
+    train_time_s: _NonNegative | None = None
+    peak_rss_mb: _NonNegative | None = None
     eval: list[EvalMetrics] | None = Field(default=None, max_length=10_000)
     seq_len: _Count | None = None
     answer_len: _Count | None = None

@@ -1,7 +1,10 @@
 """The dashboard at ``/ui``: server-rendered pages (Jinja2 templates in ``server/templates``, charts as inline SVG
 from ``server.charts``, no JavaScript) over the same reads, scoping and writes as the REST API: a user sees and acts
 on their own jobs, devices and adapters (and their cohorts' adapters), anyone else's is a 404 page; the admin sees
-the cohorts' federated jobs, users, models and the queues. Sign-in, the session cookie and CSRF: ``server.ui``."""
+the cohorts' federated jobs, users, models and the queues. Sign-in, the session cookie and CSRF: ``server.ui``.
+
+Pages read through a read-only session (``ReadSessionDep``): drawing a page, its charts included, holds no
+transaction, so no writer of any tenant waits on a page view."""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ from typing import Annotated, Any
 from fastapi import Form, HTTPException, Query, Request, Response, status
 from fastapi.responses import RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials
+from sqlalchemy.orm import Session
 
 from server import accounts, jobstate, queries, registry
 from server.charts import Node, Series, line_chart, lineage_chart
-from server.deps import ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
+from server.deps import ObjectId, QueueDep, ReadSessionDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
 from server.registry import adapter_public
 from server.router import Router
 from server.tables import Model
@@ -102,7 +106,7 @@ def _eta_s(job: JobPublic) -> float | None:
 def jobs(
     request: Request,
     viewer: CurrentViewer,
-    session: SessionDep,
+    session: ReadSessionDep,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(50, ge=1, le=500),
 ) -> Response:
@@ -146,7 +150,7 @@ def held_out_charts(held_out: HeldOut | None) -> list[str]:
     return charts
 
 
-def _rounds(session: SessionDep, job_id: int) -> tuple[list[dict[str, Any]], str | None]:
+def _rounds(session: Session, job_id: int) -> tuple[list[dict[str, Any]], str | None]:
     """A federated job's rounds (participants, refusals) and the chart of the aggregate's mean loss by round."""
     rounds = []
     for round_, clients in queries.rounds_of(session, job_id):
@@ -160,7 +164,7 @@ def _rounds(session: SessionDep, job_id: int) -> tuple[list[dict[str, Any]], str
 
 
 @router.get("/jobs/{job_id}")
-def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: SessionDep) -> Response:
+def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
     found = caller_job(session, viewer.user, job_id)
     shown = job_public(session, found)
     adapter = registry.job_adapter(session, job_id)
@@ -195,7 +199,7 @@ def cancel(
 
 
 @router.get("/devices")
-def devices(request: Request, viewer: CurrentViewer, session: SessionDep) -> Response:
+def devices(request: Request, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
     _need_user(viewer)
     mine = queries.devices_of(session, viewer.user.id)
     work = queries.device_work(session, [d.id for d in mine])
@@ -214,7 +218,7 @@ def revoke(device_id: ObjectId, viewer: CurrentViewer, session: SessionDep, csrf
 
 
 @router.get("/adapters")
-def adapters(request: Request, viewer: CurrentViewer, session: SessionDep) -> Response:
+def adapters(request: Request, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
     """The adapters the user may see, one lineage (model, task, owner) per table, with its graph."""
     _need_user(viewer)
     rows, _ = queries.adapters_of(session, viewer.user.id, None, None, 0, 1000)
@@ -246,7 +250,7 @@ def _previous(versions: list, adapter: Any) -> int | None:
 
 
 @router.get("/adapters/{adapter_id}")
-def adapter(request: Request, adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep) -> Response:
+def adapter(request: Request, adapter_id: ObjectId, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
     _need_user(viewer)
     found = user_adapter(session, viewer.user.id, adapter_id)
     shown = adapter_public(session, found, session.get_one(Model, found.model_id).name)
@@ -271,7 +275,7 @@ def download(adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep, s
 
 
 @router.get("/admin")
-def admin(request: Request, viewer: CurrentViewer, session: SessionDep, settings: SettingsDep) -> Response:
+def admin(request: Request, viewer: CurrentViewer, session: ReadSessionDep, settings: SettingsDep) -> Response:
     if not viewer.admin:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this page is the admin's")
     by_status = queries.jobs_by_status(session)

@@ -2,10 +2,12 @@
 and the adapters of the device's user.
 
 ``POST /v1/device/inference`` asks for the program of (model, config): 200 with the manifest and its files once
-built, 503 + Retry-After while it compiles (the first request starts the build), 422 when it cannot be built. The
-weights it names are the model's one ``.ptd``, shared with its training programs. ``GET /v1/device/adapters/{id}``
-describes an adapter its user may see (theirs, and those of the cohorts they are in now; any other answers 404, as
-everywhere), with B's sha256. Every file, B included, downloads from ``GET /v1/blobs/{sha256}`` (``server.grants``).
+built, 503 + Retry-After while it compiles (the first request starts the build), 429 + Retry-After when this device,
+its user or the server already have as many builds running as allowed (``server.inference_builds``), 422 when it
+cannot be built. The weights it names are the model's one ``.ptd``, shared with its training programs. ``GET
+/v1/device/adapters/{id}`` describes an adapter its user may see (theirs, and those of the cohorts they are in now;
+any other answers 404, as everywhere), with B's sha256. Every file, B included, downloads from ``GET
+/v1/blobs/{sha256}`` (``server.grants``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from fastapi import Request, status
 from server import federation, jobstate
 from server.deps import CurrentDevice, ObjectId, SessionDep
 from server.grants import blob_ref
-from server.inference_builds import BuildFailed, InferenceBuilds
+from server.inference_builds import BuildFailed, BuildsBusy, InferenceBuilds
 from server.model_lookup import registered_model
 from server.registry import adapter_public
 from server.responses import errors, field_error, not_found, try_later
@@ -41,7 +43,10 @@ def _builds(request: Request) -> InferenceBuilds:
         403,
         413,
         422,
+        429,
         503,
+        e429="this device, your devices or the server have as many inference programs building as allowed: retry "
+        "after Retry-After",
         e503="the program is being compiled (or compiling is paused): retry after Retry-After",
     ),
 )
@@ -50,10 +55,13 @@ def inference_program(body: InferenceCreate, device: CurrentDevice, session: Ses
     model = registered_model(session, body.model, body.config.targets, field="config.targets")
     model_id, model_dir, model_sha = model.id, model.path, model.sha256
     session.commit()
+    config = body.config.model_dump(mode="json")
     try:
-        key, manifest = _builds(request).get(model_dir, model_sha, body.config.model_dump(mode="json"))
+        key, manifest = _builds(request).get(model_dir, model_sha, config, device.id, device.user_id)
     except BuildFailed as exc:
         raise field_error("config", f"cannot compile this inference program: {exc}") from exc
+    except BuildsBusy as exc:
+        raise try_later(status.HTTP_429_TOO_MANY_REQUESTS, f"{exc}: retry when one is built", BUILD_RETRY_S) from exc
     if manifest is None:
         raise try_later(status.HTTP_503_SERVICE_UNAVAILABLE, "compiling the inference program", BUILD_RETRY_S)
     jobstate.program_row(session, model_id, key, manifest, kind="inference")  # its files are granted to devices

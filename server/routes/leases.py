@@ -151,7 +151,7 @@ def lease(
         413,
         422,
         e409="this device does not hold the lease",
-        e422="malformed, or progress beyond the job's steps",
+        e422="malformed, progress beyond the job's steps, or a loss in a private job's heartbeat",
     ),
 )
 def heartbeat(
@@ -173,6 +173,8 @@ def heartbeat(
         return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
     if jobstate.holds_lease(job, device.id) and body.step > job.spec["steps"]:
         raise field_error("step", f"must not exceed the job's {job.spec['steps']} steps")
+    if jobstate.holds_lease(job, device.id) and body.loss is not None and job.spec.get("privacy"):
+        raise field_error("loss", "a private job's heartbeat carries no loss: its losses stay on the device")
     raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device does not hold its lease (expired?)")
 
 

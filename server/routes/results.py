@@ -116,7 +116,11 @@ def _record(
         return _repeat(session, job, upload) or _lost(job)
     uploaded_b_sha = upload.b_sha256 or replayed_b_sha  # a log-only upload's B is its replay
     files = registry.StoredFiles(replayed_b_sha, uploaded_b_sha, upload.log_sha256, archive_sha, archive_size)
-    adapter = registry.add_version(session, job, spec, files, {**upload.metrics, "server": outcome["checks"]})
+    checks = dict(outcome["checks"])
+    stored = {**upload.metrics, "server": checks}
+    if (losses := checks.pop("losses", None)) is not None:  # the verified log's, not the device's claim
+        stored["losses"] = losses
+    adapter = registry.add_version(session, job, spec, files, stored)
     _publish(store, upload, replayed_b, archive)
     session.commit()
     return ResultPublic(adapter_id=adapter.id, version=adapter.version)

@@ -36,6 +36,14 @@ def test_range_resumes_and_if_none_match_is_304(client, leased):
     stale = client.get(url, headers={**phone["headers"], "Range": "bytes=100-", "If-Range": '"0000"'})
     assert stale.status_code == 200 and stale.content == whole  # changed file: start over
     assert client.get(url, headers={**phone["headers"], "If-None-Match": f'"{sha}"'}).status_code == 304
+    for matching in ("*", f'"0000", W/"{sha}"'):  # any representation; a weak tag compares as its strong one
+        assert client.get(url, headers={**phone["headers"], "If-None-Match": matching}).status_code == 304
+    assert client.get(url, headers={**phone["headers"], "If-None-Match": '"0000"'}).status_code == 200
+    past = client.get(url, headers={**phone["headers"], "Range": f"bytes={len(whole) + 10}-"})
+    malformed = client.get(url, headers={**phone["headers"], "Range": "bytes=abc"})
+    responses = client.get("/openapi.json").json()["paths"]["/v1/blobs/{sha256}"]["get"]["responses"]
+    for answer in (part, past, malformed):  # every status the route answers is in its OpenAPI document
+        assert str(answer.status_code) in responses, answer.status_code
 
 
 def test_other_users_devices_and_users_cannot_download(client, leased):
