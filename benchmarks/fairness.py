@@ -1,7 +1,8 @@
-"""Does one tenant's verification load slow another tenant's requests? Another tenant's p50 and p95 for
-``GET /v1/jobs``, a heartbeat and a (small, valid) result upload, while an attacker's devices upload long forged
-logs (each a full replay in a verify worker before it is refused), with 0 (idle), 1 and 6 attacking devices, side
-by side in one run.
+"""Does one tenant's load slow another tenant's requests? Another tenant's p50 and p95 for a lease,
+``GET /v1/jobs``, a heartbeat and a (small, valid) result upload, while an attacker's devices upload without pause,
+with 0 (idle), 1 and 6 attacking devices, side by side in one run. ``--attack replay`` (the default): long forged
+logs, each a full replay in a verify worker before it is refused; ``--attack lapsed``: uploads to a job the device
+holds no lease on, each refused with 409 before its body is read (paced and closed by ``server.limits``).
 
 The server is the real app in a process of its own (uvicorn on loopback, SQLite, its real verify worker processes,
 ``verify_per_user`` 1) with the fake compile queue (programs are instant: the compile is not this benchmark's
@@ -9,6 +10,7 @@ subject). The attacker's devices loop without pause, each on a leased job of ``-
 is well formed and replays in full, then is refused because its B is not the replay's.
 
     python -m benchmarks.fairness                      # about 4 minutes on 2 cores
+    python -m benchmarks.fairness --attack lapsed --attackers 6
     python -m benchmarks.fairness --rounds 60 --attack-steps 20000
 """
 
@@ -29,7 +31,7 @@ import numpy as np
 from tests.server.factories import ADMIN_TOKEN, b_flat_bytes, bearer, fake_training, make_fake_model
 
 VICTIM_JOB = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 3, "rank": 2}
-REQUESTS = ("GET /v1/jobs", "heartbeat", "upload")
+REQUESTS = ("lease", "GET /v1/jobs", "heartbeat", "upload")
 
 
 def _serve(data_dir: str, sock: socket.socket) -> None:
@@ -101,10 +103,11 @@ def forged(spec: dict, d: int) -> tuple[np.ndarray, str]:
     return np.zeros(d, np.float32), "".join(lines)
 
 
-def _attack(url: str, key: str, token: str, spec: dict, stop, answers, ready) -> None:
+def _attack(url: str, key: str, token: str, spec: dict, mode: str, stop, answers, ready) -> None:
     """One attacker process: a device of the attacker uploading forged logs of ``spec`` jobs without pause until
-    ``stop`` is set, on a new lease after each refusal that followed a replay; ``answers`` counts the statuses,
-    ``ready`` gets an item once the first forged upload is about to go."""
+    ``stop`` is set: ``replay``, on a new lease after each refusal that followed a replay; ``lapsed``, to a job it
+    holds no lease on, again and again. ``answers`` counts the statuses, ``ready`` gets an item once the first
+    forged upload is about to go."""
     user = httpx.Client(base_url=url, headers=bearer(key), timeout=600)
     device = httpx.Client(base_url=url, headers=bearer(token), timeout=600)
 
@@ -113,14 +116,17 @@ def _attack(url: str, key: str, token: str, spec: dict, stop, answers, ready) ->
         return (leased, *forged(leased["spec"], leased["manifest"]["lora_size"]))
 
     leased, b, log = lease()
+    if mode == "lapsed":  # a job of the attacker's that no device holds: every upload to it is refused with 409
+        job = user.post("/v1/jobs", json=spec).raise_for_status().json()
+        leased = {**leased, "job_id": job["id"]}
     ready.append(token[:8])
     while not stop.is_set():
         try:
             status = upload(device, leased["job_id"], b, log, spec["steps"]).status_code
         except httpx.TransportError:  # refused and closed while the body was still being sent: try again at once
-            status = 429
+            status = "closed"
         answers[status] = answers.get(status, 0) + 1
-        if status != 429:
+        if mode == "replay" and status not in (429, "closed"):
             leased, b, log = lease()
 
 
@@ -128,14 +134,16 @@ class Attack:
     """``processes`` of the attacker (processes, not threads: the victim's client in this process must not wait for
     the attacker's interpreter lock), each uploading forged logs of long jobs without pause until the block ends."""
 
-    def __init__(self, url: str, attacker: Tenant, processes: int, spec: dict) -> None:
+    def __init__(self, url: str, attacker: Tenant, processes: int, spec: dict, mode: str) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._manager = ctx.Manager()
         self.stop, self.answers, self.ready = self._manager.Event(), self._manager.dict(), self._manager.list()
         key = attacker.http.headers["authorization"].removeprefix("Bearer ")
         tokens = [d.headers["authorization"].removeprefix("Bearer ") for d in attacker.devices[:processes]]
         self._processes = [
-            ctx.Process(target=_attack, args=(url, key, token, spec, self.stop, self.answers, self.ready), daemon=True)
+            ctx.Process(
+                target=_attack, args=(url, key, token, spec, mode, self.stop, self.answers, self.ready), daemon=True
+            )
             for token in tokens
         ]
 
@@ -162,7 +170,10 @@ def measure(victim: Tenant, rounds: int) -> dict[str, list[float]]:
     """``rounds`` of each of the victim's requests, in turn → milliseconds per kind."""
     seconds: dict[str, list[float]] = {kind: [] for kind in REQUESTS}
     for _ in range(rounds):
-        lease = victim.lease(0, VICTIM_JOB)
+        victim.http.post("/v1/jobs", json=VICTIM_JOB).raise_for_status()
+        start = time.perf_counter()
+        lease = victim.devices[0].post("/v1/leases").raise_for_status().json()
+        seconds["lease"].append(time.perf_counter() - start)
         b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
         device = victim.devices[0]
         start = time.perf_counter()
@@ -188,6 +199,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="the victim's requests of each kind in each phase")
     parser.add_argument("--attack-steps", type=int, default=20_000, help="steps of each forged log (one replay each)")
     parser.add_argument("--attackers", type=int, nargs="+", default=[1, 6], help="attacker processes of each phase")
+    parser.add_argument(
+        "--attack",
+        choices=("replay", "lapsed"),
+        default="replay",
+        help="replay: forged logs replayed in full, then refused; lapsed: uploads refused with 409 (no lease)",
+    )
     args = parser.parse_args()
     attack_spec = {"model": "tiny", "task": "sst2", "q": 1, "batch_size": 1, "steps": args.attack_steps, "rank": 256}
 
@@ -215,9 +232,9 @@ def main() -> None:
             measure(victim, 4)  # warm-up: both verify workers have imported torch
             phases = {0: measure(victim, args.rounds)}
             for attackers in args.attackers:
-                with Attack(url, attacker, attackers, attack_spec) as attack:
+                with Attack(url, attacker, attackers, attack_spec, args.attack) as attack:
                     phases[attackers] = measure(victim, args.rounds)
-                answers = dict(sorted(attack.answers.items()))
+                answers = dict(sorted(attack.answers.items(), key=str))
                 if not answers:
                     raise RuntimeError("the attacker's processes sent nothing (see their tracebacks above)")
                 print(f"{attackers} attacker process(es): the attacker's answers {answers}", flush=True)

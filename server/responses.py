@@ -18,6 +18,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
 
 from shared.schemas import ErrorPublic
 
@@ -29,6 +30,7 @@ _ERRORS = {
     408: "the upload's body did not arrive at the required pace (or the client went away); retry",
     409: "conflicts with the current state",
     413: "the request body is larger than this endpoint accepts",
+    416: "the Range header asks for bytes past the end of the file (Content-Range gives its size)",
     422: "a field is invalid: the detail names it and why",
     429: "too many requests in progress; retry after Retry-After seconds",
     503: "the work was stopped (timed out, or its worker died); retry after Retry-After seconds",
@@ -38,10 +40,9 @@ FILE_RESPONSE = {
     200: {"content": {"application/octet-stream": {}}, "description": "the file"},
     206: {"content": {"application/octet-stream": {}}, "description": "the range (or ranges) the Range header asked"},
     304: {"description": "If-None-Match named this file's sha256 (or *): the client has it"},
-    400: {"description": "a malformed Range header"},
-    416: {"description": "the Range header asks for bytes past the end of the file"},
 }
 IfNoneMatch = Header(None, description="a quoted sha256 the client already has (or *)")
+RANGE_ERRORS = {"e400": "a malformed Range header"}  # with errors(400, 416, ...): a file route's Range errors
 
 
 def errors(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
@@ -153,4 +154,27 @@ def serve_file(
     named = [t.strip().removeprefix("W/") for t in (if_none_match or "").split(",")]
     if if_none_match is not None and (etag in named or named == ["*"]):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-    return FileResponse(path, filename=filename, media_type=media_type, headers={"ETag": etag})
+    return _File(path, filename=filename, media_type=media_type, headers={"ETag": etag})
+
+
+class _File(FileResponse):
+    """Starlette's ``FileResponse`` whose Range errors are this API's errors (JSON ``ErrorPublic``, as documented),
+    not plain text: 400 for a malformed Range header, 416 with ``Content-Range`` for one past the end of the file."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        wanted = Request(scope).headers.get("range")
+        if wanted is not None and scope["method"] in ("GET", "HEAD"):
+            try:
+                self._parse_range_header(wanted, Path(self.path).stat().st_size)
+            except MalformedRangeHeader as exc:
+                detail = f"a malformed Range header: {exc.content or 'expected bytes=start-end'}"
+                return await _error(status.HTTP_400_BAD_REQUEST, detail)(scope, receive, send)
+            except RangeNotSatisfiable as exc:
+                answer = _error(status.HTTP_416_RANGE_NOT_SATISFIABLE, f"the file has {exc.max_size} bytes")
+                answer.headers["Content-Range"] = f"bytes */{exc.max_size}"
+                return await answer(scope, receive, send)
+        await super().__call__(scope, receive, send)
+
+
+def _error(code: int, detail: str) -> JSONResponse:
+    return JSONResponse(ErrorPublic(detail=detail).model_dump(), status_code=code)

@@ -9,7 +9,7 @@ from fastapi.responses import FileResponse
 from server import queries
 from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
 from server.registry import adapter_public as public
-from server.responses import FILE_RESPONSE, IfNoneMatch, errors
+from server.responses import FILE_RESPONSE, RANGE_ERRORS, IfNoneMatch, errors
 from server.router import Router
 from server.tables import Model
 from server.views import archive_response, user_adapter
@@ -43,7 +43,7 @@ def show(adapter_id: ObjectId, user: CurrentUser, session: SessionDep) -> Adapte
     responses={
         **FILE_RESPONSE,
         200: {"content": {"application/zip": {}}, "description": "a zipped PEFT adapter directory"},
-        **errors(401, 403, 404, 422),
+        **errors(400, 401, 403, 404, 416, 422, **RANGE_ERRORS),
     },
 )
 def download(

@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse
 
 from server import grants
 from server.deps import CurrentDevice, ProgramManifestsDep, SessionDep, StoreDep
-from server.responses import FILE_RESPONSE, IfNoneMatch, errors, not_found, serve_file
+from server.responses import FILE_RESPONSE, RANGE_ERRORS, IfNoneMatch, errors, not_found, serve_file
 from server.router import Router
 from shared.schemas import BLOBS_PATH
 
@@ -30,7 +30,9 @@ Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="the file's 
 
 
 @router.get(
-    f"{BLOBS_PATH}/{{sha256}}", response_class=FileResponse, responses={**FILE_RESPONSE, **errors(401, 403, 404, 422)}
+    f"{BLOBS_PATH}/{{sha256}}",
+    response_class=FileResponse,
+    responses={**FILE_RESPONSE, **errors(400, 401, 403, 404, 416, 422, **RANGE_ERRORS)},
 )
 def blob(
     sha256: Sha256,

@@ -42,6 +42,8 @@ def test_range_resumes_and_if_none_match_is_304(client, leased):
     past = client.get(url, headers={**phone["headers"], "Range": f"bytes={len(whole) + 10}-"})
     malformed = client.get(url, headers={**phone["headers"], "Range": "bytes=abc"})
     responses = client.get("/openapi.json").json()["paths"]["/v1/blobs/{sha256}"]["get"]["responses"]
+    assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{len(whole)}"
+    assert malformed.status_code == 400 and "Range" in malformed.json()["detail"]  # JSON, as every 4xx
     for answer in (part, past, malformed):  # every status the route answers is in its OpenAPI document
         assert str(answer.status_code) in responses, answer.status_code
 
