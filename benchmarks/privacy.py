@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--delta", type=float, default=defaults.DP_DELTA)
     parser.add_argument("--clip", type=float, default=defaults.DP_CLIP, help="C (default: a private job's)")
     parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--q", type=int, default=1, help="queries per step (the figures in the docs: 1)")
     parser.add_argument("--lr", type=float, help="default: the objective's")
     parser.add_argument("--clip-only", action="store_true", help="add the private path without its noise (sigma 0)")
     parser.add_argument("--seed", type=int, default=0, help="the non-private runs' seed")
@@ -77,6 +78,7 @@ def run_one(
         eval=files["eval"],
         out=out,
         steps=args.steps,
+        q=args.q,
         seq_len=args.seq_len,
         checkpoint_every=max(args.steps // 10, 1),
         seed=args.seed,

@@ -57,7 +57,7 @@ CODE=$(mobizo enroll-code --json | json '["code"]')
 printf '%s\n' "$CODE" | mobizo agent enroll --server "$MOBIZO_SERVER" --name demo-device --config "$WORK/agent.json"
 
 say "the user: submit an SST-2 job (q=4 queries x E=4 examples, $STEPS steps)"
-JOB=$(mobizo jobs submit --model demo-model --task sst2 --q 4 --batch-size 16 --steps "$STEPS" ${RATE[@]+"${RATE[@]}"} \
+JOB=$(mobizo jobs submit --model demo-model --task sst2 --steps "$STEPS" ${RATE[@]+"${RATE[@]}"} \
       --seq-len 64 | json '["id"]')
 mobizo jobs show "$JOB"
 

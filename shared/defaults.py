@@ -26,7 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 METHOD = "mobizo"
-Q = 1
+# Queries per step: 4 of E = 4 examples at the default batch of 16. Through the program at the classification
+# defaults (SmolLM2-135M-Instruct, SST-2, 200 steps; docs/benchmarks/accuracy.md, "q at a fixed batch"): q 4 took
+# test accuracy to 0.736 where q 1 (MeZO-LoRA's mathematics) reached 0.679, at the same cost per step; q 8 and 16
+# gained no more than half a point over q 4 across three run seeds (docs/benchmarks/sweep.md). A batch that 4 does
+# not divide needs its own --q. The other methods take one query (``q_for``).
+Q = 4
 BATCH_SIZE = 16
 RANK = 16
 SCALING = 2.0  # alpha / rank where alpha is not given (alpha_for)
@@ -95,6 +100,12 @@ CLASSIFICATION = MethodDefaults(lr=4e-2, eps=1e-2, steps=200, rank=4, lr_schedul
 # steps, gains +28.3 (0.799) and ends within a tenth of a point of its best (docs/benchmarks/accuracy.md). Advice in
 # --help, not a default: no run between 200 and 2,000 steps has measured where one lr gives way to the other.
 LONG_RUN_LR = 2e-2
+
+
+def q_for(method: str) -> int:
+    """Queries per step where none is given: ``Q`` for a mobizo run, 1 for the methods that estimate (or compute) one
+    gradient a step (MeZO-LoRA, MeZO, first-order)."""
+    return Q if method == METHOD else 1
 
 
 def default_objective(task_kind: str, answer_len: int | None = None) -> str:

@@ -251,7 +251,13 @@ class HyperParams(BaseModel):
     into q groups of E."""
 
     method: Method = defaults.METHOD
-    q: int = Field(default=defaults.Q, ge=1, le=64)
+    q: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=f"queries per step; default: {defaults.Q} for mobizo (the benchmark's best at batch "
+        f"{defaults.BATCH_SIZE}), 1 for the other methods",
+    )
     batch_size: int = Field(default=defaults.BATCH_SIZE, ge=1, le=1024)
     steps: int | None = Field(default=None, ge=1, le=1_000_000, description="default: the method's")
     eval_every: int | None = Field(
@@ -336,7 +342,15 @@ class HyperParams(BaseModel):
             setattr(self, name, getattr(chosen, name))
         if self.alpha is None:
             self.alpha = defaults.alpha_for(self.rank)
-        examples_per_query(self.batch_size, self.q)
+        q_defaulted = self.q is None
+        if q_defaulted:
+            self.q = defaults.q_for(self.method)
+        try:
+            examples_per_query(self.batch_size, self.q)
+        except FieldError as exc:
+            if not q_defaulted:
+                raise
+            raise FieldError("batch_size", f"{exc.reason}, the default q: give q (a divisor of the batch)") from None
         try:
             check_schedule(self.steps, self.lr_schedule, self.warmup_steps, self.lr_floor)
         except UsageError as exc:

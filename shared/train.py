@@ -77,7 +77,7 @@ class TrainConfig:
     out: Path
     eval: Path | None = None
     method: str = defaults.METHOD
-    q: int = defaults.Q
+    q: int | None = None  # None: the method's (shared.defaults.q_for)
     batch_size: int = defaults.BATCH_SIZE
     steps: int | None = None  # None: the method's default for the objective (shared.defaults.TUNED)
     lr: float | None = None  # the base lr: the schedule's peak (shared.schedule)
@@ -122,11 +122,12 @@ class TrainConfig:
 def with_defaults(config: TrainConfig) -> TrainConfig:
     """``config`` with its objective (by default the task's, ``shared.defaults.default_objective``; the tokenizer
     checks it later) and the method's defaults for that objective for the tuned values it does not give
-    (``shared.defaults.TUNED``: steps, lr, eps, rank, schedule; alpha follows the rank)."""
+    (``shared.defaults.TUNED``: steps, lr, eps, rank, schedule; alpha follows the rank; q: ``defaults.q_for``)."""
     objective = config.objective if config.objective is not None else _default_objective(config)
     chosen = defaults.for_method(config.method, objective=objective)
     missing = {name: getattr(chosen, name) for name in defaults.TUNED if getattr(config, name) is None}
-    config = replace(config, objective=objective, **missing)
+    q = config.q if config.q is not None else defaults.q_for(config.method)
+    config = replace(config, objective=objective, q=q, **missing)
     return config if config.alpha is not None else replace(config, alpha=defaults.alpha_for(config.rank))
 
 
@@ -182,7 +183,10 @@ def _check_method(config: TrainConfig) -> None:
     try:
         examples_per_query(config.batch_size, config.q)
     except FieldError:
-        reason = f"must divide --batch-size {config.batch_size} (each query gets batch_size/q examples)"
+        reason = (
+            f"{config.q} must divide --batch-size {config.batch_size} (each query gets batch_size/q examples; "
+            f"a mobizo run's default q is {defaults.Q})"
+        )
         raise UsageError("q", reason) from None
 
 

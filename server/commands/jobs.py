@@ -96,7 +96,12 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         help="frame each prompt with the model's chat template (instruct models); stored in the job spec",
     )
     for field, kind, text in (
-        ("q", int, "queries per step (outer-loop paths); must divide --batch-size"),
+        (
+            "q",
+            int,
+            f"queries per step (outer-loop paths; default {defaults.Q} for mobizo, 1 otherwise); must divide "
+            "--batch-size",
+        ),
         ("batch_size", int, "examples per step; each query sees batch-size / q of them"),
         ("steps", int, "training steps (default: the method's, below)"),
         ("eval_every", int, "also measure the device's held-out slice every K steps (default: before and after)"),

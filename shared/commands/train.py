@@ -48,7 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mobizo (default), mezo-lora, mezo (full parameters, no adapter), or "
         "fo-lora (backprop); all but mobizo need --q 1",
     )
-    add("--q", default=_KEEP, type=int, help=f"queries per step (default {defaults.Q}); must divide --batch-size")
+    add(
+        "--q",
+        default=_KEEP,
+        type=int,
+        help=f"queries per step (default {defaults.Q} for mobizo, the benchmark's best at batch "
+        f"{defaults.BATCH_SIZE}; 1 for the other methods); must divide --batch-size",
+    )
     add(
         "--batch-size",
         default=_KEEP,
