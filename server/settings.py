@@ -9,11 +9,15 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MIN_ADMIN_TOKEN = 16  # characters; `openssl rand -hex 32` gives 64
+
 
 class Settings(BaseSettings):
     """Every knob of the server; environment names are ``MOBIZO_<FIELD>`` except ``DATABASE_URL``."""
 
-    model_config = SettingsConfigDict(env_prefix="MOBIZO_", extra="ignore")
+    # hide_input_in_errors: a refused value (a short admin token, a URL with a password) stays out of the error
+    # that stops the server, and so out of its log.
+    model_config = SettingsConfigDict(env_prefix="MOBIZO_", extra="ignore", hide_input_in_errors=True)
 
     data_dir: Path = Field(default=Path("mobizo-data"), description="artifacts and the default SQLite file")
     database_url: str | None = Field(
@@ -21,7 +25,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "MOBIZO_DATABASE_URL"),
         description="SQLAlchemy URL; default sqlite:///<data_dir>/mobizo.db",
     )
-    admin_token: str | None = Field(default=None, description="bearer token of the administrator (unset: no admin)")
+    admin_token: str | None = Field(
+        default=None,
+        description=f"bearer token of the administrator, at least {MIN_ADMIN_TOKEN} characters (unset: no admin; "
+        "set but empty or shorter: the server refuses to start)",
+    )
     lease_s: int = Field(default=300, ge=5, description="a lease lasts this long after the last heartbeat")
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
     queue: Literal["local", "celery"] = Field(
@@ -117,6 +125,23 @@ class Settings(BaseSettings):
         "only GET /metrics, to the admin token)",
     )
     metrics_host: str = Field(default="127.0.0.1", description="the address the metrics port listens on")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, value: str | None) -> str | None:
+        """An empty or short admin token stops the server at start: set but empty, the dashboard's sign-in took an
+        empty key as the admin's, and a short one is guessable. Surrounding whitespace is refused too: no bearer
+        header and no sign-in form (which strips what is typed) can carry it."""
+        if value is None:
+            return None
+        if len(value) < MIN_ADMIN_TOKEN:
+            raise ValueError(
+                f"MOBIZO_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} characters (it has {len(value)}); "
+                "unset it to run without an admin, or make one with `openssl rand -hex 32`"
+            )
+        if value != value.strip():
+            raise ValueError("MOBIZO_ADMIN_TOKEN starts or ends with whitespace, which no client can send")
+        return value
 
     @field_validator("store_url")
     @classmethod

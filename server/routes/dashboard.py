@@ -67,9 +67,14 @@ def login(
     api_key: Annotated[str, Form(max_length=256)] = "",
     csrf_token: CsrfField = "",
 ) -> Response:
-    """The API key (or the admin token), checked as the REST API checks it; a new session on success."""
+    """The API key (or the admin token), checked as the REST API checks it; a new session on success. An empty key
+    is refused before anything else is looked at: no credential is empty (``Settings`` refuses an empty admin
+    token), and one that was must not open a session."""
+    key = api_key.strip()
+    if not key:
+        return sign_in_page(request, "enter an API key or the admin token", status.HTTP_401_UNAUTHORIZED)
     check_csrf(request.cookies.get(SIGN_IN_COOKIE, ""), csrf_token)
-    credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=api_key.strip())
+    credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=key)
     try:
         user = get_user_or_admin(credentials, session, settings)
     except HTTPException:
