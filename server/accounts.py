@@ -169,12 +169,26 @@ def leave_cohort(session: Session, cohort_id: int, user_id: int) -> None:
     session.commit()
 
 
-def open_web_session(session: Session, token_hash: str, user_id: int | None, csrf_token: str, ttl: timedelta) -> None:
-    """A dashboard sign-in (``user_id`` None: the admin), valid for ``ttl``; expired rows of anyone are removed in
-    the same transaction. Commits."""
+def open_web_session(
+    session: Session,
+    token_hash: str,
+    user_id: int | None,
+    csrf_token: str,
+    ttl: timedelta,
+    admin_token_hash: str | None = None,
+) -> None:
+    """A dashboard sign-in (``user_id`` None: the admin, with the hash of the admin token it signed in with),
+    valid for ``ttl``; expired rows of anyone are removed in the same transaction. Commits."""
     now = utcnow()
     session.execute(delete(WebSession).where(WebSession.expires_at < now))
-    session.add(WebSession(token_hash=token_hash, user_id=user_id, csrf_token=csrf_token, expires_at=now + ttl))
+    row = WebSession(
+        token_hash=token_hash,
+        user_id=user_id,
+        csrf_token=csrf_token,
+        expires_at=now + ttl,
+        admin_token_hash=admin_token_hash,
+    )
+    session.add(row)
     session.commit()
 
 

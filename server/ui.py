@@ -6,7 +6,9 @@ code (``server.deps.get_user_or_admin``). The browser then holds a session cooki
 server keeps only the SHA-256 (``tables.WebSession``), ``HttpOnly`` (no script reads it), ``Secure`` (sent over
 HTTPS only; browsers treat ``localhost`` and ``127.0.0.1`` as secure, so a local server works over plain HTTP),
 ``SameSite=Strict`` (no other site's page sends it) and scoped to ``/ui``. Signing out deletes the row, so a copy
-of the cookie is worthless from then on.
+of the cookie is worthless from then on. An admin session lasts only as long as the admin token it was opened with:
+its row holds that token's SHA-256, and once the server's token is another (rotated) or none, the session is
+deleted at its next request, so that rotating the token signs every admin browser out as well.
 
 CSRF: every form carries the session's own random token (the synchronizer-token pattern) and every POST compares
 it in constant time, 403 when it is missing or wrong. The sign-in form, which has no session yet, carries a token
@@ -28,9 +30,10 @@ from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import accounts, queries
-from server.deps import SessionDep
+from server.deps import SessionDep, SettingsDep
 from server.security import constant_time_equal, hash_secret, new_secret
-from server.tables import User
+from server.settings import Settings
+from server.tables import User, WebSession
 
 PREFIX = "/ui"
 SESSION_COOKIE = "mobizo_session"
@@ -67,14 +70,29 @@ async def sign_in_required(request: Request, exc: SignInRequired) -> Response:
     return RedirectResponse(f"{PREFIX}/login", status.HTTP_303_SEE_OTHER)
 
 
-def current_viewer(request: Request, session: SessionDep) -> Viewer:
+def current_viewer(request: Request, session: SessionDep, settings: SettingsDep) -> Viewer:
+    """The session the cookie names; a redirect to the sign-in form without one. A session that no longer holds
+    (an admin's whose token was rotated or unset, a user's whose user is gone) is deleted and redirects too."""
     cookie = request.cookies.get(SESSION_COOKIE)
     row = queries.web_session(session, hash_secret(cookie)) if cookie else None
     user = session.get(User, row.user_id) if row is not None and row.user_id is not None else None
     session.commit()  # see server.deps: no transaction left open between thread-pool calls
     if row is None:
         raise SignInRequired
+    if not _still_valid(row, user, settings):
+        accounts.close_web_session(session, row.token_hash)
+        raise SignInRequired
     return Viewer(user, row.csrf_token, row.token_hash)
+
+
+def _still_valid(row: WebSession, user: User | None, settings: Settings) -> bool:
+    """A user's session while the user exists; the admin's while the server's admin token is the one it was
+    opened with (a row without one, or a server without a token: never)."""
+    if row.user_id is not None:
+        return user is not None
+    if settings.admin_token is None or row.admin_token_hash is None:
+        return False
+    return constant_time_equal(row.admin_token_hash, hash_secret(settings.admin_token))
 
 
 CurrentViewer = Annotated[Viewer, Depends(current_viewer)]
@@ -85,11 +103,20 @@ def check_csrf(expected: str, sent: str) -> None:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the form's CSRF token is missing or wrong: reload the page")
 
 
-def sign_in(response: Response, session: SessionDep, user: User | None, hours: float) -> None:
-    """A new session for ``user`` (None: the admin), its cookie set on ``response``."""
+def sign_in(response: Response, session: SessionDep, user: User | None, settings: Settings) -> None:
+    """A new session for ``user`` (None: the admin, whose session records the hash of the token it signed in
+    with), its cookie set on ``response``."""
     secret = new_secret()
-    ttl = timedelta(hours=hours)
-    accounts.open_web_session(session, hash_secret(secret), None if user is None else user.id, new_secret(), ttl)
+    ttl = timedelta(hours=settings.ui_session_hours)
+    admin_token_hash = hash_secret(settings.admin_token) if user is None and settings.admin_token else None
+    accounts.open_web_session(
+        session,
+        hash_secret(secret),
+        None if user is None else user.id,
+        new_secret(),
+        ttl,
+        admin_token_hash=admin_token_hash,
+    )
     response.set_cookie(
         SESSION_COOKIE,
         secret,

@@ -80,7 +80,7 @@ def login(
     except HTTPException:
         return sign_in_page(request, "not a valid API key or admin token", status.HTTP_401_UNAUTHORIZED)
     response = _see_other("/jobs")
-    sign_in(response, session, user, settings.ui_session_hours)
+    sign_in(response, session, user, settings)
     return response
 
 

@@ -4,15 +4,19 @@ refuses an empty key whatever the settings say, and an admin session ends with t
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
+from sqlalchemy import create_engine, func, select
 
 from server.app import create_app
 from server.settings import Settings
-from tests.server.factories import ADMIN_TOKEN, FakeCompileQueue
+from server.tables import WebSession
+from tests.server.factories import ADMIN_TOKEN, FakeCompileQueue, create_user
 from tests.server.live import server_process
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -23,6 +27,22 @@ def browser(client: TestClient) -> TestClient:
     client.base_url = client.base_url.copy_with(scheme="https")
     client.follow_redirects = False
     return client
+
+
+@contextmanager
+def served(settings: Settings) -> Iterator[TestClient]:
+    """The app with ``settings`` (a server started with them), seen by a browser."""
+    with TestClient(create_app(settings, queue_factory=FakeCompileQueue().bind)) as client:
+        yield browser(client)
+
+
+def admin_sessions(settings: Settings) -> int:
+    engine = create_engine(settings.db_url)
+    try:
+        with engine.connect() as conn:
+            return conn.scalar(select(func.count(WebSession.id)).where(WebSession.user_id.is_(None)))
+    finally:
+        engine.dispose()
 
 
 def post_sign_in(client: TestClient, key: str):
@@ -61,3 +81,34 @@ def test_the_sign_in_refuses_an_empty_key_even_where_the_admin_token_is_empty(se
         form = client.get("/ui/login")
         without_form_token = client.post("/ui/login", data={"api_key": "", "csrf_token": ""})
         assert form.status_code == 200 and without_form_token.status_code == 401  # refused before the CSRF check
+
+
+def test_an_admin_session_ends_when_the_admin_token_is_rotated_or_unset(settings: Settings) -> None:
+    with served(settings) as client:
+        alice = create_user(client)["Authorization"].split()[1]
+        assert post_sign_in(client, alice).status_code == 303
+        users_cookie = client.cookies.get("mobizo_session")
+        assert post_sign_in(client, ADMIN_TOKEN).status_code == 303
+        admins_cookie = client.cookies.get("mobizo_session")
+        assert client.get("/ui/admin").status_code == 200
+    assert admin_sessions(settings) == 1
+
+    with served(settings.model_copy(update={"admin_token": "a-rotated-admin-token-0123"})) as client:
+        client.cookies.set("mobizo_session", admins_cookie)
+        refused = client.get("/ui/admin")
+        assert refused.status_code == 303 and refused.headers["location"] == "/ui/login"
+        assert admin_sessions(settings) == 0  # deleted, not only refused
+        client.cookies.set("mobizo_session", users_cookie)
+        assert client.get("/ui/jobs").status_code == 200  # a user's session does not hang on the admin token
+
+    with served(settings) as client:
+        assert post_sign_in(client, ADMIN_TOKEN).status_code == 303
+        admins_cookie = client.cookies.get("mobizo_session")
+    with served(settings.model_copy(update={"admin_token": None})) as client:  # a server without an admin
+        client.cookies.set("mobizo_session", admins_cookie)
+        assert client.get("/ui/admin").headers["location"] == "/ui/login"
+        assert client.get("/ui/jobs").headers["location"] == "/ui/login"
+    assert admin_sessions(settings) == 0
+    with served(settings) as client:  # the token back as it was: the deleted session stays gone
+        client.cookies.set("mobizo_session", admins_cookie)
+        assert client.get("/ui/admin").headers["location"] == "/ui/login"
