@@ -55,7 +55,7 @@ from server.routes import (
 )
 from server.settings import Settings, get_settings
 from server.store import ArtifactStore
-from server.ui import SignInRequired, sign_in_required
+from server.ui import SignInRequired, SignInThrottle, sign_in_required
 
 if TYPE_CHECKING:
     from server.celery_queue import CeleryVerifyPool
@@ -135,6 +135,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         app.state.upload_slots = UploadSlots(
             settings.max_uploads, settings.max_uploads_per_device, settings.max_uploads_per_user
         )
+        app.state.sign_in_throttle = SignInThrottle(settings)
         app.state.inference_builds = InferenceBuilds(store, queue, settings.compile_workers, settings.compile_paused)
         app.state.metrics_registry = app_registry(engine)
         metrics_server = None

@@ -117,6 +117,26 @@ class Settings(BaseSettings):
     ui_session_hours: float = Field(
         default=12.0, gt=0, le=24 * 30, description="a dashboard sign-in lasts this long (then sign in again)"
     )
+    ui_sessions_per_user: int = Field(
+        default=20,
+        ge=1,
+        description="dashboard sessions one user (or the admin) may hold at once; signing in past it ends their oldest",
+    )
+    sign_in_failures_per_address: int = Field(
+        default=10,
+        ge=1,
+        description="failed dashboard sign-ins from one client address (IPv6: one /64) within sign_in_window_s; past "
+        "it, sign-ins from there answer 429 with Retry-After, before the key is checked",
+    )
+    sign_in_failures_per_account: int = Field(
+        default=20,
+        ge=1,
+        description="failed dashboard sign-ins with one user's key (the id in it), or at the admin token, within "
+        "sign_in_window_s, from all addresses; past it, that account's sign-ins answer 429 with Retry-After",
+    )
+    sign_in_window_s: float = Field(
+        default=60.0, gt=0, le=24 * 3600, description="the sliding window failed dashboard sign-ins are counted over"
+    )
     metrics_port: int | None = Field(
         default=None,
         ge=1,

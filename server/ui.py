@@ -14,10 +14,16 @@ CSRF: every form carries the session's own random token (the synchronizer-token 
 it in constant time, 403 when it is missing or wrong. The sign-in form, which has no session yet, carries a token
 that must equal a cookie set with the form (double submit), so that no other site can sign a browser in to an
 account of its choosing. The pages run no JavaScript at all, and their Content-Security-Policy says so.
+
+Guessing: failed sign-ins are counted per client address and per account (``SignInThrottle``); past either limit a
+sign-in answers 429 with ``Retry-After`` before its key is checked. A user (and the admin) holds at most
+``ui_sessions_per_user`` sessions: signing in past it ends their oldest, so that sign-ins in a loop add no rows.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,7 +37,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import accounts, queries
 from server.deps import SessionDep, SettingsDep
-from server.security import constant_time_equal, hash_secret, new_secret
+from server.limits import Failures
+from server.security import USER_KEY, constant_time_equal, hash_secret, new_secret, parse_token
 from server.settings import Settings
 from server.tables import User, WebSession
 
@@ -115,6 +122,7 @@ def sign_in(response: Response, session: SessionDep, user: User | None, settings
         None if user is None else user.id,
         new_secret(),
         ttl,
+        keep=settings.ui_sessions_per_user,
         admin_token_hash=admin_token_hash,
     )
     response.set_cookie(
@@ -127,6 +135,65 @@ def sign_in(response: Response, session: SessionDep, user: User | None, settings
         samesite="strict",
     )
     response.delete_cookie(SIGN_IN_COOKIE, path=PREFIX, secure=True, httponly=True, samesite="strict")
+
+
+class SignInThrottle:
+    """Failed sign-ins per client address and per account, each within ``sign_in_window_s``
+    (``sign_in_failures_per_address``, ``sign_in_failures_per_account``). Past either limit a sign-in is refused
+    before its key is checked, so that a guess made then tells nothing, right or wrong.
+
+    The account of a key is the user whose id it names (whether or not that user exists: the count does not tell
+    which ids do), or the admin for any other key, which can only be a guess at the admin token. The per-account
+    limit holds against guesses spread over many addresses; its price is that such guesses also keep the account's
+    owner from signing in at the dashboard until they age out (the REST API does not look at these counts).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.addresses = Failures(settings.sign_in_failures_per_address, settings.sign_in_window_s)
+        self.accounts = Failures(settings.sign_in_failures_per_account, settings.sign_in_window_s)
+
+    def refusal(self, address: str, account: str) -> tuple[str, int] | None:
+        """(why, seconds to wait) when a sign-in from ``address`` to ``account`` must wait; None when it may try."""
+        for failures, key, whence in (
+            (self.addresses, address, "from this address"),
+            (self.accounts, account, "at the admin token" if account == "admin" else "with this key"),
+        ):
+            wait = failures.wait_s(key)
+            if wait > 0:
+                seconds = max(1, math.ceil(wait))
+                return f"too many failed sign-ins {whence}: try again in {seconds} s", seconds
+        return None
+
+    def failed(self, address: str, account: str) -> None:
+        self.addresses.failed(address)
+        self.accounts.failed(account)
+
+
+async def get_sign_in_throttle(request: Request) -> SignInThrottle:
+    return request.app.state.sign_in_throttle
+
+
+SignInThrottleDep = Annotated[SignInThrottle, Depends(get_sign_in_throttle)]
+
+
+def client_address(request: Request) -> str:
+    """The address sign-in failures are counted by: the client as uvicorn reports it (behind a proxy, the client
+    only where uvicorn trusts the proxy's ``X-Forwarded-For``: ``FORWARDED_ALLOW_IPS``, loopback by default), an
+    IPv6 address by its /64, which one client usually holds whole."""
+    host = request.client.host if request.client is not None else ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(getattr(address, "ipv4_mapped", None) or address)
+
+
+def account_of(key: str) -> str:
+    """The account a sign-in key tries: ``user <id>`` for what looks like a user's API key, else ``admin``."""
+    parsed = parse_token(key)
+    return f"user {parsed[1]}" if parsed is not None and parsed[0] == USER_KEY else "admin"
 
 
 def sign_in_page(request: Request, error: str | None = None, code: int = status.HTTP_200_OK) -> Response:

@@ -23,8 +23,11 @@ from server.ui import (
     SESSION_COOKIE,
     SIGN_IN_COOKIE,
     CurrentViewer,
+    SignInThrottleDep,
     Viewer,
+    account_of,
     check_csrf,
+    client_address,
     page,
     sign_in,
     sign_in_page,
@@ -64,20 +67,30 @@ def login(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
+    throttle: SignInThrottleDep,
     api_key: Annotated[str, Form(max_length=256)] = "",
     csrf_token: CsrfField = "",
 ) -> Response:
     """The API key (or the admin token), checked as the REST API checks it; a new session on success. An empty key
     is refused before anything else is looked at: no credential is empty (``Settings`` refuses an empty admin
-    token), and one that was must not open a session."""
+    token), and one that was must not open a session. A client address or an account with too many recent
+    failures is refused (429, ``Retry-After``) before the key is checked (``server.ui.SignInThrottle``)."""
     key = api_key.strip()
     if not key:
         return sign_in_page(request, "enter an API key or the admin token", status.HTTP_401_UNAUTHORIZED)
     check_csrf(request.cookies.get(SIGN_IN_COOKIE, ""), csrf_token)
+    address, account = client_address(request), account_of(key)
+    refusal = throttle.refusal(address, account)
+    if refusal is not None:
+        reason, retry_after_s = refusal
+        refused = sign_in_page(request, reason, status.HTTP_429_TOO_MANY_REQUESTS)
+        refused.headers["Retry-After"] = str(retry_after_s)
+        return refused
     credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=key)
     try:
         user = get_user_or_admin(credentials, session, settings)
     except HTTPException:
+        throttle.failed(address, account)
         return sign_in_page(request, "not a valid API key or admin token", status.HTTP_401_UNAUTHORIZED)
     response = _see_other("/jobs")
     sign_in(response, session, user, settings)
