@@ -1,7 +1,8 @@
 """The dashboard at ``/ui``: server-rendered pages (Jinja2 templates in ``server/templates``, charts as inline SVG
 from ``server.charts``, no JavaScript) over the same reads, scoping and writes as the REST API: a user sees and acts
 on their own jobs, devices and adapters (and their cohorts' adapters), anyone else's is a 404 page; the admin sees
-the cohorts' federated jobs, users, models and the queues. Sign-in, the session cookie and CSRF: ``server.ui``."""
+the cohorts' federated jobs, users, every device (and revokes any, as the REST API lets it), models and the
+queues. Sign-in, the session cookie and CSRF: ``server.ui``."""
 
 from __future__ import annotations
 
@@ -222,10 +223,11 @@ def devices(request: Request, viewer: CurrentViewer, session: SessionDep) -> Res
 
 @router.post("/devices/{device_id}/revoke")
 def revoke(device_id: ObjectId, viewer: CurrentViewer, session: SessionDep, csrf_token: CsrfField = "") -> Response:
+    """Revoke a device, as ``POST /v1/devices/{id}/revoke`` does: a user their own (anyone else's is a 404), the
+    admin any; then back to the page that listed it."""
     check_csrf(viewer.csrf, csrf_token)
-    _need_user(viewer)
     jobstate.revoke_device(session, caller_device(session, viewer.user, device_id).id)
-    return _see_other("/devices")
+    return _see_other("/admin" if viewer.admin else "/devices")
 
 
 # --- adapters -----------------------------------------------------------------------------------------------------
@@ -289,10 +291,21 @@ def download(adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep, s
 
 
 @router.get("/admin")
-def admin(request: Request, viewer: CurrentViewer, session: SessionDep, settings: SettingsDep) -> Response:
+def admin(
+    request: Request,
+    viewer: CurrentViewer,
+    session: SessionDep,
+    settings: SettingsDep,
+    skip: int = Query(0, ge=0, le=MAX_DB_INT),
+    limit: int = Query(100, ge=1, le=500),
+) -> Response:
+    """The service's state, its users and models, and every device (``limit`` at a time, newest first), each with
+    the jobs it holds and a button to revoke it."""
     if not viewer.admin:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this page is the admin's")
     by_status = queries.jobs_by_status(session)
+    devices, device_count = queries.all_devices(session, skip, limit)
+    work = queries.device_work(session, [device.id for device, _ in devices])
     return page(
         request,
         "admin.html",
@@ -302,5 +315,9 @@ def admin(request: Request, viewer: CurrentViewer, session: SessionDep, settings
         by_status=by_status,
         depth=by_status.get("queued", 0) + by_status.get("compiling", 0),
         leases=queries.active_leases(session),
+        devices=[(device, owner, work.get(device.id, [])) for device, owner in devices],
+        device_count=device_count,
+        skip=skip,
+        limit=limit,
         settings=settings,
     )
