@@ -33,7 +33,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fastapi import HTTPException, status
@@ -190,23 +190,22 @@ class Failures:
     process's, like ``UploadSlots``'s: with several API processes each counts what it saw.
     """
 
-    def __init__(
-        self, limit: int, window_s: float, max_keys: int = 100_000, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.limit, self.window_s, self.max_keys, self.clock = limit, window_s, max_keys, clock
+    def __init__(self, limit: int, window_s: float, max_keys: int = 100_000) -> None:
+        self.limit, self.window_s, self.max_keys = limit, window_s, max_keys
         self._lock = threading.Lock()
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
     def wait_s(self, key: str) -> float:
         with self._lock:
-            times = self._recent(key, self.clock())
+            now = time.monotonic()
+            times = self._recent(key, now)
             if times is None or len(times) < self.limit:
                 return 0.0
-            return max(0.0, times[0] + self.window_s - self.clock())
+            return times[0] + self.window_s - now
 
     def failed(self, key: str) -> None:
         with self._lock:
-            now = self.clock()
+            now = time.monotonic()
             times = self._recent(key, now)
             if times is None:
                 times = self._failures[key] = deque(maxlen=self.limit)
