@@ -169,12 +169,36 @@ def leave_cohort(session: Session, cohort_id: int, user_id: int) -> None:
     session.commit()
 
 
-def open_web_session(session: Session, token_hash: str, user_id: int | None, csrf_token: str, ttl: timedelta) -> None:
-    """A dashboard sign-in (``user_id`` None: the admin), valid for ``ttl``; expired rows of anyone are removed in
-    the same transaction. Commits."""
+def open_web_session(
+    session: Session,
+    token_hash: str,
+    user_id: int | None,
+    csrf_token: str,
+    ttl: timedelta,
+    keep: int,
+    admin_token_hash: str | None = None,
+) -> None:
+    """A dashboard sign-in (``user_id`` None: the admin, with the hash of the admin token it signed in with),
+    valid for ``ttl``. In the same transaction expired rows of anyone are removed, and the user's (or the admin's)
+    sessions past their newest ``keep``, this one included, so that signing in again and again adds no rows.
+    Commits."""
     now = utcnow()
     session.execute(delete(WebSession).where(WebSession.expires_at < now))
-    session.add(WebSession(token_hash=token_hash, user_id=user_id, csrf_token=csrf_token, expires_at=now + ttl))
+    row = WebSession(
+        token_hash=token_hash,
+        user_id=user_id,
+        csrf_token=csrf_token,
+        expires_at=now + ttl,
+        admin_token_hash=admin_token_hash,
+    )
+    session.add(row)
+    session.flush()
+    owner = WebSession.user_id.is_(None) if user_id is None else WebSession.user_id == user_id
+    oldest_kept = session.scalar(
+        select(WebSession.id).where(owner).order_by(WebSession.id.desc()).offset(keep - 1).limit(1)
+    )
+    if oldest_kept is not None:
+        session.execute(delete(WebSession).where(owner, WebSession.id < oldest_kept))
     session.commit()
 
 

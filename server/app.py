@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from prometheus_client import start_http_server
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -32,7 +31,7 @@ from server.db import make_engine, make_sessionmaker, migrate, read_only_engine,
 from server.inference_builds import Bounds, InferenceBuilds
 from server.limits import BodyLimits, RefusedUploads, UploadSlots
 from server.lru import LRUCache
-from server.metrics import RequestMetrics, app_registry
+from server.metrics import RequestMetrics, app_registry, serve_metrics
 from server.object_store import shared_objects
 from server.pool import WorkerPool
 from server.responses import http_error, validation_error
@@ -56,7 +55,7 @@ from server.routes import (
 )
 from server.settings import Settings, get_settings
 from server.store import ArtifactStore
-from server.ui import SignInRequired, sign_in_required
+from server.ui import SignInRequired, SignInThrottle, sign_in_required
 
 if TYPE_CHECKING:
     from server.celery_queue import CeleryVerifyPool
@@ -137,6 +136,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         app.state.upload_slots = UploadSlots(
             settings.max_uploads, settings.max_uploads_per_device, settings.max_uploads_per_user
         )
+        app.state.sign_in_throttle = SignInThrottle(settings)
         bounds = Bounds(
             settings.inference_builds, settings.inference_builds_per_user, settings.inference_builds_per_device
         )
@@ -147,9 +147,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         metrics_server = None
         if settings.metrics_port is not None:
             try:
-                metrics_server, _ = start_http_server(
-                    settings.metrics_port, settings.metrics_host, registry=app.state.metrics_registry
-                )
+                metrics_server = serve_metrics(app.state.metrics_registry, settings.metrics_port, settings.metrics_host)
             except OSError as error:  # with --workers N, the first API process to start serves the port
                 log.warning("metrics port %d not served by this process: %s", settings.metrics_port, error)
         with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
@@ -181,6 +179,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
             round_sweeper.join(timeout=5)
             if metrics_server is not None:
                 metrics_server.shutdown()
+                metrics_server.server_close()
             engine.dispose()
             if lock is not None:
                 lock.close()

@@ -21,6 +21,9 @@ send their head and stall hold nothing for long.
 ``RefusedUploads`` answers every refused upload (429, a lapsed lease's 409, any other error) only after a pause and
 with ``Connection: close``: the server reads none of the body it refused, and a device that retries at once is held
 to one try per pause and connection.
+
+``Failures`` counts failed attempts per key (a client address, an account) over a sliding window, so that a caller
+can refuse a key that failed too often before looking at what it sent (the dashboard's sign-in: ``server.ui``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import asyncio
 import json
 import re
 import threading
-from collections import Counter
+import time
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -176,3 +180,50 @@ class RefusedUploads:
             await send(message)
 
         await self.app(scope, receive, refusing)
+
+
+class Failures:
+    """Failed attempts per key over the last ``window_s`` seconds: ``wait_s(key)`` is how long the key must wait
+    before its next attempt (0: it may try now), once ``limit`` of its failures fall in the window.
+
+    Memory is bounded: a key keeps at most ``limit`` times, a key whose failures all aged out is forgotten when next
+    looked at, and past ``max_keys`` keys the one that failed least recently is forgotten (a client that makes up
+    keys to push out another's count needs ``max_keys`` failures within one window to do it). The counts are this
+    process's, like ``UploadSlots``'s: with several API processes each counts what it saw.
+    """
+
+    def __init__(self, limit: int, window_s: float, max_keys: int = 100_000) -> None:
+        self.limit, self.window_s, self.max_keys = limit, window_s, max_keys
+        self._lock = threading.Lock()
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def wait_s(self, key: str) -> float:
+        with self._lock:
+            now = time.monotonic()
+            times = self._recent(key, now)
+            if times is None or len(times) < self.limit:
+                return 0.0
+            return times[0] + self.window_s - now
+
+    def failed(self, key: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            times = self._recent(key, now)
+            if times is None:
+                times = self._failures[key] = deque(maxlen=self.limit)
+            times.append(now)
+            self._failures.move_to_end(key)
+            while len(self._failures) > self.max_keys:
+                self._failures.popitem(last=False)
+
+    def _recent(self, key: str, now: float) -> deque[float] | None:
+        """The key's failures within the window (older ones dropped; a key with none left forgotten)."""
+        times = self._failures.get(key)
+        if times is None:
+            return None
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        if not times:
+            del self._failures[key]
+            return None
+        return times

@@ -4,23 +4,31 @@ own (``MOBIZO_METRICS_PORT``) for a scraper on a private network.
 Two kinds of series:
 
 - **Events**, counted by the process where they happen (this module's counters and histograms, in
-  ``prometheus_client``'s default registry): HTTP requests per route template and status, with their latencies
-  (``RequestMetrics``, a pure ASGI middleware); leases granted; heartbeats; result uploads and round reports by
-  outcome (the refusals by reason, named from the answer's status); verification and export durations; round
-  closes. With ``MOBIZO_QUEUE=celery`` exports and the replays run in ``mobizo worker`` processes, which have no
+  ``prometheus_client``'s default registry): HTTP requests per method, route template and status, with their
+  latencies (``RequestMetrics``, a pure ASGI middleware); leases granted; heartbeats; result uploads and round
+  reports by outcome (the refusals by reason, named from the answer's status); verification and export durations;
+  round closes. With ``MOBIZO_QUEUE=celery`` exports and the replays run in ``mobizo worker`` processes, which have no
   scrape endpoint: the API process still counts the verifications it waited for (their durations include the
   queue), and ``mobizo_export_duration_seconds`` covers only exports of this process's own queue. With several API
   processes (``--workers``) each counts its own requests; a scraper reaches one of them per scrape.
 - **State**, read from the database at scrape time (``StateCollector``), so it is the same whichever process
   answers and whoever does the work: jobs by status, the compile queue's depth (jobs queued or compiling) and the
   leases held now.
+
+Every label takes its values from a fixed set, whatever a client sends: a request's route is its template or
+``other`` (an unknown path), its method one of ``METHODS`` or ``other`` (the HTTP parser accepts some forty
+methods, WebDAV's and RTSP's among them, and each would have made series of its own for anyone, unauthenticated),
+its status one the server answers. The metrics port (``serve_metrics``) answers ``/metrics`` and nothing else.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
-from collections.abc import Iterator
-from typing import get_args
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, get_args
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     REGISTRY,
@@ -29,8 +37,10 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
     generate_latest,
+    make_wsgi_app,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -68,6 +78,7 @@ EXPORT_SECONDS = Histogram(
 )
 ROUND_CLOSES = Counter("mobizo_round_closes", "federated round closes by outcome", ["outcome"])
 
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # the rest: "other"
 UPLOAD_ROUTES = {RESULT_UPLOAD: "job", ROUND_UPLOAD: "round"}
 REFUSALS = {
     400: "unparsable",
@@ -93,6 +104,12 @@ def route_of(scope: Scope) -> str:
     return getattr(scope.get("route"), "path", "other")
 
 
+def method_of(scope: Scope) -> str:
+    """The request's method if it is one of ``METHODS``, else ``other``, so that made-up methods make no series."""
+    method = scope["method"]
+    return method if method in METHODS else "other"
+
+
 class RequestMetrics:
     """Counts every answer and its latency by method, route template and status (outermost middleware: it sees the
     answers of the other middlewares too, such as a refused upload's 429)."""
@@ -115,7 +132,7 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, sending)
         finally:
-            route, method = route_of(scope), scope["method"]
+            route, method = route_of(scope), method_of(scope)
             REQUESTS.labels(method, route, str(status)).inc()
             LATENCY.labels(method, route).observe(time.perf_counter() - start)
             if route in UPLOAD_ROUTES and method == "POST":
@@ -160,3 +177,40 @@ def app_registry(engine: Engine) -> CollectorRegistry:
 
 def exposition(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
+
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def only_metrics(app: WsgiApp) -> WsgiApp:
+    """``app`` at ``/metrics``; 404 on every other path (``prometheus_client``'s app answers on any path)."""
+
+    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/metrics":
+            return app(environ, start_response)
+        body = b"not found: the metrics are at /metrics\n"
+        start_response(
+            "404 Not Found", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
+        )
+        return [body]
+
+    return serve
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per scrape on stderr."""
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str) -> WSGIServer:
+    """``GET /metrics`` of ``registry``, without a token, on ``host:port`` (``MOBIZO_METRICS_PORT``), from daemon
+    threads; any other path answers 404. Stop it with ``shutdown()`` and ``server_close()``. ``prometheus_client``'s
+    ``start_http_server`` with the path check: its server, its handler's quiet and its choice of address family."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    httpd = make_server(address[0], port, only_metrics(make_wsgi_app(registry)), Server, handler_class=_Quiet)
+    threading.Thread(target=httpd.serve_forever, name="metrics-port", daemon=True).start()
+    return httpd

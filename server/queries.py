@@ -40,6 +40,18 @@ def devices_of(session: Session, user_id: int) -> list[Device]:
     return list(session.scalars(select(Device).where(Device.user_id == user_id).order_by(Device.id)))
 
 
+def all_devices(session: Session, skip: int, limit: int) -> tuple[list[Row[Any]], int]:
+    """Every user's devices, newest first, each as (device, its user's name), and how many there are in all."""
+    rows = session.execute(
+        select(Device, User.name)
+        .join(User, User.id == Device.user_id)
+        .order_by(Device.id.desc())
+        .offset(skip)
+        .limit(limit)
+    ).all()
+    return list(rows), session.scalar(select(func.count(Device.id))) or 0
+
+
 def cohorts(session: Session) -> list[Cohort]:
     return list(session.scalars(select(Cohort).order_by(Cohort.id)))
 

@@ -9,11 +9,15 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MIN_ADMIN_TOKEN = 16  # characters; `openssl rand -hex 32` gives 64
+
 
 class Settings(BaseSettings):
     """Every knob of the server; environment names are ``MOBIZO_<FIELD>`` except ``DATABASE_URL``."""
 
-    model_config = SettingsConfigDict(env_prefix="MOBIZO_", extra="ignore")
+    # hide_input_in_errors: a refused value (a short admin token, a URL with a password) stays out of the error
+    # that stops the server, and so out of its log.
+    model_config = SettingsConfigDict(env_prefix="MOBIZO_", extra="ignore", hide_input_in_errors=True)
 
     data_dir: Path = Field(default=Path("mobizo-data"), description="artifacts and the default SQLite file")
     database_url: str | None = Field(
@@ -21,7 +25,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "MOBIZO_DATABASE_URL"),
         description="SQLAlchemy URL; default sqlite:///<data_dir>/mobizo.db",
     )
-    admin_token: str | None = Field(default=None, description="bearer token of the administrator (unset: no admin)")
+    admin_token: str | None = Field(
+        default=None,
+        description=f"bearer token of the administrator, at least {MIN_ADMIN_TOKEN} characters (unset: no admin; "
+        "set but empty or shorter: the server refuses to start)",
+    )
     lease_s: int = Field(default=300, ge=5, description="a lease lasts this long after the last heartbeat")
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
     queue: Literal["local", "celery"] = Field(
@@ -127,6 +135,26 @@ class Settings(BaseSettings):
     ui_session_hours: float = Field(
         default=12.0, gt=0, le=24 * 30, description="a dashboard sign-in lasts this long (then sign in again)"
     )
+    ui_sessions_per_user: int = Field(
+        default=20,
+        ge=1,
+        description="dashboard sessions one user (or the admin) may hold at once; signing in past it ends their oldest",
+    )
+    sign_in_failures_per_address: int = Field(
+        default=10,
+        ge=1,
+        description="failed dashboard sign-ins from one client address (IPv6: one /64) within sign_in_window_s; past "
+        "it, sign-ins from there answer 429 with Retry-After, before the key is checked",
+    )
+    sign_in_failures_per_account: int = Field(
+        default=20,
+        ge=1,
+        description="failed dashboard sign-ins with one user's key (the id in it), or at the admin token, within "
+        "sign_in_window_s, from all addresses; past it, that account's sign-ins answer 429 with Retry-After",
+    )
+    sign_in_window_s: float = Field(
+        default=60.0, gt=0, le=24 * 3600, description="the sliding window failed dashboard sign-ins are counted over"
+    )
     metrics_port: int | None = Field(
         default=None,
         ge=1,
@@ -135,6 +163,23 @@ class Settings(BaseSettings):
         "only GET /metrics, to the admin token)",
     )
     metrics_host: str = Field(default="127.0.0.1", description="the address the metrics port listens on")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, value: str | None) -> str | None:
+        """An empty or short admin token stops the server at start: set but empty, the dashboard's sign-in took an
+        empty key as the admin's, and a short one is guessable. Surrounding whitespace is refused too: no bearer
+        header and no sign-in form (which strips what is typed) can carry it."""
+        if value is None:
+            return None
+        if len(value) < MIN_ADMIN_TOKEN:
+            raise ValueError(
+                f"MOBIZO_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} characters (it has {len(value)}); "
+                "unset it to run without an admin, or make one with `openssl rand -hex 32`"
+            )
+        if value != value.strip():
+            raise ValueError("MOBIZO_ADMIN_TOKEN starts or ends with whitespace, which no client can send")
+        return value
 
     @field_validator("store_url")
     @classmethod

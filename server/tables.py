@@ -271,12 +271,16 @@ class Adapter(Base):
 
 class WebSession(Base):
     """A signed-in browser of the dashboard (``server.ui``): the cookie holds a random secret, the row its SHA-256,
-    the user (or the admin: ``user_id`` None) and the CSRF token its forms carry. Signing out deletes the row."""
+    the user (or the admin: ``user_id`` None) and the CSRF token its forms carry. Signing out deletes the row.
+
+    An admin session also holds the SHA-256 of the admin token it was opened with (``admin_token_hash``): once the
+    server's token is another, or unset, the session is refused and deleted (``server.ui.current_viewer``)."""
 
     __tablename__ = "web_sessions"
     id: Mapped[int] = mapped_column(primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True)
+    admin_token_hash: Mapped[str | None] = mapped_column(String(64))
     csrf_token: Mapped[str] = mapped_column(String(64))
     expires_at: Mapped[datetime]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -6,16 +6,24 @@ code (``server.deps.get_user_or_admin``). The browser then holds a session cooki
 server keeps only the SHA-256 (``tables.WebSession``), ``HttpOnly`` (no script reads it), ``Secure`` (sent over
 HTTPS only; browsers treat ``localhost`` and ``127.0.0.1`` as secure, so a local server works over plain HTTP),
 ``SameSite=Strict`` (no other site's page sends it) and scoped to ``/ui``. Signing out deletes the row, so a copy
-of the cookie is worthless from then on.
+of the cookie is worthless from then on. An admin session lasts only as long as the admin token it was opened with:
+its row holds that token's SHA-256, and once the server's token is another (rotated) or none, the session is
+deleted at its next request, so that rotating the token signs every admin browser out as well.
 
 CSRF: every form carries the session's own random token (the synchronizer-token pattern) and every POST compares
 it in constant time, 403 when it is missing or wrong. The sign-in form, which has no session yet, carries a token
 that must equal a cookie set with the form (double submit), so that no other site can sign a browser in to an
 account of its choosing. The pages run no JavaScript at all, and their Content-Security-Policy says so.
+
+Guessing: failed sign-ins are counted per client address and per account (``SignInThrottle``); past either limit a
+sign-in answers 429 with ``Retry-After`` before its key is checked. A user (and the admin) holds at most
+``ui_sessions_per_user`` sessions: signing in past it ends their oldest, so that sign-ins in a loop add no rows.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,9 +36,11 @@ from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import accounts, queries
-from server.deps import SessionDep
-from server.security import constant_time_equal, hash_secret, new_secret
-from server.tables import User
+from server.deps import SessionDep, SettingsDep
+from server.limits import Failures
+from server.security import USER_KEY, constant_time_equal, hash_secret, new_secret, parse_token
+from server.settings import Settings
+from server.tables import User, WebSession
 
 PREFIX = "/ui"
 SESSION_COOKIE = "mobizo_session"
@@ -67,14 +77,29 @@ async def sign_in_required(request: Request, exc: SignInRequired) -> Response:
     return RedirectResponse(f"{PREFIX}/login", status.HTTP_303_SEE_OTHER)
 
 
-def current_viewer(request: Request, session: SessionDep) -> Viewer:
+def current_viewer(request: Request, session: SessionDep, settings: SettingsDep) -> Viewer:
+    """The session the cookie names; a redirect to the sign-in form without one. A session that no longer holds
+    (an admin's whose token was rotated or unset, a user's whose user is gone) is deleted and redirects too."""
     cookie = request.cookies.get(SESSION_COOKIE)
     row = queries.web_session(session, hash_secret(cookie)) if cookie else None
     user = session.get(User, row.user_id) if row is not None and row.user_id is not None else None
     session.commit()  # see server.deps: no transaction left open between thread-pool calls
     if row is None:
         raise SignInRequired
+    if not _still_valid(row, user, settings):
+        accounts.close_web_session(session, row.token_hash)
+        raise SignInRequired
     return Viewer(user, row.csrf_token, row.token_hash)
+
+
+def _still_valid(row: WebSession, user: User | None, settings: Settings) -> bool:
+    """A user's session while the user exists; the admin's while the server's admin token is the one it was
+    opened with (a row without one, or a server without a token: never)."""
+    if row.user_id is not None:
+        return user is not None
+    if settings.admin_token is None or row.admin_token_hash is None:
+        return False
+    return constant_time_equal(row.admin_token_hash, hash_secret(settings.admin_token))
 
 
 CurrentViewer = Annotated[Viewer, Depends(current_viewer)]
@@ -85,11 +110,21 @@ def check_csrf(expected: str, sent: str) -> None:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the form's CSRF token is missing or wrong: reload the page")
 
 
-def sign_in(response: Response, session: SessionDep, user: User | None, hours: float) -> None:
-    """A new session for ``user`` (None: the admin), its cookie set on ``response``."""
+def sign_in(response: Response, session: SessionDep, user: User | None, settings: Settings) -> None:
+    """A new session for ``user`` (None: the admin, whose session records the hash of the token it signed in
+    with), its cookie set on ``response``."""
     secret = new_secret()
-    ttl = timedelta(hours=hours)
-    accounts.open_web_session(session, hash_secret(secret), None if user is None else user.id, new_secret(), ttl)
+    ttl = timedelta(hours=settings.ui_session_hours)
+    admin_token_hash = hash_secret(settings.admin_token) if user is None and settings.admin_token else None
+    accounts.open_web_session(
+        session,
+        hash_secret(secret),
+        None if user is None else user.id,
+        new_secret(),
+        ttl,
+        keep=settings.ui_sessions_per_user,
+        admin_token_hash=admin_token_hash,
+    )
     response.set_cookie(
         SESSION_COOKIE,
         secret,
@@ -100,6 +135,65 @@ def sign_in(response: Response, session: SessionDep, user: User | None, hours: f
         samesite="strict",
     )
     response.delete_cookie(SIGN_IN_COOKIE, path=PREFIX, secure=True, httponly=True, samesite="strict")
+
+
+class SignInThrottle:
+    """Failed sign-ins per client address and per account, each within ``sign_in_window_s``
+    (``sign_in_failures_per_address``, ``sign_in_failures_per_account``). Past either limit a sign-in is refused
+    before its key is checked, so that a guess made then tells nothing, right or wrong.
+
+    The account of a key is the user whose id it names (whether or not that user exists: the count does not tell
+    which ids do), or the admin for any other key, which can only be a guess at the admin token. The per-account
+    limit holds against guesses spread over many addresses; its price is that such guesses also keep the account's
+    owner from signing in at the dashboard until they age out (the REST API does not look at these counts).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.addresses = Failures(settings.sign_in_failures_per_address, settings.sign_in_window_s)
+        self.accounts = Failures(settings.sign_in_failures_per_account, settings.sign_in_window_s)
+
+    def refusal(self, address: str, account: str) -> tuple[str, int] | None:
+        """(why, seconds to wait) when a sign-in from ``address`` to ``account`` must wait; None when it may try."""
+        for failures, key, whence in (
+            (self.addresses, address, "from this address"),
+            (self.accounts, account, "at the admin token" if account == "admin" else "with this key"),
+        ):
+            wait = failures.wait_s(key)
+            if wait > 0:
+                seconds = max(1, math.ceil(wait))
+                return f"too many failed sign-ins {whence}: try again in {seconds} s", seconds
+        return None
+
+    def failed(self, address: str, account: str) -> None:
+        self.addresses.failed(address)
+        self.accounts.failed(account)
+
+
+async def get_sign_in_throttle(request: Request) -> SignInThrottle:
+    return request.app.state.sign_in_throttle
+
+
+SignInThrottleDep = Annotated[SignInThrottle, Depends(get_sign_in_throttle)]
+
+
+def client_address(request: Request) -> str:
+    """The address sign-in failures are counted by: the client as uvicorn reports it (behind a proxy, the client
+    only where uvicorn trusts the proxy's ``X-Forwarded-For``: ``FORWARDED_ALLOW_IPS``, loopback by default), an
+    IPv6 address by its /64, which one client usually holds whole."""
+    host = request.client.host if request.client is not None else ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(getattr(address, "ipv4_mapped", None) or address)
+
+
+def account_of(key: str) -> str:
+    """The account a sign-in key tries: ``user <id>`` for what looks like a user's API key, else ``admin``."""
+    parsed = parse_token(key)
+    return f"user {parsed[1]}" if parsed is not None and parsed[0] == USER_KEY else "admin"
 
 
 def sign_in_page(request: Request, error: str | None = None, code: int = status.HTTP_200_OK) -> Response:

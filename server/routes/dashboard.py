@@ -1,7 +1,8 @@
 """The dashboard at ``/ui``: server-rendered pages (Jinja2 templates in ``server/templates``, charts as inline SVG
 from ``server.charts``, no JavaScript) over the same reads, scoping and writes as the REST API: a user sees and acts
 on their own jobs, devices and adapters (and their cohorts' adapters), anyone else's is a 404 page; the admin sees
-the cohorts' federated jobs, users, models and the queues. Sign-in, the session cookie and CSRF: ``server.ui``.
+the cohorts' federated jobs, users, every device (and revokes any, as the REST API lets it), models and the
+queues. Sign-in, the session cookie and CSRF: ``server.ui``.
 
 Pages read through a read-only session (``ReadSessionDep``): drawing a page, its charts included, holds no
 transaction, so no writer of any tenant waits on a page view."""
@@ -27,8 +28,11 @@ from server.ui import (
     SESSION_COOKIE,
     SIGN_IN_COOKIE,
     CurrentViewer,
+    SignInThrottleDep,
     Viewer,
+    account_of,
     check_csrf,
+    client_address,
     page,
     sign_in,
     sign_in_page,
@@ -68,18 +72,33 @@ def login(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
+    throttle: SignInThrottleDep,
     api_key: Annotated[str, Form(max_length=256)] = "",
     csrf_token: CsrfField = "",
 ) -> Response:
-    """The API key (or the admin token), checked as the REST API checks it; a new session on success."""
+    """The API key (or the admin token), checked as the REST API checks it; a new session on success. An empty key
+    is refused before anything else is looked at: no credential is empty (``Settings`` refuses an empty admin
+    token), and one that was must not open a session. A client address or an account with too many recent
+    failures is refused (429, ``Retry-After``) before the key is checked (``server.ui.SignInThrottle``)."""
+    key = api_key.strip()
+    if not key:
+        return sign_in_page(request, "enter an API key or the admin token", status.HTTP_401_UNAUTHORIZED)
     check_csrf(request.cookies.get(SIGN_IN_COOKIE, ""), csrf_token)
-    credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=api_key.strip())
+    address, account = client_address(request), account_of(key)
+    refusal = throttle.refusal(address, account)
+    if refusal is not None:
+        reason, retry_after_s = refusal
+        refused = sign_in_page(request, reason, status.HTTP_429_TOO_MANY_REQUESTS)
+        refused.headers["Retry-After"] = str(retry_after_s)
+        return refused
+    credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=key)
     try:
         user = get_user_or_admin(credentials, session, settings)
     except HTTPException:
+        throttle.failed(address, account)
         return sign_in_page(request, "not a valid API key or admin token", status.HTTP_401_UNAUTHORIZED)
     response = _see_other("/jobs")
-    sign_in(response, session, user, settings.ui_session_hours)
+    sign_in(response, session, user, settings)
     return response
 
 
@@ -208,10 +227,11 @@ def devices(request: Request, viewer: CurrentViewer, session: ReadSessionDep) ->
 
 @router.post("/devices/{device_id}/revoke")
 def revoke(device_id: ObjectId, viewer: CurrentViewer, session: SessionDep, csrf_token: CsrfField = "") -> Response:
+    """Revoke a device, as ``POST /v1/devices/{id}/revoke`` does: a user their own (anyone else's is a 404), the
+    admin any; then back to the page that listed it."""
     check_csrf(viewer.csrf, csrf_token)
-    _need_user(viewer)
     jobstate.revoke_device(session, caller_device(session, viewer.user, device_id).id)
-    return _see_other("/devices")
+    return _see_other("/admin" if viewer.admin else "/devices")
 
 
 # --- adapters -----------------------------------------------------------------------------------------------------
@@ -275,10 +295,21 @@ def download(adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep, s
 
 
 @router.get("/admin")
-def admin(request: Request, viewer: CurrentViewer, session: ReadSessionDep, settings: SettingsDep) -> Response:
+def admin(
+    request: Request,
+    viewer: CurrentViewer,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    skip: int = Query(0, ge=0, le=MAX_DB_INT),
+    limit: int = Query(100, ge=1, le=500),
+) -> Response:
+    """The service's state, its users and models, and every device (``limit`` at a time, newest first), each with
+    the jobs it holds and a button to revoke it."""
     if not viewer.admin:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this page is the admin's")
     by_status = queries.jobs_by_status(session)
+    devices, device_count = queries.all_devices(session, skip, limit)
+    work = queries.device_work(session, [device.id for device, _ in devices])
     return page(
         request,
         "admin.html",
@@ -288,5 +319,9 @@ def admin(request: Request, viewer: CurrentViewer, session: ReadSessionDep, sett
         by_status=by_status,
         depth=by_status.get("queued", 0) + by_status.get("compiling", 0),
         leases=queries.active_leases(session),
+        devices=[(device, owner, work.get(device.id, [])) for device, owner in devices],
+        device_count=device_count,
+        skip=skip,
+        limit=limit,
         settings=settings,
     )
