@@ -45,6 +45,10 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "base models: import a GGUF checkpoint; register and list models on a server",
         ("shared.commands.models", "server.commands.models"),
     ),
+    "prompts": (
+        "prompts: choose a task's template, answers and chat frame for a model, on training rows",
+        ("shared.commands.prompts",),
+    ),
 }
 
 

@@ -24,13 +24,3 @@ def test_a_short_run_prints_the_side_by_side_table(monkeypatch: pytest.MonkeyPat
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| request")]
     assert [row.split(" | ")[0] for row in rows] == [f"| {kind}" for kind in fairness.REQUESTS]
     assert all(row.count("×") == 2 for row in rows)  # the attacked phase's p50 and p95 ratios
-
-
-@pytest.mark.slow  # a server and attacker processes: about 15 s
-def test_the_lapsed_lease_attack_is_refused_with_409(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    argv = ["fairness", "--rounds", "3", "--attack", "lapsed", "--attack-steps", "200", "--attackers", "2"]
-    monkeypatch.setattr(sys, "argv", argv)
-    fairness.main()
-    out = capsys.readouterr().out
-    codes = re.findall(r"2 attacker process\(es\): the attacker's answers \{(.*)\}", out)
-    assert codes and "409" in codes[0] and "201" not in codes[0], out
