@@ -6,10 +6,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import numpy as np
-
 from shared.manifest import ProgramManifest
 from shared.memory import peak_rss_mb
+from shared.train_log import step_losses
 
 
 def training_metrics(
@@ -24,8 +23,7 @@ def training_metrics(
         "batch_size": config.batch_size,
         "examples_per_query": config.examples_per_query,
         "steps": len(log),
-        # per step: the mean of its path losses (a private log has none: they stay on the device)
-        "losses": [float(np.mean(record["losses"])) for record in log] if all("losses" in r for r in log) else None,
+        "losses": step_losses(log),  # a private log has none: they stay on the device
         "step_time_s": statistics.median(step_seconds) if step_seconds else None,
         "train_time_s": sum(step_seconds),
         "peak_rss_mb": peak_rss_mb(),

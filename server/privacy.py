@@ -93,13 +93,13 @@ def charge(owner: User | Cohort, settings: Settings, spec: dict[str, Any]) -> Ca
     """The ledger entry of a private job (``spec``: its JSON, privacy resolved) for ``jobstate.submit``: refuses
     with 409 when the ledger of the user (or the cohort, for a federated job) would pass its budget; False when a
     racing submit claimed the ledger first. The ledger is read, the read ended, and the accountant's composition
-    (seconds) run with no transaction open: another tenant's requests never wait on it for SQLite's write lock. The
+    run with no transaction open: another tenant's requests never wait on it for SQLite's write lock. The
     claim that follows bumps the version only if it is still the one read (``accounts.claim_privacy_ledger``)."""
     whose = _whose(owner)
 
     def claim(session: Session) -> bool:
         book = ledger(session, owner, settings)
-        session.commit()  # the composition takes seconds: it runs outside any transaction, the claim checks the version
+        session.commit()  # the accountant's composition runs outside any transaction; the claim checks the version
         after = book.spent(spec)
         if after > book.epsilon:
             left = max(book.epsilon - book.spent(), 0.0)

@@ -29,6 +29,7 @@ from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import DataError
 from shared.manifest import ProgramManifest
 from shared.schemas import MAX_LOSS, JobSpec, UploadMetrics
+from shared.train_log import step_losses
 
 METRICS_LIMIT = 1 << 20
 _LOG_LINE_BYTES = 512  # step, seed, lr, eps and punctuation, generously
@@ -110,14 +111,6 @@ def parse_metrics(data: bytes, private: bool = False) -> dict[str, Any]:
     if private and metrics.eval:
         raise ResultRejected("metrics", "eval: a private job's held-out figures stay on the device")
     return metrics.model_dump(mode="json", exclude_unset=True)
-
-
-def step_losses(log: list[dict]) -> list[float] | None:
-    """Each step's mean path loss, as the device's metrics state it (``device_agent.metrics``), from the checked
-    log; None for a private log (no losses). The server stores these, not the device's claim."""
-    if not log or any("losses" not in rec for rec in log):
-        return None
-    return [float(np.mean(rec["losses"])) for rec in log]
 
 
 def replay_tolerance(max_abs_b: float) -> float:

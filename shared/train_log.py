@@ -118,3 +118,11 @@ def read_log(path: Path, private: bool | None = False) -> list[dict]:
         first = text.lstrip().split("\n", 1)[0]
         private = '"losses"' not in first
     return parse_log(text, str(path), private)
+
+
+def step_losses(log: list[dict]) -> list[float] | None:
+    """Each step's mean path loss (``metrics.json``'s ``losses``); None for a private log, which has no losses. The
+    device reports these and the server stores its own, from the verified log (``server.verify``)."""
+    if any("losses" not in record for record in log):
+        return None
+    return [float(np.mean(record["losses"])) for record in log]
