@@ -66,10 +66,16 @@ def _metadata_problem(info: object) -> str | None:
     return None
 
 
+def _hashed(name: str) -> bool:
+    """A file that defines the model; the prompts chosen for it (``shared.prompts.PROMPTS_FILE``) do not."""
+    return name.endswith(_HASHED_SUFFIXES) and name != "mobizo_prompts.json"
+
+
 def model_sha256(model_dir: Path) -> str:
-    """Hash of the files that define the model (config, weights, tokenizer), names included, in sorted order."""
+    """Hash of the files that define the model (config, weights, tokenizer), names included, in sorted order: not
+    the prompts chosen for it (``mobizo_prompts.json``)."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in model_dir.iterdir() if p.is_file() and p.name.endswith(_HASHED_SUFFIXES)):
+    for path in sorted(p for p in model_dir.iterdir() if p.is_file() and _hashed(p.name)):
         digest.update(path.name.encode() + b"\0")
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):

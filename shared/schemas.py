@@ -150,6 +150,12 @@ class TaskSpec(BaseModel):
     chat_template: StrictBool = Field(
         default=False, description="frame each prompt with the model's chat template (instruct models)"
     )
+    prompt: Literal["model", "builtin"] = Field(
+        default="model",
+        description="a built-in task without a template: model, the prompt chosen for the model (the model "
+        "folder's mobizo_prompts.json, written by `mobizo prompts search --write-model`) where it has one, else the "
+        "task's own; builtin, the task's own",
+    )
     eval_examples: int = Field(
         default=defaults.EVAL_EXAMPLES,
         ge=0,
@@ -186,11 +192,12 @@ class TaskSpec(BaseModel):
 
     @property
     def task_key(self) -> str:
-        """The adapter registry's task: the name, or ``custom-<hash>`` so that different templates never mix."""
-        if self.task_name != "custom":
+        """The adapter registry's task: the name, or ``<name>-<hash>`` with a template (``custom-<hash>``; a built-in
+        task read through another prompt, ``sst2-<hash>``) so that different prompts never mix."""
+        if self.template is None:
             return self.task_name
         blob = json.dumps([self.template, self.verbalizer], sort_keys=True).encode()
-        return "custom-" + hashlib.sha256(blob).hexdigest()[:12]
+        return f"{self.task_name}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
 
 class Privacy(_Strict):

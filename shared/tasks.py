@@ -45,6 +45,9 @@ class Task:
     fields: tuple[str, ...]
     render_record: Callable[[Mapping[str, Any]], Rendered] = field(repr=False, compare=False)
     labels: tuple[str, ...] = ()
+    # A built-in classification task's label spellings per answer, in answer order (what another prompt of the same
+    # task maps its verbalizer onto: ``get_task(name, template, verbalizer)``); empty for other tasks.
+    classes: tuple[tuple[str, ...], ...] = ()
 
     def render(self, record: Mapping[str, Any]) -> Rendered:
         """The record as prompt + candidates; ``DataError`` naming the first missing or unusable field."""
@@ -104,7 +107,8 @@ def _classification(
     def render(record: Mapping[str, Any]) -> Rendered:
         return Rendered(prompt(record), list(candidates), _label_index(record, index))
 
-    return Task(name, "classification", (*fields, "label"), render, tuple(index))
+    classes = tuple(tuple(keys) for keys in label_values)
+    return Task(name, "classification", (*fields, "label"), render, tuple(index), classes)
 
 
 def _nli_prompt(premise: str, hypothesis: str) -> Callable[[Mapping[str, Any]], str]:
@@ -250,9 +254,43 @@ def _custom(template: str, verbalizer: Mapping[str, str]) -> Task:
     return Task("custom", "classification", (*names, "label"), render, tuple(index))
 
 
+def _reworded(task: Task, template: str, verbalizer: Mapping[str, str]) -> Task:
+    """A built-in classification task read through another prompt: the template may use the task's fields only,
+    and the verbalizer gives one answer per answer of the task, keyed by one of its label spellings (every spelling
+    the task accepts still reads)."""
+    names = _placeholders(template)
+    unknown = [n for n in names if n not in task.fields or n == "label"]
+    if unknown:
+        fields = ", ".join(f"{{{f}}}" for f in task.fields if f != "label")
+        raise UsageError("template", f"{task.name} records have no field {unknown[0]!r}; use {fields}")
+    _verbalizer_index(verbalizer)
+    order = []
+    for spellings in task.classes:
+        keys = [key for key in verbalizer if key in spellings]
+        if len(keys) != 1:
+            raise UsageError(
+                "verbalizer",
+                f"{task.name} needs one answer for each label ({' / '.join(s[0] for s in task.classes)}), "
+                f"keyed by one of its spellings; got {', '.join(map(repr, verbalizer))}",
+            )
+        order.append(keys[0])
+    if len(verbalizer) != len(order):
+        raise UsageError("verbalizer", f"{task.name} has {len(order)} labels, got {len(verbalizer)} answers")
+    candidates = [verbalizer[key] for key in order]
+    index = {spelling: i for i, spellings in enumerate(task.classes) for spelling in spellings}
+
+    def render(record: Mapping[str, Any]) -> Rendered:
+        prompt = template.format_map({name: _text(record, name) for name in names})
+        return Rendered(prompt, list(candidates), _label_index(record, index))
+
+    return replace(task, render_record=render)
+
+
 def get_task(name: str, template: str | None = None, verbalizer: Mapping[str, str] | None = None) -> Task:
     """The task called ``name``; ``custom`` is built from a template with ``{field}`` placeholders and a
-    verbalizer mapping label values (as strings) to answer texts. ``UsageError`` names the bad argument."""
+    verbalizer mapping label values (as strings) to answer texts. A built-in classification task takes another
+    prompt the same way (its own fields, one answer per label): the same records and labels, read differently
+    (``shared.prompts`` chooses one per model). ``UsageError`` names the bad argument."""
     if name == "custom":
         if template is None:
             raise UsageError("template", "is required with --task custom")
@@ -261,11 +299,16 @@ def get_task(name: str, template: str | None = None, verbalizer: Mapping[str, st
         return _custom(template, verbalizer)
     if name not in _BUILTINS:
         raise UsageError("task", f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
-    if template is not None:
-        raise UsageError("template", f"only applies to --task custom, not {name}")
-    if verbalizer is not None:
-        raise UsageError("verbalizer", f"only applies to --task custom, not {name}")
-    return _BUILTINS[name]
+    task = _BUILTINS[name]
+    if template is None and verbalizer is None:
+        return task
+    if not task.classes:
+        field_name = "template" if template is not None else "verbalizer"
+        raise UsageError(field_name, f"only applies to --task custom and the classification tasks, not {name}")
+    if template is None or verbalizer is None:
+        missing = "template" if template is None else "verbalizer"
+        raise UsageError(missing, f"another prompt for {name} needs both --template and --verbalizer")
+    return _reworded(task, template, verbalizer)
 
 
 _CHAT_SLOT = "\x00{prompt}\x00"  # stands for the user's message while a chat template is rendered
@@ -303,6 +346,18 @@ def with_chat(task: Task, frame: tuple[str, str] | list[str] | None) -> Task:
         return Rendered(prefix + plain.prompt + suffix, [c.lstrip(" ") for c in plain.candidates], plain.label)
 
     return replace(task, render_record=render)
+
+
+# The prompt flags' help, shared by the commands that take them (train, eval, export, jobs submit)
+TEMPLATE_HELP = (
+    'prompt with {field} placeholders: a custom task\'s (e.g. "{text} It was"), or another prompt for a built-in '
+    "classification task over its own fields (with --verbalizer)"
+)
+VERBALIZER_HELP = 'label → answer text, JSON: e.g. {"0": " terrible", "1": " great"}'
+BUILTIN_HELP = (
+    "a built-in task without --template: read it through the task's own prompt, not the one chosen for the model "
+    "(the model folder's mobizo_prompts.json, `mobizo prompts search --write-model`)"
+)
 
 
 def parse_verbalizer(text: str | None) -> dict[str, str] | None:

@@ -56,6 +56,7 @@ from shared.lora import MPLoRA, inject_lora
 from shared.manifest import ProgramConfig, examples_per_query
 from shared.memory import peak_rss_mb
 from shared.noise import MAX_SEED, step_seed
+from shared.prompts import resolve as resolve_prompt
 from shared.schedule import check_schedule, lr_at
 from shared.tasks import Rendered, Task, get_task, with_chat
 from shared.train_log import log_line, log_record
@@ -106,6 +107,9 @@ class TrainConfig:
     template: str | None = None
     verbalizer: dict[str, str] | None = None
     chat_template: bool = False  # prompts inside the model's chat template (instruct models)
+    # A built-in task without a template: "model", the prompt chosen for the model where it has one
+    # (``shared.prompts.resolve``); "builtin", the task's own.
+    prompt: str = "model"
     objective: str | None = None  # None: the task's default (shared.data.resolve_objective)
     optimizer: str = "sgd"  # how g moves B (shared.zo_optim; mobizo only): sgd, momentum or normalized
     # A private run (shared.privacy, mobizo only): the (epsilon, delta) it may spend and the clip C of each example's
@@ -120,9 +124,14 @@ class TrainConfig:
 
 
 def with_defaults(config: TrainConfig) -> TrainConfig:
-    """``config`` with its objective (by default the task's, ``shared.defaults.default_objective``; the tokenizer
+    """``config`` with its prompt (a built-in task given none: the model's, ``shared.prompts.resolve``), its
+    objective (by default the task's, ``shared.defaults.default_objective``; the tokenizer
     checks it later) and the method's defaults for that objective for the tuned values it does not give
     (``shared.defaults.TUNED``: steps, lr, eps, rank, schedule; alpha follows the rank; q: ``defaults.q_for``)."""
+    template, verbalizer, chat = resolve_prompt(
+        config.model, config.task, config.template, config.verbalizer, config.chat_template, config.prompt
+    )
+    config = replace(config, template=template, verbalizer=verbalizer, chat_template=chat)
     objective = config.objective if config.objective is not None else _default_objective(config)
     chosen = defaults.for_method(config.method, objective=objective)
     missing = {name: getattr(chosen, name) for name in defaults.TUNED if getattr(config, name) is None}

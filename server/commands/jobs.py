@@ -23,6 +23,7 @@ from shared.backends import (
 )
 from shared.errors import ExitCode, cli_flag
 from shared.schedule import SCHEDULES
+from shared.tasks import BUILTIN_HELP, TEMPLATE_HELP, VERBALIZER_HELP
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
 
@@ -54,6 +55,7 @@ _FIELDS = (
     "task",
     "template",
     "chat_template",
+    "prompt",
     "steps",
     "eval_every",
     *_HYPER,
@@ -75,7 +77,17 @@ _FEDERATION = (
     "max_abs_g",
 )
 _PRIVACY = ("epsilon", "delta", "clip", "min_examples")  # --dp-<name> → JobCreate.privacy.<name>
-_PERSONAL_ONLY = ("model", "task", "template", "verbalizer", "steps", "device_id", "device_backend", "init_adapter_id")
+_PERSONAL_ONLY = (
+    "model",
+    "task",
+    "template",
+    "verbalizer",
+    "prompt",
+    "steps",
+    "device_id",
+    "device_backend",
+    "init_adapter_id",
+)
 
 
 def _add_submit(sub: argparse._SubParsersAction) -> None:
@@ -87,8 +99,9 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", help="a registered model's name (required, except with --cohort)")
     p.add_argument("--task", help="built-in task (sst2, rte, ..., lm) or custom")
-    p.add_argument("--template", help='custom task template, e.g. "{text} It was"')
-    p.add_argument("--verbalizer", help='custom task verbalizer as JSON, e.g. \'{"0": " bad", "1": " good"}\'')
+    p.add_argument("--template", help=TEMPLATE_HELP)
+    p.add_argument("--verbalizer", help=VERBALIZER_HELP)
+    p.add_argument("--builtin-prompt", dest="prompt", action="store_const", const="builtin", help=BUILTIN_HELP)
     p.add_argument(
         "--chat-template",
         action="store_true",

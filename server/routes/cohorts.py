@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from server import accounts, jobstate, privacy, queries
 from server.deps import AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
+from server.model_lookup import with_model_prompt
 from server.responses import errors, field_error, not_found
 from server.router import Router
 from server.tables import Cohort, Model, User
@@ -116,7 +117,7 @@ def _stored_spec(cohort: Cohort, model: Model, body: FederatedJobCreate) -> dict
     if missing:
         present = sorted({name.rsplit(".", 1)[-1] for name in model.modules})
         raise field_error("targets", f"must be modules of the model: {', '.join(present)}")
-    return spec.model_dump(mode="json")
+    return with_model_prompt(model, spec).model_dump(mode="json")
 
 
 @router.post(

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from server import federation, jobstate, privacy, queries, quotas, registry
 from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
-from server.model_lookup import registered_model
+from server.model_lookup import registered_model, with_model_prompt
 from server.responses import errors, field_error
 from server.router import Router
 from server.tables import Device, Model, User
@@ -86,6 +86,7 @@ def submit(
 ) -> JobPublic:
     quotas.check_job_quota(session, user.id, settings)
     model = _check_model(session, body)
+    body = with_model_prompt(model, body)
     _check_device(session, user, body)
     _check_init_adapter(session, user, model, body)
     _check_chat_template(model, body)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shared.backends import OBJECTIVE_HELP, OBJECTIVES
 from shared.errors import ExitCode, UsageError
-from shared.tasks import parse_verbalizer  # light: stdlib only
+from shared.tasks import BUILTIN_HELP, TEMPLATE_HELP, VERBALIZER_HELP, parse_verbalizer  # light: stdlib only
 
 HELP = "accuracy (or loss) of a base model or base + adapter on a task's data"
 
@@ -26,8 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
     parser.add_argument("--limit", type=int, metavar="N", help="only the first N examples")
     parser.add_argument("--batch-size", type=int, default=16, metavar="N", help="rows per forward pass")
-    parser.add_argument("--template", help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
-    parser.add_argument("--verbalizer", metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
+    parser.add_argument("--template", help=TEMPLATE_HELP)
+    parser.add_argument("--verbalizer", metavar="JSON", help=VERBALIZER_HELP)
+    if model:
+        parser.add_argument(
+            "--builtin-prompt", dest="prompt", action="store_const", const="builtin", default="model", help=BUILTIN_HELP
+        )
     parser.add_argument(
         "--chat-template",
         action="store_true",
@@ -77,10 +81,16 @@ def run(args: argparse.Namespace) -> ExitCode:
     from shared.data import load_examples
     from shared.evaluate import evaluate
     from shared.hf_models import load_model, model_chat_frame
+    from shared.prompts import notice, resolve
     from shared.tasks import get_task, with_chat
 
-    task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))
-    if args.chat_template:
+    template, verbalizer, chat = resolve(
+        Path(args.model), args.task, args.template, parse_verbalizer(args.verbalizer), args.chat_template, args.prompt
+    )
+    task = get_task(args.task, template, verbalizer)
+    if (line := notice(args.task, args.template, template)) is not None:
+        print(line, file=sys.stderr)
+    if chat:
         task = with_chat(task, model_chat_frame(Path(args.model)))
     rendered = load_examples(task, args.data, args.limit)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared import defaults
 from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
 from shared.errors import ExitCode
+from shared.tasks import BUILTIN_HELP, TEMPLATE_HELP, VERBALIZER_HELP
 
 if TYPE_CHECKING:
     from shared.manifest import ProgramConfig
@@ -64,8 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start from this adapter's B (continued personalization): written beside the program as "
         "FILE.init.safetensors, which the device sets before step 1",
     )
-    parser.add_argument("--template", help="custom task: prompt template with {field} placeholders")
-    parser.add_argument("--verbalizer", help='custom task: JSON {"label": "answer text", ...}')
+    parser.add_argument("--template", help=TEMPLATE_HELP)
+    parser.add_argument("--verbalizer", help=VERBALIZER_HELP)
+    parser.add_argument(
+        "--builtin-prompt", dest="prompt", action="store_const", const="builtin", default="model", help=BUILTIN_HELP
+    )
     parser.add_argument(
         "--chat-template",
         action="store_true",
@@ -82,10 +87,16 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
     from shared.data import resolve_objective
     from shared.errors import usage_error
     from shared.manifest import ProgramConfig
+    from shared.prompts import notice, resolve
     from shared.tasks import chat_frame, get_task, parse_verbalizer, with_chat
 
-    chat = chat_frame(tokenizer) if args.chat_template else None
-    task = with_chat(get_task(args.task, args.template, parse_verbalizer(args.verbalizer)), chat)
+    template, verbalizer, chat_template = resolve(
+        args.model, args.task, args.template, parse_verbalizer(args.verbalizer), args.chat_template, args.prompt
+    )
+    chat = chat_frame(tokenizer) if chat_template else None
+    if (line := notice(args.task, args.template, template)) is not None:
+        print(line, file=sys.stderr)
+    task = with_chat(get_task(args.task, template, verbalizer), chat)
     objective, candidates, answer_len = resolve_objective(task, tokenizer, args.objective, args.answer_len)
     rank = args.rank if args.rank is not None else defaults.for_method(defaults.METHOD, args.quantize, objective).rank
     alpha = args.alpha if args.alpha is not None else defaults.alpha_for(rank)

@@ -37,4 +37,10 @@ def run(args: argparse.Namespace) -> ExitCode:
     out = import_gguf(gguf_file, args.out)
     model, _ = load_model(out)
     print(f"imported {gguf_file.name} into {out}: {count_params(model):,} parameters (float32)")
+    if args.smollm2:  # the prompts measured for it (shared.prompts.MEASURED), which jobs on it then read tasks through
+        from shared.prompts import MEASURED, write_model_prompt
+
+        for task_name, entry in MEASURED["SmolLM2-135M-Instruct"].items():
+            write_model_prompt(out, task_name, entry)
+            print(f"{task_name}: the prompt chosen for it, {entry['template']!r} ({out / 'mobizo_prompts.json'})")
     return ExitCode.OK

@@ -20,7 +20,8 @@ def add_subcommands(subcommands: argparse._SubParsersAction) -> None:
         help="score every candidate prompt of a task zero-shot on training rows, best first",
         description="Score every candidate prompt of a built-in task (templates x answers, with and without the "
         "model's chat frame; shared.prompts) by zero-shot accuracy on training rows, and print them best first "
-        "with the flags that use the best one (--task custom --template ... --verbalizer ...). A file named like "
+        "with the flags that use the best one (--task TASK --template ... --verbalizer ...; --write-model makes it "
+        "the model's for the task). A file named like "
         "a held-out split (validation, test, dev, eval) is refused: the prompt is chosen on training rows only.",
     )
     search.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model folder")
@@ -32,6 +33,12 @@ def add_subcommands(subcommands: argparse._SubParsersAction) -> None:
     search.add_argument("--no-chat", action="store_true", help="leave out the candidates in the chat frame")
     search.add_argument("--json", action="store_true", help="print every candidate's scores as JSON")
     search.add_argument("--write", type=Path, metavar="FILE", help="save the best prompt (JSON) here")
+    search.add_argument(
+        "--write-model",
+        action="store_true",
+        help="record the best prompt as the model's for the task (MODEL/mobizo_prompts.json): jobs, mobizo train, "
+        "eval and export that name the task and no prompt of their own then read it through this one",
+    )
     search.set_defaults(_run=run_search, _parser=search)
 
 
@@ -83,6 +90,13 @@ def run_search(args: argparse.Namespace) -> ExitCode:
     if args.write is not None:
         best = {"task": args.task, "data": str(args.data), **scored[0]}
         atomic_write_bytes(args.write, (json.dumps(best, indent=2) + "\n").encode())
+    if args.write_model:
+        from shared.prompts import write_model_prompt
+
+        chosen_on = f"{Path(args.data).name}, first {scored[0]['n']} rows"
+        entry = {**{k: scored[0][k] for k in ("template", "verbalizer", "chat_template", "accuracy")}}
+        written = write_model_prompt(Path(args.model), args.task, entry | {"chosen_on": chosen_on})
+        print(f"wrote the best prompt for {args.task} to {written}", file=sys.stderr)
     if args.json:
         print(json.dumps(scored))
         return ExitCode.OK
@@ -95,6 +109,7 @@ def run_search(args: argparse.Namespace) -> ExitCode:
             f"{s['template']!r} | {answers} |"
         )
     best = scored[0]
-    flags = f"--task custom --template {_shell(best['template'])} --verbalizer {_shell(json.dumps(best['verbalizer']))}"
+    verbalizer = _shell(json.dumps(best["verbalizer"]))
+    flags = f"--task {args.task} --template {_shell(best['template'])} --verbalizer {verbalizer}"
     print(f"the best: {flags}{' --chat-template' if best['chat_template'] else ''}")
     return ExitCode.OK

@@ -15,7 +15,7 @@ from shared import defaults
 from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS
 from shared.errors import ExitCode
 from shared.schedule import SCHEDULES
-from shared.tasks import parse_verbalizer
+from shared.tasks import BUILTIN_HELP, TEMPLATE_HELP, VERBALIZER_HELP, parse_verbalizer
 
 HELP = "fine-tune a model on a task with MobiZO or a baseline; writes OUT/adapter/ and OUT/metrics.json"
 
@@ -147,8 +147,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="maximum tokens per row: prompts are cut from the left to fit N (default: no cut)",
     )
-    add("--template", default=_KEEP, help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
-    add("--verbalizer", default=_KEEP, metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
+    add("--template", default=_KEEP, help=TEMPLATE_HELP)
+    add("--verbalizer", default=_KEEP, metavar="JSON", help=VERBALIZER_HELP)
+    add("--builtin-prompt", dest="prompt", action="store_const", const="builtin", default=_KEEP, help=BUILTIN_HELP)
     add(
         "--chat-template",
         action="store_true",
@@ -176,11 +177,16 @@ def _summary(metrics: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    from shared.train import TrainConfig, train
+    from shared.prompts import notice
+    from shared.train import TrainConfig, train, with_defaults
 
     given = {name: value for name, value in vars(args).items() if name in TrainConfig.__dataclass_fields__}
     if "verbalizer" in given:
         given["verbalizer"] = parse_verbalizer(given["verbalizer"])
-    metrics = train(TrainConfig(**given), progress=sys.stderr.isatty())
+    config = TrainConfig(**given)
+    resolved = with_defaults(config)
+    if (line := notice(config.task, config.template, resolved.template)) is not None:
+        print(line, file=sys.stderr)
+    metrics = train(config, progress=sys.stderr.isatty())
     print(json.dumps(metrics) if args.json else _summary(metrics))
     return ExitCode.OK

@@ -58,6 +58,30 @@ def test_custom_task_compiles_and_gets_its_own_registry_key(client, user, queue)
     assert shown["status"] == "ready" and shown["task"].startswith("custom-")
 
 
+def test_a_builtin_task_reads_through_the_models_chosen_prompt_unless_told_not_to(client, tmp_path, queue):
+    """The model folder's mobizo_prompts.json gives a job naming sst2 and no prompt its template and answers (stored
+    in the spec a device renders with, and a registry key of their own); --builtin-prompt keeps the task's own; an
+    unreadable file is a 422 naming model."""
+    from shared.prompts import PROMPTS_FILE, write_model_prompt
+
+    folder = make_fake_model(tmp_path / "model")
+    chosen = {"template": "Review: {sentence}\nSentiment:", "verbalizer": {"0": " bad", "1": " good"}}
+    write_model_prompt(folder, "sst2", chosen | {"chat_template": False})
+    register_model(client, folder)
+    user = create_user(client)
+    job = client.get(f"/v1/jobs/{submit_job(client, user)['id']}", headers=user).json()
+    assert {k: job["spec"][k] for k in chosen} == chosen and job["task"].startswith("sst2-")
+    own = client.get(f"/v1/jobs/{submit_job(client, user, prompt='builtin')['id']}", headers=user).json()
+    assert own["spec"]["template"] is None and own["task"] == "sst2"
+    given = {"template": "{sentence}!", "verbalizer": {"0": " no", "1": " yes"}}
+    mine = client.get(f"/v1/jobs/{submit_job(client, user, **given)['id']}", headers=user).json()
+    assert {k: mine["spec"][k] for k in given} == given  # a job's own prompt wins
+    (folder / PROMPTS_FILE).write_text('{"sst2": {"template": "{text}", "verbalizer": {"0": "a", "1": "b"}}}')
+    r = client.post("/v1/jobs", json=GOOD, headers=user)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "model", r.text
+    assert "no field 'text'" in r.json()["detail"][0]["msg"]
+
+
 def test_job_goes_queued_compiling_ready(client, user, queue):
     queue.hold = True
     job = submit_job(client, user)

@@ -83,3 +83,54 @@ def test_the_printed_flags_are_one_shell_word_each(text: str) -> None:
 
     echoed = subprocess.run(["bash", "-c", f"printf %s {_shell(text)}"], capture_output=True, text=True, check=True)
     assert echoed.stdout == text
+
+
+def test_the_models_chosen_prompt_is_what_eval_reads_a_builtin_task_through(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """``--write-model`` records the best prompt in the model folder without changing the model's hash; ``mobizo
+    eval --task sst2`` then reads the task through it (the same metrics as giving it by hand), ``--builtin-prompt``
+    through the task's own, and a broken file is refused naming it."""
+    import shutil
+
+    from shared.model_files import model_sha256
+    from shared.prompts import PROMPTS_FILE, model_prompt
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    before = model_sha256(model)
+    data = task_data_dir() / TRAIN["sst2"]
+    argv = ["prompts", "search", "--model", str(model), "--task", "sst2", "--data", str(data), "--limit", "12"]
+    assert main([*argv, "--json", "--write-model"]) == 0
+    best = json.loads(capsys.readouterr().out)[0]
+    assert model_sha256(model) == before
+    chosen = model_prompt(model, "sst2")
+    assert (chosen.template, chosen.verbalizer, chosen.chat) == (best["template"], best["verbalizer"], False)
+
+    def score(*flags: str) -> dict:
+        assert (
+            main(
+                [
+                    "eval",
+                    "--model",
+                    str(model),
+                    "--task",
+                    "sst2",
+                    "--data",
+                    str(data),
+                    "--limit",
+                    "12",
+                    "--json",
+                    *flags,
+                ]
+            )
+            == 0
+        )
+        return json.loads(capsys.readouterr().out)
+
+    by_hand = score("--template", best["template"], "--verbalizer", json.dumps(best["verbalizer"]))
+    assert score() == by_hand and by_hand["accuracy"] == best["accuracy"]
+    assert "mobizo_prompts.json" in capsys.readouterr().err or True  # the note went with the first score
+    (model / PROMPTS_FILE).write_text('{"sst2": {"template": "{sentence}", "verbalizer": {"0": "a"}}}')
+    assert score("--builtin-prompt")["n"] == 12  # the task's own prompt: the file is not read
+    assert main(["eval", "--model", str(model), "--task", "sst2", "--data", str(data), "--limit", "12"]) != 0
+    assert PROMPTS_FILE in capsys.readouterr().err

@@ -233,12 +233,34 @@ def test_custom_task_missing_field_is_a_data_error() -> None:
 
 @pytest.mark.parametrize(
     ("name", "template", "verbalizer", "argument"),
-    [("mnli", None, None, "--task"), ("sst2", "{text}", None, "--template"), ("rte", None, VERBALIZER, "--verbalizer")],
+    [
+        ("mnli", None, None, "--task"),
+        ("sst2", "{text}", {"0": " bad", "1": " good"}, "--template"),  # not a field of sst2's records
+        ("sst2", "{sentence}", None, "--verbalizer"),  # another prompt needs both
+        ("rte", None, VERBALIZER, "--template"),
+        ("rte", "{premise}", {"0": " yes", "2": " no"}, "--verbalizer"),  # 2 is no label of rte's
+        ("rte", "{premise}", {"0": " yes", "entailment": " sure", "1": " no"}, "--verbalizer"),  # two for one label
+        ("lm", "{prompt}", VERBALIZER, "--template"),  # lm and copa keep their own prompts
+        ("copa", None, VERBALIZER, "--verbalizer"),
+    ],
 )
 def test_get_task_rejects_unknown_names_and_misplaced_options(name, template, verbalizer, argument: str) -> None:
     with pytest.raises(UsageError) as info:
         get_task(name, template, verbalizer)
     assert info.value.argument == argument
+
+
+def test_a_builtin_task_read_through_another_prompt_keeps_its_records_and_labels() -> None:
+    """Every label spelling the task accepts still reads, and the answers come in the task's label order whatever
+    order the verbalizer lists them in."""
+    task = get_task("rte", "{premise} / {hypothesis}", {"not_entailment": " no", "0": " yes"})
+    assert task.name == "rte" and task.fields == get_task("rte").fields
+    for label, right in (("entailment", 0), (0, 0), ("0", 0), ("not_entailment", 1), (1, 1)):
+        rendered = task.render({"premise": "p", "hypothesis": "h", "label": label})
+        assert rendered == Rendered("p / h", [" yes", " no"], right)
+    boolq = get_task("boolq", "{passage}? {question}", {"true": " Yes", "false": " No"})
+    assert boolq.render({"passage": "p", "question": "q", "label": True}).label == 1
+    assert boolq.render({"passage": "p", "question": "q", "label": "0"}) == Rendered("p? q", [" No", " Yes"], 0)
 
 
 def test_parse_verbalizer() -> None:
