@@ -64,6 +64,7 @@ from shared.evaluate import evaluate
 from shared.files import atomic_dir, atomic_write, atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame
 from shared.lora import inject_lora
+from shared.prompts import resolve as resolve_prompt
 from shared.schedule import SCHEDULES
 from shared.tasks import SAMPLES_DIR, TASK_DATA_ENV, get_task, task_data_dir, with_chat
 from shared.train import METRICS_FILE, StepFactory, TrainConfig, train
@@ -175,6 +176,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--data-dir", type=Path, help=f"task data (default: the shipped samples in data/, or ${TASK_DATA_ENV})")
     add("--chat-template", action="store_true", help="frame prompts with the model's chat template")
     add(
+        "--builtin-prompt",
+        dest="prompt",
+        action="store_const",
+        const="builtin",
+        default="model",
+        help="read each task through its own prompt, not the one chosen for the model (MODEL/mobizo_prompts.json)",
+    )
+    add(
         "--objective",
         choices=OBJECTIVES,
         help="training loss (default: the task's, classification where its answers are single tokens; "
@@ -281,6 +290,7 @@ def run_config(
         eval_every=args.eval_every,
         checkpoint_every=None if method.method == "mezo" else args.eval_every,
         chat_template=args.chat_template,
+        prompt=args.prompt,
         objective=args.objective,
     )
 
@@ -397,8 +407,9 @@ class Scorer:
     def __init__(self, args: argparse.Namespace, task: str) -> None:
         self.model, self.tokenizer = load_model(args.model, args.dtype, args.device)
         self.lora = inject_lora(self.model, args.targets, args.rank, args.alpha, defaults.A_SEED)
-        frame = model_chat_frame(args.model) if args.chat_template else None
-        self.task, self.seq_len = with_chat(get_task(task), frame), args.seq_len
+        template, verbalizer, chat = resolve_prompt(args.model, task, None, None, args.chat_template, args.prompt)
+        frame = model_chat_frame(args.model) if chat else None
+        self.task, self.seq_len = with_chat(get_task(task, template, verbalizer), frame), args.seq_len
 
     def score(self, path: Path, b: torch.Tensor | None = None) -> dict[str, Any]:
         self.lora.apply(None if b is None else b.to(self.lora.device)[None])
@@ -555,9 +566,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.device != "cpu" or args.dtype != "float32":
             raise SystemExit("--runner program: the program runs float32 on the CPU (--device cpu --dtype float32)")
+        args.seq_len = args.seq_len or defaults.SEQ_LEN
     elif args.quantize != defaults.QUANTIZE:
         raise SystemExit(f"--quantize {args.quantize}: a quantized base is a program's (add --runner program)")
-        args.seq_len = args.seq_len or defaults.SEQ_LEN
     args.data_dir = args.data_dir or task_data_dir()
     check_pools(args.data_dir, tasks, args)
     results = {

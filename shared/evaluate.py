@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from shared.batch import IGNORE_INDEX
+from shared.calibration import calibrated
 from shared.data import Encoded, encode, pad_token_id, resolve_objective, training_batch
 from shared.tasks import Rendered, Task
 
@@ -94,36 +95,54 @@ def evaluate(
     max_len: int | None = None,
     progress: bool = False,
     objective: str | None = None,
+    prior: tuple[float, ...] | None = None,
 ) -> dict[str, Any]:
     """``{"accuracy", "loss", "n"}`` of ``model`` on the rendered examples (accuracy is None for ``lm`` tasks); the
     loss is ``objective``'s (module docstring; None: the task's default, ``shared.data.resolve_objective``).
 
     ``batch_size`` counts rows per forward pass; ``max_len`` truncates prompts as ``shared.data.encode`` does. The
-    model runs in eval mode under ``no_grad`` and gets its mode back after.
+    model runs in eval mode under ``no_grad`` and gets its mode back after. ``prior``: a classification prompt's
+    content-free prior (``shared.calibration``), divided out of every example's scores before its prediction and loss.
     """
     if not rendered:
         raise ValueError("evaluate needs at least one example")
     objective, _, _ = resolve_objective(task, tokenizer, objective)
     encoded = encode(rendered, tokenizer, max_len)
+    nll, count = _scored(model, encoded, pad_token_id(tokenizer), batch_size, progress)
+    labels = [e.label for e in encoded]
+    rows = [calibrated(scores(n, c), prior) for n, c in zip(nll, count, strict=True)]
+    if objective == "classification":
+        loss = sum(candidate_loss(row, y) for row, y in zip(rows, labels, strict=True)) / len(labels)
+    else:
+        loss = sum(row[y] for row, y in zip(nll, labels)) / sum(row[y] for row, y in zip(count, labels))
+    accuracy = None
+    if task.kind != "lm":
+        hits = [_best(row) == y for row, y in zip(rows, labels, strict=True)]
+        accuracy = sum(hits) / len(hits)
+    return {"accuracy": accuracy, "loss": loss, "n": len(encoded), "objective": objective}
+
+
+def _scored(
+    model: Any, encoded: list[Encoded], pad_id: int, batch_size: int, progress: bool
+) -> tuple[list[list[float]], list[list[int]]]:
+    """Summed NLL and token count of every candidate of every example, in eval mode under ``no_grad``."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             single = all(len(c) == 1 for e in encoded for c in e.candidate_ids)
             score = _score_single_tokens if single else _score_all
-            nll, count = score(model, encoded, pad_token_id(tokenizer), batch_size, progress)
+            return score(model, encoded, pad_id, batch_size, progress)
     finally:
         model.train(was_training)
-    labels = [e.label for e in encoded]
-    if objective == "classification":
-        loss = sum(candidate_loss(scores(n, c), y) for n, c, y in zip(nll, count, labels, strict=True)) / len(labels)
-    else:
-        loss = sum(row[y] for row, y in zip(nll, labels)) / sum(row[y] for row, y in zip(count, labels))
-    accuracy = None
-    if task.kind != "lm":
-        hits = [_best(row_nll, row_count) == y for row_nll, row_count, y in zip(nll, count, labels, strict=True)]
-        accuracy = sum(hits) / len(hits)
-    return {"accuracy": accuracy, "loss": loss, "n": len(encoded), "objective": objective}
+
+
+def candidate_scores(
+    model: Any, tokenizer: Any, rendered: list[Rendered], batch_size: int = 16, max_len: int | None = None
+) -> list[list[float]]:
+    """Every example's candidate scores (mean log-likelihoods), ``evaluate``'s."""
+    nll, count = _scored(model, encode(rendered, tokenizer, max_len), pad_token_id(tokenizer), batch_size, False)
+    return [scores(n, c) for n, c in zip(nll, count, strict=True)]
 
 
 def scores(nll: list[float], count: list[int]) -> list[float]:
@@ -138,7 +157,6 @@ def candidate_loss(row: list[float], label: int) -> float:
     return top + math.log(sum(math.exp(s - top) for s in row)) - row[label]
 
 
-def _best(nll: list[float], count: list[int]) -> int:
-    """The candidate with the highest mean log-likelihood (the first one on a tie)."""
-    row = scores(nll, count)
+def _best(row: list[float]) -> int:
+    """The candidate with the highest score (the first one on a tie)."""
     return max(range(len(row)), key=row.__getitem__)

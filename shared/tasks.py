@@ -359,6 +359,11 @@ BUILTIN_HELP = (
     "(the model folder's mobizo_prompts.json, `mobizo prompts search --write-model`)"
 )
 
+CALIBRATE_HELP = (
+    "classification: divide the prompt's prior, measured on content-free inputs (N/A, empty, [MASK]) with the base "
+    "model, out of the answers' scores before predicting (contextual calibration)"
+)
+
 
 def parse_verbalizer(text: str | None) -> dict[str, str] | None:
     """The ``--verbalizer`` JSON text as an object (None stays None); ``get_task`` checks its shape."""

@@ -37,6 +37,7 @@ from shared.adapter import save_lora
 from shared.backends import OBJECTIVES, OPTIMIZERS, PARALLEL_MODES
 from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
 from shared.batch import Batch
+from shared.calibration import measure_prior
 from shared.checkpoint import Checkpoint, fingerprint, load_checkpoint, save_checkpoint
 from shared.data import (
     Encoded,
@@ -110,6 +111,9 @@ class TrainConfig:
     # A built-in task without a template: "model", the prompt chosen for the model where it has one
     # (``shared.prompts.resolve``); "builtin", the task's own.
     prompt: str = "model"
+    # Classification: divide the prompt's content-free prior out of the candidates' scores when evaluating
+    # (``shared.calibration``; measured once on the base model).
+    calibrate: bool = False
     objective: str | None = None  # None: the task's default (shared.data.resolve_objective)
     optimizer: str = "sgd"  # how g moves B (shared.zo_optim; mobizo only): sgd, momentum or normalized
     # A private run (shared.privacy, mobizo only): the (epsilon, delta) it may spend and the clip C of each example's
@@ -362,6 +366,7 @@ class _Run:
     answer_len: int | None  # the objective's answer columns (None: the longest answer of each batch)
     widths: tuple[int | None, int | None] = (None, None)  # a program's (seq_len, answer_len); None: the batch's
     private: dict[str, Any] | None = None  # a private run's noise (``_private_seed``)
+    prior: tuple[float, ...] | None = None  # the prompt's content-free prior (``TrainConfig.calibrate``)
 
 
 # Another implementation of a run's step, in MethodStep's place: ``factory(program, lora) -> step`` with
@@ -416,8 +421,23 @@ def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None =
     if objective == "classification":
         check_candidates(train_set, ids)
         candidates = torch.tensor(ids, dtype=torch.long, device=device)
+    prior = None
+    if config.calibrate and task.kind == "classification":  # on the base model: every LoRA path is idle here
+        prior = measure_prior(model, tokenizer, task, config.seq_len)
     return _Run(
-        config, task, model, tokenizer, lora, step, train_set, held_out, objective, candidates, answer_len, widths
+        config,
+        task,
+        model,
+        tokenizer,
+        lora,
+        step,
+        train_set,
+        held_out,
+        objective,
+        candidates,
+        answer_len,
+        widths,
+        prior=prior,
     )
 
 
@@ -427,7 +447,13 @@ def _evaluate(run: _Run, steps_done: int) -> dict[str, Any]:
         run.lora.apply(run.step.b[None])
     try:
         result = evaluate(
-            run.model, run.tokenizer, run.task, run.eval, max_len=run.config.seq_len, objective=run.objective
+            run.model,
+            run.tokenizer,
+            run.task,
+            run.eval,
+            max_len=run.config.seq_len,
+            objective=run.objective,
+            prior=run.prior,
         )
     finally:
         if run.lora is not None:
@@ -592,6 +618,7 @@ def _metrics(run: _Run, history: dict[str, list]) -> dict[str, Any]:
         "n_train": len(run.train),
         "adapter": None if run.lora is None else ADAPTER_DIR,
         "train_log": LOG_FILE if history["log"] else None,
+        "prior": None if run.prior is None else list(run.prior),  # log p_cf per candidate (shared.calibration)
     }
     if run.step.device.type == "cuda":
         metrics["peak_cuda_mb"] = torch.cuda.max_memory_allocated(run.step.device) / 2**20

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from shared.backends import OBJECTIVE_HELP, OBJECTIVES
 from shared.errors import ExitCode, UsageError
-from shared.tasks import BUILTIN_HELP, TEMPLATE_HELP, VERBALIZER_HELP, parse_verbalizer  # light: stdlib only
+from shared.tasks import (
+    BUILTIN_HELP,
+    CALIBRATE_HELP,
+    TEMPLATE_HELP,
+    VERBALIZER_HELP,
+    parse_verbalizer,
+)  # light: stdlib only
 
 HELP = "accuracy (or loss) of a base model or base + adapter on a task's data"
 
@@ -29,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
     parser.add_argument("--template", help=TEMPLATE_HELP)
     parser.add_argument("--verbalizer", metavar="JSON", help=VERBALIZER_HELP)
     if model:
+        parser.add_argument("--calibrate", action="store_true", help=CALIBRATE_HELP)
         parser.add_argument(
             "--builtin-prompt", dest="prompt", action="store_const", const="builtin", default="model", help=BUILTIN_HELP
         )
@@ -92,15 +99,24 @@ def run(args: argparse.Namespace) -> ExitCode:
         print(line, file=sys.stderr)
     if chat:
         task = with_chat(task, model_chat_frame(Path(args.model)))
+    if args.calibrate and task.kind != "classification":
+        raise UsageError("calibrate", f"applies to classification tasks, not {task.kind}")
     rendered = load_examples(task, args.data, args.limit)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model, tokenizer = load_model(Path(args.model), args.dtype, device)
+    prior = None
+    if args.calibrate:
+        from shared.calibration import measure_prior
+
+        prior = measure_prior(model, tokenizer, task, args.seq_len)  # the base model's, before the adapter
     if args.adapter is not None:
         from shared.adapter import load_adapter
 
         load_adapter(model, Path(args.adapter))
     metrics = evaluate(
-        model, tokenizer, task, rendered, args.batch_size, args.seq_len, sys.stderr.isatty(), args.objective
+        model, tokenizer, task, rendered, args.batch_size, args.seq_len, sys.stderr.isatty(), args.objective, prior
     )
+    if prior is not None:
+        metrics["prior"] = list(prior)
     print(json.dumps(metrics) if args.json else summary(task.name, metrics))
     return ExitCode.OK

@@ -15,7 +15,7 @@ from shared import defaults
 from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS
 from shared.errors import ExitCode
 from shared.schedule import SCHEDULES
-from shared.tasks import BUILTIN_HELP, TEMPLATE_HELP, VERBALIZER_HELP, parse_verbalizer
+from shared.tasks import BUILTIN_HELP, CALIBRATE_HELP, TEMPLATE_HELP, VERBALIZER_HELP, parse_verbalizer
 
 HELP = "fine-tune a model on a task with MobiZO or a baseline; writes OUT/adapter/ and OUT/metrics.json"
 
@@ -149,6 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--template", default=_KEEP, help=TEMPLATE_HELP)
     add("--verbalizer", default=_KEEP, metavar="JSON", help=VERBALIZER_HELP)
+    add("--calibrate", action="store_true", default=_KEEP, help=CALIBRATE_HELP)
     add("--builtin-prompt", dest="prompt", action="store_const", const="builtin", default=_KEEP, help=BUILTIN_HELP)
     add(
         "--chat-template",

@@ -197,7 +197,8 @@ def test_eval_command_applies_the_adapter(model_dir: Path, tmp_path: Path, capsy
         ({"--limit": "0"}, "--limit"),
         ({"--batch-size": "0"}, "--batch-size"),
         ({"--task": "custom", "--template": "{sentence}", "--verbalizer": "{bad json"}, "--verbalizer"),
-        ({"--template": "{sentence}"}, "--template"),
+        ({"--template": "{sentence}"}, "--verbalizer"),  # another prompt for sst2 needs its answers too
+        ({"--template": "{text}", "--verbalizer": '{"0": " no", "1": " yes"}'}, "--template"),  # no sst2 field
     ],
 )
 def test_eval_command_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture, change: dict, argument: str) -> None:
