@@ -31,7 +31,8 @@ def program_predictions(pte: Path, rendered: list) -> tuple[list[int], list[int]
     session = ProgramSession(pte, pte.parent / manifest.ptd.file, widths=manifest.inputs.widths)
     session.set_b(np.zeros(manifest.lora_size, np.float32))
     tokenizer = load_tokenizer_file(pte.parent / manifest.tokenizer.file)
-    return predict(session, rendered, tokenizer, program_shape(manifest.config), manifest.config.candidates)
+    config = manifest.config
+    return predict(session, rendered, tokenizer, program_shape(config), config.candidates, config.prior)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,14 +31,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.accuracy import TASK_FILES, check_pools, sample_task
+from benchmarks.accuracy import TASK_FILES, check_pools, program_steps, sample_task
+from shared import defaults
 from shared.files import atomic_write, atomic_write_bytes
 from shared.tasks import task_data_dir
 
-# The job's defaults for a classification task (the rest come from shared.defaults.CLASSIFICATION).
-BASE: dict[str, Any] = {"method": "mobizo", "q": 4, "batch_size": 16}
+# A job's defaults: every variant starts from what ``mobizo train`` takes when it is told nothing (shared.defaults;
+# the model's chosen prompt, shared.prompts), so the ``defaults`` row is what a user gets.
+BASE: dict[str, Any] = {}
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    # the step regime: probes per step with the lr scaled in proportion (MeZO, App. A), calibration (Zhao et al.)
+    "q-16-lr-1.6e-1": {"q": 16, "lr": 1.6e-1},
+    "q-16-lr-8e-2": {"q": 16, "lr": 8e-2},
+    "q-8-lr-8e-2": {"q": 8, "lr": 8e-2},
+    "calibrated": {"calibrate": True},
+    "q-16-lr-1.6e-1-calibrated": {"q": 16, "lr": 1.6e-1, "calibrate": True},
+    "builtin-prompt": {"prompt": "builtin"},
     "lr-6e-2": {"lr": 6e-2},
     "lr-3e-2": {"lr": 3e-2},
     "eps-1e-3": {"eps": 1e-3},
@@ -74,6 +83,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--sample-seed", type=int, default=0, help="seeds the train/test samples")
     add("--seq-len", type=int, help="cut prompts from the left to this many tokens (default: no cut)")
     add("--data-dir", type=Path, help="task data (default: the shipped samples in data/, or $MOBIZO_TASK_DATA_DIR)")
+    add(
+        "--runner",
+        choices=("eager", "program"),
+        default="eager",
+        help="the step: eager (shared.train) or program (the device's ExecuTorch program, exported once per "
+        "configuration into OUT/programs: device-seconds are a device's)",
+    )
+    add("--budget", type=float, default=300.0, metavar="S", help="the table's device-seconds column (default 300)")
     add("--device", default="cpu", help="cpu or cuda")
     add("--workers", type=int, default=1, help="runs at a time, each in its own process (1: in this process)")
     add("--threads", type=int, default=1, help="torch CPU threads of each run")
@@ -95,29 +112,39 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(job["threads"])
     settings = {**BASE, **VARIANTS[job["variant"]]}
     settings.setdefault("steps", job["steps"])
-    begin = time.perf_counter()
-    metrics = train(
-        TrainConfig(
-            model=job["model"],
-            task=job["task"],
-            train=Path(job["files"]["train"]),
-            eval=Path(job["files"]["test"]),
-            out=Path(job["out"]),
-            seed=job["seed"],
-            eval_every=job["eval_every"],
-            checkpoint_every=job["eval_every"],
-            seq_len=job["seq_len"],
-            device=job["device"],
-            **settings,
-        ),
-        progress=False,
+    program = job["runner"] == "program"
+    config = TrainConfig(
+        model=job["model"],
+        task=job["task"],
+        train=Path(job["files"]["train"]),
+        eval=Path(job["files"]["test"]),
+        out=Path(job["out"]),
+        seed=job["seed"],
+        eval_every=job["eval_every"],
+        checkpoint_every=job["eval_every"],
+        seq_len=job["seq_len"] or (defaults.SEQ_LEN if program else None),
+        device=job["device"],
+        **settings,
     )
+    factory = None
+    if program:  # the step of the device's program, exported once per configuration into OUT/programs
+        where = argparse.Namespace(runner="program", model=Path(job["model"]), quantize="none", out=Path(job["root"]))
+        factory = program_steps(where, config)
+    begin = time.perf_counter()
+    metrics = train(config, progress=False, step_factory=factory)
+    step_s = metrics["step_time_s"]
     return {
         "variant": job["variant"],
         "seed": job["seed"],
         "steps": metrics["steps"],
-        "curve": [{"step": e["step"], "accuracy": e["accuracy"]} for e in metrics["eval"]],
-        "step_time_s": metrics["step_time_s"],
+        "q": metrics["q"],
+        "batch_size": metrics["batch_size"],
+        "runner": job["runner"],
+        # device-seconds: steps x the run's median step time (the step alone: no evaluation, no batch building)
+        "curve": [
+            {"step": e["step"], "accuracy": e["accuracy"], "device_s": e["step"] * step_s} for e in metrics["eval"]
+        ],
+        "step_time_s": step_s,
         "wall_s": time.perf_counter() - begin,
         "device": metrics["device"],
     }
@@ -125,6 +152,57 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
 
 def read_results(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+def at_budget(run: dict[str, Any], budget: float) -> float:
+    """A run's test accuracy at its last evaluation within ``budget`` device-seconds (step 0 if none)."""
+    return [p for p in run["curve"] if p.get("device_s", 0.0) <= budget][-1]["accuracy"]
+
+
+def budget_table(results: list[dict[str, Any]], variants: list[str], budget: float) -> str:
+    """One row per variant, in device-seconds: its step's median seconds, the mean over seeds of the test accuracy
+    at the budget, at the last step and at each seed's best evaluation, and the gain over step 0 at the budget."""
+    at = f"at {budget:g} s"
+    head = f"{'variant':<34} {'s/step':>7} {'steps':>6} {at:>9} {'gain':>6} {'last':>6} {'best':>6} {'seeds':>5}"
+    lines = [head, "-" * len(head)]
+    for variant in variants:
+        runs = [r for r in results if r["variant"] == variant]
+        if not runs:
+            continue
+        step_s = statistics.mean(r["step_time_s"] for r in runs)
+        within = statistics.mean(at_budget(r, budget) for r in runs)
+        base = statistics.mean(r["curve"][0]["accuracy"] for r in runs)
+        last = statistics.mean(r["curve"][-1]["accuracy"] for r in runs)
+        best = statistics.mean(max(p["accuracy"] for p in r["curve"]) for r in runs)
+        lines.append(
+            f"{variant:<34} {step_s:>7.3f} {runs[0]['steps']:>6} {within:>9.3f} {100 * (within - base):>+6.1f} "
+            f"{last:>6.3f} {best:>6.3f} {len(runs):>5}"
+        )
+    return "\n".join(lines)
+
+
+def plot_device_seconds(results: list[dict[str, Any]], variants: list[str], path: Path, budget: float) -> None:
+    """Test accuracy against device-seconds: each variant's mean over its seeds at every evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for variant in variants:
+        runs = [r for r in results if r["variant"] == variant]
+        if not runs:
+            continue
+        points = min(len(r["curve"]) for r in runs)
+        xs = [statistics.mean(r["curve"][i].get("device_s", 0.0) for r in runs) for i in range(points)]
+        ys = [statistics.mean(r["curve"][i]["accuracy"] for r in runs) for i in range(points)]
+        ax.plot(xs, ys, marker=".", label=f"{variant} ({len(runs)} seeds)")
+    ax.axvline(budget, color="grey", linestyle=":", label=f"{budget:g} device-seconds")
+    ax.set_xlabel("device-seconds (steps x the step's median seconds)")
+    ax.set_ylabel("test accuracy (mean over run seeds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
 
 
 def table(results: list[dict[str, Any]], variants: list[str]) -> str:
@@ -200,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         "seq_len": args.seq_len,
         "device": args.device,
         "threads": args.threads,
+        "runner": args.runner,
+        "root": str(args.out),
     }
     jobs = [
         common | {"variant": v, "seed": s, "out": str(args.out / "runs" / f"{v}-seed{s}")}
@@ -225,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     results = read_results(results_dir)
     if not args.no_plot and results:
         plot(results, variants, args.out / "last-step.png")
+        plot_device_seconds(results, variants, args.out / "device-seconds.png", args.budget)
     print(table(results, variants))
+    print()
+    print(budget_table(results, variants, args.budget))
     return 0
 
 

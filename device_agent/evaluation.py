@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from device_agent.batches import Shape
+from shared.calibration import calibrated
 from shared.data import Encoded
 from shared.evaluate import candidate_loss
 
@@ -43,11 +44,19 @@ def _program_rows(session: Evaluator, rows: list[Encoded], shape: Shape, pad_id:
 
 
 def evaluate_program(
-    session: Evaluator, rendered: list, tokenizer: Any, shape: Shape, kind: str, candidates: tuple[int, ...] = ()
+    session: Evaluator,
+    rendered: list,
+    tokenizer: Any,
+    shape: Shape,
+    kind: str,
+    candidates: tuple[int, ...] = (),
+    prior: tuple[float, ...] = (),
 ) -> dict[str, Any]:
     """``{"accuracy", "loss", "n"}`` of the program's current B on rendered examples (accuracy None for ``lm``);
-    ``candidates``: a classification program's (``ProgramConfig.candidates``), whose loss is that objective's."""
-    predictions, labels, loss = predict(session, rendered, tokenizer, shape, candidates)
+    ``candidates``: a classification program's (``ProgramConfig.candidates``), whose loss is that objective's;
+    ``prior``: a calibrated program's (``ProgramConfig.prior``), divided out of the scores as ``mobizo eval
+    --calibrate`` does."""
+    predictions, labels, loss = predict(session, rendered, tokenizer, shape, candidates, prior)
     accuracy = None
     if kind != "lm":
         accuracy = sum(p == y for p, y in zip(predictions, labels, strict=True)) / len(labels)
@@ -55,7 +64,12 @@ def evaluate_program(
 
 
 def predict(
-    session: Evaluator, rendered: list, tokenizer: Any, shape: Shape, candidates: tuple[int, ...] = ()
+    session: Evaluator,
+    rendered: list,
+    tokenizer: Any,
+    shape: Shape,
+    candidates: tuple[int, ...] = (),
+    prior: tuple[float, ...] = (),
 ) -> tuple[list[int], list[int], float]:
     """(each example's predicted candidate, its label, the loss) of the program's current B: what
     ``evaluate_program`` summarises, kept per example where two programs are compared (``benchmarks``)."""
@@ -66,7 +80,7 @@ def predict(
     if candidates:  # a classification program scores every candidate of a row in one pass
         check_candidates(encoded, candidates)
         rows = _program_rows(session, encoded, shape, pad_token_id(tokenizer))
-        scores = [[float(v) for v in row] for row in rows]
+        scores = [calibrated([float(v) for v in row], prior or None) for row in rows]
         loss = sum(candidate_loss(row, y) for row, y in zip(scores, labels, strict=True)) / len(labels)
         return [max(range(len(row)), key=row.__getitem__) for row in scores], labels, loss
     pairs = [(i, c) for i, e in enumerate(encoded) for c in range(len(e.candidate_ids))]

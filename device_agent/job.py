@@ -235,7 +235,8 @@ def evaluate_held_out(
     points = [*b_at_steps(run.init_b, records, at, run.manifest.config.optimizer), (steps, final_b)]
     for step, b in points:
         session.set_b(b)
-        evals.append({"step": step, **evaluate_program(session, held_out, tokenizer, shape, task.kind, candidates)})
+        found = evaluate_program(session, held_out, tokenizer, shape, task.kind, candidates, run.manifest.config.prior)
+        evals.append({"step": step, **found})
         ctx.reporter.event("held_out_step", job_id=lease.job_id, **evals[-1])
     ctx.reporter.event("held_out", job_id=lease.job_id, before=evals[0], after=evals[-1])
     return evals

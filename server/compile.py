@@ -22,17 +22,18 @@ def program_config(
     chat: tuple[str, str] | None = None,
     objective: str = "lm",
     candidates: tuple[int, ...] = (),
+    prior: tuple[float, ...] = (),
 ) -> dict[str, Any]:
     """The program config (as JSON) of a job spec (``JobCreate`` as JSON); ``ValueError`` if it does not fit."""
     from shared.manifest import ProgramConfig
 
-    return ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates).model_dump(mode="json")
+    return ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates, prior).model_dump(mode="json")
 
 
 def resolve_config(model_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    """The program config of a job spec with what only the model's tokenizer tells resolved: the chat frame, the
-    objective with its candidates' ids, and the answer length (``shared.data.resolve_objective``). ``UsageError``
-    naming the field a job cannot have with this model."""
+    """The program config of a job spec with what only the model tells resolved: the chat frame, the objective with
+    its candidates' ids, the answer length (``shared.data.resolve_objective``) and a calibrated job's prior.
+    ``UsageError`` naming the field a job cannot have with this model."""
     from shared.data import resolve_objective
     from shared.tasks import get_task, with_chat
 
@@ -40,7 +41,22 @@ def resolve_config(model_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
     task = with_chat(get_task(spec["task"] or "custom", spec["template"], spec["verbalizer"]), chat)
     resolved = resolve_objective(task, _tokenizer(str(model_dir)), spec.get("objective"), spec.get("answer_len"))
     objective, candidates, answer_len = resolved
-    return program_config(spec, answer_len, chat, objective, candidates)
+    prior = ()
+    if spec.get("calibrate") and objective == "classification":
+        verbalizer = json.dumps(spec["verbalizer"], sort_keys=True)
+        prior = _prior(str(model_dir), spec["task"] or "custom", spec["template"], verbalizer, chat)
+    return program_config(spec, answer_len, chat, objective, candidates, prior)
+
+
+@lru_cache(maxsize=8)
+def _prior(model_dir: str, task_name: str, template: str | None, verbalizer: str, chat) -> tuple[float, ...]:
+    """A calibrated job's prior (``shared.calibration``) on the base model, kept per worker process."""
+    from shared.calibration import measure_prior
+    from shared.hf_models import load_model
+    from shared.tasks import get_task, with_chat
+
+    model, tokenizer = load_model(Path(model_dir))
+    return measure_prior(model, tokenizer, with_chat(get_task(task_name, template, json.loads(verbalizer)), chat))
 
 
 def program_key(model_sha256: str, config: dict[str, Any], format_version: int) -> str:

@@ -24,6 +24,9 @@ class Batch:
     # The classification objective: the token ids of the task's candidates [C], each one token, in label order
     # (``targets[:, -1]`` is one of them). None: the loss is the language-modelling one over the whole vocabulary.
     candidates: torch.Tensor | None = None
+    # A calibrated classification objective: the prompt's content-free prior, log p_cf per candidate [C] float32
+    # (``shared.calibration``), subtracted from the candidates' scores in the loss. None: uncalibrated.
+    prior: torch.Tensor | None = None
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ The JSON on disk and over REST is the one docs/contracts.md describes; these mod
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal, Self, get_args
 
@@ -65,6 +66,10 @@ class ProgramConfig(BaseModel):
     # single-token candidates, whose ids the program holds (so a program serves one verbalizer of one tokenizer).
     objective: Objective = "lm"
     candidates: tuple[int, ...] = ()
+    # A calibrated classification objective: the prompt's content-free prior per candidate (float32 values,
+    # ``shared.calibration``), subtracted from the candidates' scores in the loss and in a device's evaluation.
+    # Left out of the JSON when empty (uncalibrated): earlier configs, keys and manifests stay what they were.
+    prior: tuple[float, ...] = ()
     # A private program's ``forward`` takes two more inputs, the clip C [1] and the step's noise of its g's [q]
     # (``shared.privacy``): g from each example's clipped difference, plus that noise.
     private: bool = False
@@ -78,6 +83,8 @@ class ProgramConfig(BaseModel):
         data = handler(self)
         if self.optimizer == "sgd":
             data.pop("optimizer", None)
+        if not self.prior:
+            data.pop("prior", None)
         return data
 
     @property
@@ -94,6 +101,8 @@ class ProgramConfig(BaseModel):
                 raise FieldError("objective", "classification needs two or more single-token candidates (answer_len 1)")
         elif self.candidates:
             raise FieldError("candidates", "only the classification objective scores candidates")
+        if self.prior and (len(self.prior) != len(self.candidates) or not all(map(math.isfinite, self.prior))):
+            raise FieldError("prior", "a calibrated classification program has one finite prior per candidate")
         return self
 
     @property
@@ -116,10 +125,11 @@ class ProgramConfig(BaseModel):
         chat: tuple[str, str] | None = None,
         objective: str = "lm",
         candidates: tuple[int, ...] = (),
+        prior: tuple[float, ...] = (),
     ) -> ProgramConfig:
         """The program of a job spec (``shared.schemas.HyperParams`` or its JSON) with ``answer_len``, the chat
         frame (for a spec with ``chat_template``) and the objective with its candidates resolved from the model
-        (``shared.data.resolve_objective``)."""
+        (``shared.data.resolve_objective``), and a calibrated objective's prior (measured on the model)."""
         get = spec.get if isinstance(spec, dict) else lambda name: getattr(spec, name)
         return cls(
             q=get("q"),
@@ -137,6 +147,7 @@ class ProgramConfig(BaseModel):
             chat=chat,
             objective=objective,
             candidates=tuple(candidates),
+            prior=tuple(prior),
             private=get("privacy") is not None,
             optimizer=get("optimizer") or "sgd",  # specs stored before there were optimizers have none
         )

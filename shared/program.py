@@ -57,6 +57,7 @@ class MobileMPLoRA(nn.Module):
         candidates: tuple[int, ...] = (),
         private: bool = False,
         optimizer: str = "sgd",
+        prior: tuple[float, ...] = (),
     ) -> None:
         super().__init__()
         self.private = private
@@ -69,11 +70,15 @@ class MobileMPLoRA(nn.Module):
         # The classification objective's candidate ids (a constant of the .pte, not of the shared .ptd).
         ids = torch.tensor(candidates, dtype=torch.long, device=self.lora_b.device) if candidates else None
         self.register_buffer("candidate_ids", ids)
+        # A calibrated objective's prior [C] (``shared.calibration``): float32 constants of the .pte.
+        self.register_buffer(
+            "prior", torch.tensor(prior, dtype=torch.float32, device=self.lora_b.device) if prior else None
+        )
         size = state_size(optimizer, lora.size)
         self.register_buffer("opt_state", torch.zeros(size, device=self.lora_b.device) if size else None)
 
     def _batch(self, input_ids, attention_mask, targets) -> Batch:
-        return Batch(input_ids, attention_mask, position_ids(attention_mask), targets, self.candidate_ids)
+        return Batch(input_ids, attention_mask, position_ids(attention_mask), targets, self.candidate_ids, self.prior)
 
     def forward(self, input_ids, attention_mask, targets, seed, lr, eps, clip=None, g_noise=None):
         """One step; a private program's also takes the clip [1] and the noise of its g's [q]."""
@@ -160,7 +165,7 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     model.config.use_cache = False
     lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
     quantize_base(model, cfg.quantize, cfg.group_size)
-    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates, cfg.private, cfg.optimizer)
+    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates, cfg.private, cfg.optimizer, cfg.prior)
 
 
 def lower(step: nn.Module, cfg: ProgramConfig, progress=lambda _: None, memory_mb: int | None = None):

@@ -150,6 +150,11 @@ class TaskSpec(BaseModel):
     chat_template: StrictBool = Field(
         default=False, description="frame each prompt with the model's chat template (instruct models)"
     )
+    calibrate: StrictBool = Field(
+        default=False,
+        description="classification: divide the prompt's content-free prior (measured on the base model when the "
+        "program is compiled) out of the answers' scores, in the training loss and the held-out accuracy",
+    )
     prompt: Literal["model", "builtin"] = Field(
         default="model",
         description="a built-in task without a template: model, the prompt chosen for the model (the model "

@@ -111,8 +111,8 @@ class TrainConfig:
     # A built-in task without a template: "model", the prompt chosen for the model where it has one
     # (``shared.prompts.resolve``); "builtin", the task's own.
     prompt: str = "model"
-    # Classification: divide the prompt's content-free prior out of the candidates' scores when evaluating
-    # (``shared.calibration``; measured once on the base model).
+    # The classification objective: divide the prompt's content-free prior (``shared.calibration``; measured once on
+    # the base model) out of the candidates' scores, in the loss and in every evaluation.
     calibrate: bool = False
     objective: str | None = None  # None: the task's default (shared.data.resolve_objective)
     optimizer: str = "sgd"  # how g moves B (shared.zo_optim; mobizo only): sgd, momentum or normalized
@@ -377,7 +377,13 @@ class _Run:
 StepFactory = Callable[[ProgramConfig, MPLoRA], Any]
 
 
-def program_config(config: TrainConfig, objective: str, candidates: tuple[int, ...], answer_len: int | None):
+def program_config(
+    config: TrainConfig,
+    objective: str,
+    candidates: tuple[int, ...],
+    answer_len: int | None,
+    prior: tuple[float, ...] | None = None,
+):
     """The device program that takes a LoRA run's step: ``config``'s q, batch and adapter, its objective resolved
     (``shared.data.resolve_objective``); ``mezo-lora`` is the one-query program whose two paths run one after the
     other (``parallel`` none). ``UsageError`` naming the field a program cannot have."""
@@ -393,7 +399,7 @@ def program_config(config: TrainConfig, objective: str, candidates: tuple[int, .
     spec |= {"program_backend": defaults.PROGRAM_BACKEND, "quantize": None, "group_size": None}
     spec |= {"optimizer": config.optimizer}
     chat = model_chat_frame(config.model) if config.chat_template else None
-    program = ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates)
+    program = ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates, prior or ())
     return program.model_copy(update={"private": True}) if config.dp_epsilon is not None else program
 
 
@@ -408,22 +414,22 @@ def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None =
     if config.method != "mezo":
         lora = inject_lora(model, config.targets, config.rank, config.alpha, config.a_seed)
     objective, ids, answer_len = resolve_objective(task, tokenizer, config.objective)
+    prior = None
+    if config.calibrate and objective == "classification":  # on the base model: every LoRA path is idle here
+        prior = measure_prior(model, tokenizer, task, config.seq_len)
     widths: tuple[int | None, int | None] = (None, None)
     if step_factory is None:
         step = MethodStep(
             config.method, model, lora, config.q, config.parallel, config.lr, config.eps, config.optimizer
         )
     else:  # the program's batches have its shape, as the agent's (device_agent.local_data.step_batches)
-        program = program_config(config, objective, ids, answer_len)
+        program = program_config(config, objective, ids, answer_len, prior)
         step, widths = step_factory(program, lora), (program.seq_len, program.answer_len)
     train_set = encode(rendered, tokenizer, config.seq_len)
     candidates = None
     if objective == "classification":
         check_candidates(train_set, ids)
         candidates = torch.tensor(ids, dtype=torch.long, device=device)
-    prior = None
-    if config.calibrate and task.kind == "classification":  # on the base model: every LoRA path is idle here
-        prior = measure_prior(model, tokenizer, task, config.seq_len)
     return _Run(
         config,
         task,
@@ -479,6 +485,8 @@ def _step_batch(run: _Run, k: int, private_seed: int | None) -> Batch:
     examples = [run.train[i] for i in indices]
     batch = to_device(training_batch(examples, pad_token_id(run.tokenizer), *run.widths), run.step.device)
     batch.candidates = run.candidates
+    if run.prior is not None:
+        batch.prior = torch.tensor(run.prior, dtype=torch.float32, device=run.step.device)
     return batch
 
 

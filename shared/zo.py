@@ -27,18 +27,26 @@ from shared.noise import noise_range
 from shared.privacy import private_g
 
 
-def example_losses(logits: torch.Tensor, targets: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+def example_losses(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    candidates: torch.Tensor | None = None,
+    prior: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-example loss of the answer logits [N, L, V] (``targets`` [N, L]).
 
     ``candidates`` None (objective ``lm``): cross-entropy over the whole vocabulary, mean over the example's answer
     tokens. ``candidates`` [C] (objective ``classification``, single-token candidates): cross-entropy over the
     candidates' logits at the answer position, the label being the candidate ``targets[:, -1]`` holds. It equals
     the cross-entropy of the candidates' scores (their log-likelihoods, ``shared.evaluate``): the vocabulary's
-    log-normaliser is the same for every candidate and cancels.
+    log-normaliser is the same for every candidate and cancels. ``prior`` [C] (a calibrated objective,
+    ``shared.calibration``): log p_cf, subtracted from each candidate's score in float32 before the cross-entropy.
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)  # half-precision models: loss in float32
     if candidates is not None:
         scores = logits[:, -1, :].index_select(-1, candidates).to(dtype)
+        if prior is not None:
+            scores = scores - prior.to(dtype)
         label = (targets[:, -1:] == candidates[None, :]).to(torch.int64).argmax(dim=1)
         return nn.functional.cross_entropy(scores, label, reduction="none")
     vocab = logits.shape[-1]
@@ -63,7 +71,7 @@ def answer_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def forward_losses(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Per-example losses of ``batch`` under whatever paths the LoRA layers hold (its objective: ``candidates``)."""
-    return example_losses(answer_logits(model, batch), batch.targets, batch.candidates)
+    return example_losses(answer_logits(model, batch), batch.targets, batch.candidates, batch.prior)
 
 
 def candidate_scores(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -83,7 +91,12 @@ def _repeat_rows(batch: Batch, groups: int, copies: int) -> Batch:
         return x.expand(groups, copies, *x.shape[2:]).reshape(groups * copies * (shape[0] // groups), *shape[1:])
 
     return Batch(
-        rep(batch.input_ids), rep(batch.attention_mask), rep(batch.position_ids), rep(batch.targets), batch.candidates
+        rep(batch.input_ids),
+        rep(batch.attention_mask),
+        rep(batch.position_ids),
+        rep(batch.targets),
+        batch.candidates,
+        batch.prior,
     )
 
 
@@ -146,6 +159,7 @@ def _query(batch: Batch, start: int, stop: int, trim: bool) -> Batch:
         batch.position_ids[start:stop, first:],
         batch.targets[start:stop],
         batch.candidates,
+        batch.prior,
     )
 
 

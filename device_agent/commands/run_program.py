@@ -138,8 +138,10 @@ class _Run:
         from device_agent.evaluation import evaluate_program
 
         if self.held_out is not None:
-            candidates = self.manifest.config.candidates
-            result = evaluate_program(self.session, self.held_out, self.tokenizer, self.shape, self.kind, candidates)
+            config = self.manifest.config
+            result = evaluate_program(
+                self.session, self.held_out, self.tokenizer, self.shape, self.kind, config.candidates, config.prior
+            )
             self.evals.append({"step": step, **result})
 
 

@@ -23,7 +23,7 @@ from shared.backends import (
 )
 from shared.errors import ExitCode, cli_flag
 from shared.schedule import SCHEDULES
-from shared.tasks import BUILTIN_HELP, TEMPLATE_HELP, VERBALIZER_HELP
+from shared.tasks import BUILTIN_HELP, CALIBRATE_HELP, TEMPLATE_HELP, VERBALIZER_HELP
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
 
@@ -55,6 +55,7 @@ _FIELDS = (
     "task",
     "template",
     "chat_template",
+    "calibrate",
     "prompt",
     "steps",
     "eval_every",
@@ -102,6 +103,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--template", help=TEMPLATE_HELP)
     p.add_argument("--verbalizer", help=VERBALIZER_HELP)
     p.add_argument("--builtin-prompt", dest="prompt", action="store_const", const="builtin", help=BUILTIN_HELP)
+    p.add_argument("--calibrate", action="store_true", default=None, help=CALIBRATE_HELP)
     p.add_argument(
         "--chat-template",
         action="store_true",

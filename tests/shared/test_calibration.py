@@ -77,3 +77,52 @@ def test_a_calibrated_run_evaluates_as_eval_calibrate_does(tiny_model_dir: Path,
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["prior"] == scored["prior"] and metrics["calibrate"] is True
     assert metrics["eval"][0]["accuracy"] == scored["accuracy"]
+
+
+def test_a_devices_held_out_accuracy_divides_the_programs_prior_out(tiny_model_dir: Path) -> None:
+    """``evaluate_program`` with a calibrated program's prior predicts and scores each row from its program scores
+    minus the prior, exactly as ``shared.evaluate`` does from its own (the scores here are a stand-in program's,
+    chosen so that the prior turns some predictions)."""
+    from device_agent.batches import Shape
+    from device_agent.evaluation import evaluate_program
+    from shared.evaluate import candidate_loss
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rendered = load_examples(get_task("sst2"), task_data_dir() / "sst2" / "train.jsonl", limit=12)
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(12, 2)).astype(np.float32) - np.float32([0, 1])  # leaning towards the first answer
+
+    class Program:
+        row = 0
+
+        def evaluate(self, input_ids, attention_mask, targets):
+            out = table[self.row : self.row + len(input_ids)]
+            self.row += len(input_ids)
+            return out
+
+    prior = (-0.125, -1.0)
+    shape = Shape(rows=12, seq_len=64, answer_len=1)
+    got = evaluate_program(Program(), rendered, tokenizer, shape, "classification", (392, 373), prior)
+    rows = [[float(a) - prior[0], float(b) - prior[1]] for a, b in table]
+    hits = [max(range(2), key=row.__getitem__) == r.label for row, r in zip(rows, rendered, strict=True)]
+    loss = sum(candidate_loss(row, r.label) for row, r in zip(rows, rendered, strict=True)) / 12
+    assert got == {"accuracy": sum(hits) / 12, "loss": loss, "n": 12}
+    plain = evaluate_program(Program(), rendered, tokenizer, shape, "classification", (392, 373))
+    assert plain["loss"] != got["loss"]
+
+
+def test_a_calibrated_jobs_program_holds_the_prior_of_its_prompt_on_the_base_model(tiny_model_dir: Path) -> None:
+    """The server resolves a job with ``calibrate`` to a program config holding the prior ``mobizo eval
+    --calibrate`` measures for the same prompt; without it, the config has none (and its JSON no key)."""
+    from server.compile import resolve_config
+    from shared.calibration import measure_prior
+    from shared.hf_models import load_model
+    from shared.schemas import JobCreate
+
+    spec = JobCreate(model="tiny", task="sst2", q=2, batch_size=4, seq_len=16, rank=2, calibrate=True)
+    config = resolve_config(tiny_model_dir, spec.model_dump(mode="json"))
+    model, tokenizer = load_model(tiny_model_dir)
+    assert tuple(config["prior"]) == measure_prior(model, tokenizer, get_task("sst2"))
+    plain = resolve_config(tiny_model_dir, spec.model_copy(update={"calibrate": False}).model_dump(mode="json"))
+    assert "prior" not in plain and {k: v for k, v in config.items() if k != "prior"} == plain

@@ -140,6 +140,15 @@ class Session:
 EPS = float(np.float32(1e-2))
 
 
+def _eager_losses(eager, device, inputs: tuple, prior) -> torch.Tensor:
+    """The eager step module's losses from the device's B and state, with ``prior`` in its loss."""
+    with torch.no_grad():
+        eager.set_lora_b(torch.from_numpy(device.session.get_b()))
+        eager.set_opt_state(torch.from_numpy(device.session.get_state()))
+        eager.prior = prior
+        return eager(*inputs)[0].clone()
+
+
 @pytest.mark.parametrize("optimizer", ["momentum", "normalized"])
 def test_each_optimizers_program_is_its_eager_step_and_its_replay_bit_for_bit(request, optimizer):
     """10 steps in the .pte: each step's losses are the eager step module's from the same B and state (within the
@@ -147,7 +156,9 @@ def test_each_optimizers_program_is_its_eager_step_and_its_replay_bit_for_bit(re
     state), and a run resumed after 5 steps (B, then the state rebuilt from the log) ends on the same bits.
 
     momentum: the suite's program (the federation tests train with it too); normalized: its program is this test's
-    alone, so it is the one-layer model's at 4 columns, an export of about 0.7x the time (17 s against 24 s)."""
+    alone, so it is the one-layer model's at 4 columns, an export of about 0.7x the time (17 s against 24 s). The
+    normalized program is also calibrated (``TINY_Q4_NORMALIZED.prior``): its losses are the eager step's with the
+    prior, and not those without it."""
     from shared.hf_models import load_model
     from shared.program import build_step_module
     from tests.shared.test_program import _batches, assert_same_step_losses
@@ -171,11 +182,12 @@ def test_each_optimizers_program_is_its_eager_step_and_its_replay_bit_for_bit(re
     batches, log = _batches(cfg, eager.model.config.vocab_size)[:10], []
     for k, batch in enumerate(batches):
         lr = step_lr(optimizer, float(np.float32(0.2)), k)
-        with torch.no_grad():
-            eager.set_lora_b(torch.from_numpy(device.session.get_b()))
-            eager.set_opt_state(torch.from_numpy(device.session.get_state()))
-            args = (torch.tensor([k]), torch.tensor([lr]), torch.tensor([EPS]))
-            want, _ = eager(batch.input_ids, batch.attention_mask, batch.targets, *args)
+        inputs = (batch.input_ids, batch.attention_mask, batch.targets, torch.tensor([k]), torch.tensor([lr]))
+        want = _eager_losses(eager, device, (*inputs, torch.tensor([EPS])), eager.prior)
+        if cfg.prior:  # the prior is in the program's loss: without it the eager step's losses are others
+            plain = _eager_losses(eager, device, (*inputs, torch.tensor([EPS])), None)
+            assert (plain - want).abs().min() > 100 * float(want.abs().max()) * 2**-23
+            eager.prior = torch.tensor(cfg.prior)
         losses, g = device.step(batch, k, lr)
         assert_same_step_losses(losses, want, eager.model.config)
         log.append(log_record(k, k, lr, EPS, g, losses))

@@ -36,9 +36,11 @@ TINY_Q4_JOB = {
 # The same four-query program with 4-bit groupwise base linears and int8 dynamic activations (shared.quantize).
 TINY_Q4_8DA4W = TINY_Q4.model_copy(update={"quantize": "8da4w"})
 # The same program with each optimizer that keeps a state (shared.zo_optim): its buffer beside B. The normalized one
-# at 4 columns: its one test exports it from the one-layer model (its subject is the optimizer, not the width).
+# at 4 columns: its one test exports it from the one-layer model (its subject is the optimizer, not the width); it is
+# also calibrated (a prior per candidate in its loss, shared.calibration: values of float32, far from the tiny
+# model's own, so the prior moves every loss).
 TINY_Q4_MOMENTUM = TINY_Q4.model_copy(update={"optimizer": "momentum"})
-TINY_Q4_NORMALIZED = TINY_Q4.model_copy(update={"optimizer": "normalized", "seq_len": 4})
+TINY_Q4_NORMALIZED = TINY_Q4.model_copy(update={"optimizer": "normalized", "seq_len": 4, "prior": (-0.25, -3.5)})
 
 
 def weights_files(folder: Path) -> tuple[set[str], set[str]]:
