@@ -83,10 +83,11 @@ def test_a_devices_held_out_accuracy_divides_the_programs_prior_out(tiny_model_d
     """``evaluate_program`` with a calibrated program's prior predicts and scores each row from its program scores
     minus the prior, exactly as ``shared.evaluate`` does from its own (the scores here are a stand-in program's,
     chosen so that the prior turns some predictions)."""
+    from transformers import AutoTokenizer
+
     from device_agent.batches import Shape
     from device_agent.evaluation import evaluate_program
     from shared.evaluate import candidate_loss
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rendered = load_examples(get_task("sst2"), task_data_dir() / "sst2" / "train.jsonl", limit=12)
