@@ -1,14 +1,19 @@
 """Which hyperparameters around a job's defaults learn faster? Named variants of the defaults, each over run seeds.
 
 The accuracy benchmark (``benchmarks/accuracy.py``) tunes one method's learning rate at a time; this script asks
-whether anything NEAR a job's classification defaults (MobiZO q = 4 at batch 16, rank 4 on q_proj and v_proj, lr
-4e-2 with a cosine decay to 0, eps 1e-2, 200 steps: ``shared.defaults.CLASSIFICATION``) gains more, averaged over
-run seeds (batch order and step seeds), because one seed's figure moves by several points. Each variant changes a
-few ``mobizo train`` settings (``VARIANTS``); every run is ``shared.train.train`` (eager) on the accuracy
-benchmark's seeded sample of the task (``benchmarks.accuracy.sample_task``: 1,000 training examples, and the test
-set), scored on the test set every ``--eval-every`` steps. The table gives the test accuracy of each seed's LAST
-step (the adapter a job returns, with no step chosen by a held-out set), the mean over seeds and its gain over the
-base model (step 0), and the mean at the middle of the run; ``OUT/last-step.png`` draws the last-step figures.
+whether anything NEAR a job's defaults (what ``mobizo train`` takes when told nothing: for a classification task
+MobiZO q = 4 at batch 16, rank 4 on q_proj and v_proj, lr 4e-2 with a cosine decay to 0, eps 1e-2, 200 steps,
+``shared.defaults``, read through the model's chosen prompt, ``shared.prompts``) gains more, averaged over run seeds
+(batch order and step seeds), because one seed's figure moves by several points. Each variant changes a few
+``mobizo train`` settings (``VARIANTS``); every run is ``shared.train.train`` on the accuracy benchmark's seeded
+sample of the task (``benchmarks.accuracy.sample_task``: 1,000 training examples, and the test set), scored on the
+test set every ``--eval-every`` steps. Its step is the eager one, or with ``--runner program`` the device's ExecuTorch
+program (exported once per configuration into ``OUT/programs``). The first table gives the test accuracy of each
+seed's LAST step (the adapter a job returns, with no step chosen by a held-out set), the mean over seeds and its gain
+over the base model (step 0), and the mean at the middle of the run; the second speaks in device-seconds (steps x
+the run's median step time: run it alone on the machine): each variant's step time and the mean accuracy within
+``--budget`` seconds, at the last step and at each seed's best. ``OUT/last-step.png`` draws the last-step figures,
+``OUT/device-seconds.png`` each variant's mean accuracy against device-seconds.
 
 Runs go ``--workers`` at a time, each a process (``--threads`` torch threads each; on a GPU several processes keep
 it busier than one). A run's result is a file of ``OUT/results/``, written when it finishes; runs checkpoint
@@ -18,6 +23,8 @@ continues them from their checkpoints), and the table holds the runs that finish
 
     python -m benchmarks.sweep --model DIR --data-dir DATA --device cuda --workers 8 --out runs/sweep
     python -m benchmarks.sweep --model DIR --data-dir DATA --variants defaults,long-lr-2e-2 --seeds 0 --out runs/sw
+    python -m benchmarks.sweep --model DIR --data-dir DATA --runner program --variants defaults,calibrated \
+        --eval-every 100 --threads 2 --out runs/sweep-program
 """
 
 from __future__ import annotations
@@ -45,7 +52,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "q-16-lr-1.6e-1": {"q": 16, "lr": 1.6e-1},
     "q-16-lr-8e-2": {"q": 16, "lr": 8e-2},
     "q-8-lr-8e-2": {"q": 8, "lr": 8e-2},
+    "lr-2e-2": {"lr": 2e-2},
+    "lr-1e-2": {"lr": 1e-2},
     "calibrated": {"calibrate": True},
+    "calibrated-lr-2e-2": {"calibrate": True, "lr": 2e-2},
     "q-16-lr-1.6e-1-calibrated": {"q": 16, "lr": 1.6e-1, "calibrate": True},
     "builtin-prompt": {"prompt": "builtin"},
     "lr-6e-2": {"lr": 6e-2},

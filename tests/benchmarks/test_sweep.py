@@ -32,6 +32,8 @@ def test_variants_over_seeds_run_resume_and_tabulate(tiny_model_dir: Path, tmp_p
     curves = _curves(out)
     assert sorted(curves) == [("defaults", 0), ("defaults", 1), ("rank-2-lr-6e-2", 0), ("rank-2-lr-6e-2", 1)]
     assert all([p["step"] for p in curve] == [0, 2, 4] for curve in curves.values())
+    for r in read_results(out / "results"):  # device-seconds: steps x the run's median step time
+        assert [p["device_s"] for p in r["curve"]] == [p["step"] * r["step_time_s"] for p in r["curve"]]
 
     job = defaults.CLASSIFICATION  # the defaults variant is a job's: q 4 at batch 16, the objective's tuned values
     ran = {
@@ -51,6 +53,7 @@ def test_variants_over_seeds_run_resume_and_tabulate(tiny_model_dir: Path, tmp_p
     assert ran["rank-2-lr-6e-2"]["eps"] == job.eps
     table = capsys.readouterr().out
     assert (out / "last-step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "device-seconds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Started again with one run gone (its result and its checkpoints): only that run is repeated, in this process
     # instead of a worker's, and it ends on the same curve.
@@ -75,3 +78,18 @@ def test_an_unknown_variant_is_named(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--model", "m", "--out", "o", "--variants", "defaults,rank-9"])
     assert "--variants: unknown rank-9" in capsys.readouterr().err
+
+
+def test_the_device_seconds_table_reads_each_run_at_the_budget() -> None:
+    """A run's figure at the budget is its last evaluation within it; the row gives the seeds' means of that, of the
+    last and of each seed's best, and the gain at the budget over step 0."""
+    from benchmarks.sweep import at_budget, budget_table
+
+    def run(seed: int, accuracies: list[float]) -> dict:
+        curve = [{"step": 2 * i, "accuracy": a, "device_s": 2 * i * 1.5} for i, a in enumerate(accuracies)]
+        return {"variant": "v", "seed": seed, "steps": 4, "step_time_s": 1.5, "curve": curve}
+
+    results = [run(0, [0.5, 0.7, 0.6]), run(1, [0.5, 0.6, 0.8])]
+    assert [at_budget(r, 4.0) for r in results] == [0.7, 0.6] and at_budget(results[0], 2.9) == 0.5
+    row = budget_table(results, ["v", "absent"], 4.0).splitlines()[-1].split()
+    assert row == ["v", "1.500", "4", "0.650", "+15.0", "0.700", "0.750", "2"]
