@@ -117,7 +117,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """Train one (variant, seed) and return its result line; in a worker process or in this one."""
     import torch
 
-    from shared.train import TrainConfig, train
+    from shared.train import TrainConfig, train, with_defaults
 
     torch.set_num_threads(job["threads"])
     settings = {**BASE, **VARIANTS[job["variant"]]}
@@ -139,7 +139,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     factory = None
     if program:  # the step of the device's program, exported once per configuration into OUT/programs
         where = argparse.Namespace(runner="program", model=Path(job["model"]), quantize="none", out=Path(job["root"]))
-        factory = program_steps(where, config)
+        factory = program_steps(where, with_defaults(config))  # the step's eps: the run's, defaults resolved
     begin = time.perf_counter()
     metrics = train(config, progress=False, step_factory=factory)
     step_s = metrics["step_time_s"]

@@ -122,6 +122,8 @@ class ProgramStep:
 
         self.q = manifest.config.q
         self.session = ProgramSession(pte, ptd, evaluate=False, widths=manifest.inputs.widths)
+        if not (isinstance(eps, int | float) and np.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps must be a positive number, got {eps!r}")
         self.eps = float(np.float32(eps))
         self.device = torch.device("cpu")
         self.b = torch.zeros(manifest.lora_size, dtype=torch.float32)
