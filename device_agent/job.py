@@ -188,7 +188,9 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
             )
         sample = partial(step_sample, jobs.private_seed(), examples=len(examples), batch_size=spec.batch_size)
     optimizer = lease.manifest.config.optimizer
-    steps = step_batches(examples, tokenizer, shape, spec.seed, spec.steps, *schedule, candidates, sample, optimizer)
+    steps = step_batches(
+        examples, tokenizer, shape, spec.seed, spec.steps, *schedule, candidates, sample, optimizer, spec.bucket
+    )
     write_batches(jobs.batches, shape, steps)
     ctx.reporter.event("data", job_id=lease.job_id, examples=len(examples), held_out=len(held_out), steps=spec.steps)
 

@@ -69,13 +69,15 @@ def step_batches(
     candidates: tuple[int, ...] = (),
     sample: Callable[[int], list[int]] | None = None,
     optimizer: str = "sgd",
+    bucket: int = 1,
 ) -> Iterator[StepBatch]:
     """Steps ``0 .. steps-1`` of a run over the rendered ``examples`` (``shared.tasks.Rendered``); step k's lr is
     ``shared.schedule.lr_at(lr, steps, k, lr_schedule, warmup_steps, lr_floor)`` (the base ``lr`` and the schedule
     of the job; a bad one raises ``UsageError`` naming its field before anything is tokenized). A classification
     program's ``candidates`` must be every used example's answers (``DataError`` otherwise). ``sample(k)``: step k's
     example indices in place of the run's walk through epochs (a private job's, ``shared.privacy.step_sample``).
-    ``optimizer``: the program's (``normalized`` folds its bias correction into each step's lr)."""
+    ``optimizer``: the program's (``normalized`` folds its bias correction into each step's lr). ``bucket``: batches
+    per length bucket (``shared.data.batch_indices``; every example is encoded first, for its length)."""
     from shared.data import batch_indices, check_candidates, encode, pad_token_id, training_batch
     from shared.noise import step_seed
     from shared.schedule import lrs
@@ -83,10 +85,17 @@ def step_batches(
 
     rates = [step_lr(optimizer, rate, k) for k, rate in enumerate(lrs(lr, steps, lr_schedule, warmup_steps, lr_floor))]
 
-    pick = sample or (lambda k: batch_indices(len(examples), shape.rows, seed, k))
+    lengths = None
+    if bucket > 1 and sample is None:
+        everything = encode(examples, tokenizer, shape.seq_len)
+        lengths = [len(e.prompt_ids) for e in everything]
+    pick = sample or (lambda k: batch_indices(len(examples), shape.rows, seed, k, lengths, bucket))
     chosen = [pick(k) for k in range(steps)]
     needed = sorted({i for indices in chosen for i in indices})
-    encoded = dict(zip(needed, encode([examples[i] for i in needed], tokenizer, shape.seq_len), strict=True))
+    if lengths is not None:
+        encoded = {i: everything[i] for i in needed}
+    else:
+        encoded = dict(zip(needed, encode([examples[i] for i in needed], tokenizer, shape.seq_len), strict=True))
     if candidates:
         check_candidates(list(encoded.values()), candidates)
     pad = pad_token_id(tokenizer)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -191,17 +191,37 @@ def _epoch_order(n_examples: int, epoch_seed: int) -> np.ndarray:
     return order
 
 
-def batch_indices(n_examples: int, batch_size: int, seed: int, step: int) -> list[int]:
+def batch_indices(
+    n_examples: int, batch_size: int, seed: int, step: int, lengths: Sequence[int] | None = None, bucket: int = 1
+) -> list[int]:
     """Example indices for ``step`` (counted from 0): positions ``step*batch_size ...`` of the endless walk through
     epoch permutations, epoch e shuffled by ``PCG64(seed + e)``. A pure function of its arguments, so a resumed or
-    replayed run sees the same batches whatever ran before."""
-    if n_examples < 1 or batch_size < 1 or step < 0:
-        raise ValueError(f"need n_examples >= 1, batch_size >= 1, step >= 0 (got {n_examples}, {batch_size}, {step})")
-    start = step * batch_size
-    return [
-        int(_epoch_order(n_examples, seed + pos // n_examples)[pos % n_examples])
-        for pos in range(start, start + batch_size)
-    ]
+    replayed run sees the same batches whatever ran before.
+
+    ``bucket`` B > 1 with the examples' ``lengths`` (tokens): the walk is cut into windows of B batches, each window's
+    examples sorted by length and dealt into its B batches, shortest first, and the window's batches taken in an
+    order shuffled by ``PCG64([seed, window])``. A batch then holds examples of similar lengths, so it pads little (a
+    program runs a batch at its longest row), and every epoch still visits each example once."""
+    if n_examples < 1 or batch_size < 1 or step < 0 or bucket < 1:
+        raise ValueError(
+            f"need n_examples >= 1, batch_size >= 1, step >= 0, bucket >= 1 (got {n_examples}, {batch_size}, {step}, "
+            f"{bucket})"
+        )
+
+    def walk(start: int, count: int) -> list[int]:
+        return [
+            int(_epoch_order(n_examples, seed + p // n_examples)[p % n_examples]) for p in range(start, start + count)
+        ]
+
+    if bucket == 1:
+        return walk(step * batch_size, batch_size)
+    if lengths is None or len(lengths) != n_examples:
+        raise ValueError(f"bucket {bucket} needs the length of each of the {n_examples} examples")
+    window, slot = divmod(step, bucket)
+    examples = sorted(walk(window * bucket * batch_size, bucket * batch_size), key=lambda i: (lengths[i], i))
+    order = np.random.Generator(np.random.PCG64([seed, window])).permutation(bucket)
+    start = int(order[slot]) * batch_size
+    return examples[start : start + batch_size]
 
 
 def answer_len_for(task: Task, tokenizer: Any) -> int:

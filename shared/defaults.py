@@ -33,6 +33,9 @@ METHOD = "mobizo"
 # not divide needs its own --q. The other methods take one query (``q_for``).
 Q = 4
 BATCH_SIZE = 16
+# Batches per length bucket (``shared.data.batch_indices``): 1, batches as the epoch's shuffle draws them. A program
+# runs a batch at its longest row, so a batch of similar lengths costs less.
+BUCKET = 1
 RANK = 16
 SCALING = 2.0  # alpha / rank where alpha is not given (alpha_for)
 ALPHA = SCALING * RANK

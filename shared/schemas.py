@@ -271,6 +271,13 @@ class HyperParams(BaseModel):
         f"{defaults.BATCH_SIZE}), 1 for the other methods",
     )
     batch_size: int = Field(default=defaults.BATCH_SIZE, ge=1, le=1024)
+    bucket: int = Field(
+        default=defaults.BUCKET,
+        ge=1,
+        le=64,
+        description="batches per length bucket: each window of that many batches is sorted by length, so a batch "
+        "pads little (shared.data.batch_indices); 1: batches as drawn; a private job draws its own",
+    )
     steps: int | None = Field(default=None, ge=1, le=1_000_000, description="default: the method's")
     eval_every: int | None = Field(
         default=None,

@@ -359,6 +359,10 @@ BUILTIN_HELP = (
     "(the model folder's mobizo_prompts.json, `mobizo prompts search --write-model`)"
 )
 
+BUCKET_HELP = (
+    "batches per length bucket: each window of B batches is sorted by length and dealt out, so a batch pads little "
+    "(a program runs it at its longest row); 1: batches as the epoch's shuffle draws them; a private run draws its own"
+)
 CALIBRATE_HELP = (
     "classification: divide the prompt's prior, measured on content-free inputs (N/A, empty, [MASK]) with the base "
     "model, out of the answers' scores before predicting (contextual calibration)"

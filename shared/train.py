@@ -81,6 +81,7 @@ class TrainConfig:
     method: str = defaults.METHOD
     q: int | None = None  # None: the method's (shared.defaults.q_for)
     batch_size: int = defaults.BATCH_SIZE
+    bucket: int = defaults.BUCKET  # batches per length bucket (shared.data.batch_indices); 1: as drawn
     steps: int | None = None  # None: the method's default for the objective (shared.defaults.TUNED)
     lr: float | None = None  # the base lr: the schedule's peak (shared.schedule)
     lr_schedule: str | None = None  # constant, linear or cosine (after the warm-up)
@@ -211,6 +212,7 @@ def schedule_span(config: TrainConfig) -> int:
 def _check_numbers(config: TrainConfig) -> None:
     at_least = (
         ("batch_size", config.batch_size, 1),
+        ("bucket", config.bucket, 1),
         ("steps", config.steps, 1),
         ("rank", config.rank, 1),
         ("eval_every", config.eval_every, 1),
@@ -479,7 +481,8 @@ def _step_batch(run: _Run, k: int, private_seed: int | None) -> Batch:
     sample without replacement drawn with the device's private seed (``shared.privacy.private_batch``)."""
     cfg = run.config
     if private_seed is None:
-        indices = batch_indices(len(run.train), cfg.batch_size, cfg.seed, k)
+        lengths = [len(e.prompt_ids) for e in run.train] if cfg.bucket > 1 else None
+        indices = batch_indices(len(run.train), cfg.batch_size, cfg.seed, k, lengths, cfg.bucket)
     else:
         indices = privacy.step_sample(private_seed, k, len(run.train), cfg.batch_size)
     examples = [run.train[i] for i in indices]

@@ -23,7 +23,7 @@ from shared.backends import (
 )
 from shared.errors import ExitCode, cli_flag
 from shared.schedule import SCHEDULES
-from shared.tasks import BUILTIN_HELP, CALIBRATE_HELP, TEMPLATE_HELP, VERBALIZER_HELP
+from shared.tasks import BUCKET_HELP, BUILTIN_HELP, CALIBRATE_HELP, TEMPLATE_HELP, VERBALIZER_HELP
 
 HELP = "submit, list, show and cancel fine-tuning jobs"
 
@@ -31,6 +31,7 @@ HELP = "submit, list, show and cancel fine-tuning jobs"
 _HYPER = (
     "q",
     "batch_size",
+    "bucket",
     "lr",
     "lr_schedule",
     "warmup_steps",
@@ -118,6 +119,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
             "--batch-size",
         ),
         ("batch_size", int, "examples per step; each query sees batch-size / q of them"),
+        ("bucket", int, BUCKET_HELP),
         ("steps", int, "training steps (default: the method's, below)"),
         ("eval_every", int, "also measure the device's held-out slice every K steps (default: before and after)"),
         ("lr", float, "base learning rate, the schedule's peak (default: the method's, below)"),

@@ -15,7 +15,7 @@ from shared import defaults
 from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS
 from shared.errors import ExitCode
 from shared.schedule import SCHEDULES
-from shared.tasks import BUILTIN_HELP, CALIBRATE_HELP, TEMPLATE_HELP, VERBALIZER_HELP, parse_verbalizer
+from shared.tasks import BUCKET_HELP, BUILTIN_HELP, CALIBRATE_HELP, TEMPLATE_HELP, VERBALIZER_HELP, parse_verbalizer
 
 HELP = "fine-tune a model on a task with MobiZO or a baseline; writes OUT/adapter/ and OUT/metrics.json"
 
@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help=f"examples per step, E = batch-size / q per query (default {defaults.BATCH_SIZE})",
     )
+    add("--bucket", default=_KEEP, type=int, metavar="B", help=BUCKET_HELP)
     add("--steps", default=_KEEP, type=int, help="training steps (default: per method, below)")
     add("--lr", default=_KEEP, type=float, help="base learning rate, the schedule's peak (default: per method, below)")
     add(

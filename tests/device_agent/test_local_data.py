@@ -58,6 +58,26 @@ def test_steps_are_mobizo_trains_batches_padded_to_the_program(tiny_model_dir: P
         np.testing.assert_array_equal(got.targets[:, :-answers], -100)
 
 
+def test_bucketed_steps_take_the_bucketed_walks_examples(tiny_model_dir: Path) -> None:
+    """``bucket``: the device picks each step's examples as ``shared.train`` does, from every example's length."""
+    from shared.data import batch_indices, encode, pad_token_id, training_batch
+    from shared.hf_models import load_model
+    from shared.tasks import get_task
+
+    _, tokenizer = load_model(tiny_model_dir)
+    rendered = [get_task("sst2").render(row) for row in SST2_ROWS]
+    shape = Shape(rows=4, seq_len=10, answer_len=2)
+    encoded = encode(rendered, tokenizer, shape.seq_len)
+    lengths = [len(e.prompt_ids) for e in encoded]
+    steps = list(step_batches(rendered, tokenizer, shape, 5, 6, 3e-3, bucket=3))
+    plain = list(step_batches(rendered, tokenizer, shape, 5, 6, 3e-3))
+    for k, got in enumerate(steps):
+        chosen = [encoded[i] for i in batch_indices(len(rendered), 4, 5, k, lengths, 3)]
+        want = training_batch(chosen, pad_token_id(tokenizer), shape.seq_len, shape.answer_len)
+        np.testing.assert_array_equal(got.input_ids, want.input_ids.numpy())
+    assert any(not np.array_equal(a.input_ids, b.input_ids) for a, b in zip(steps, plain, strict=True))
+
+
 def test_an_answer_longer_than_the_program_allows_is_an_error(tiny_model_dir: Path) -> None:
     from shared.hf_models import load_model
     from shared.tasks import get_task

@@ -267,6 +267,30 @@ def test_each_epoch_visits_every_example_once() -> None:
     assert seen != list(range(20))  # shuffled
 
 
+def test_length_buckets_deal_each_window_sorted_and_keep_the_walks_examples() -> None:
+    """bucket B: each window of B batches holds the plain walk's examples of that window, dealt sorted by length
+    (so a batch's lengths never overlap another's of its window but at ties), in a seeded order; bucket 1 is the
+    plain walk; a batch then pads far less."""
+    n, size, bucket, seed = 200, 8, 5, 3
+    lengths = np.random.default_rng(1).integers(4, 60, size=n).tolist()
+    ascending = []
+    for window in range(6):  # windows straddle epoch boundaries too (200 is not a multiple of 40)
+        steps = range(window * bucket, (window + 1) * bucket)
+        dealt = [batch_indices(n, size, seed, k, lengths, bucket) for k in steps]
+        plain = [i for k in steps for i in batch_indices(n, size, seed, k)]
+        assert sorted(i for batch in dealt for i in batch) == sorted(plain)
+        spans = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in dealt)
+        assert all(low_next >= high for (_, high), (low_next, _) in zip(spans, spans[1:], strict=False))
+        lows = [min(lengths[i] for i in b) for b in dealt]
+        ascending.append(lows == sorted(lows))
+    assert not all(ascending)  # a window's batches come in a shuffled order, not always shortest first
+    assert batch_indices(n, size, seed, 7, lengths, 1) == batch_indices(n, size, seed, 7)
+    widths = [[max(lengths[i] for i in batch_indices(n, size, seed, k, lengths, b)) for k in range(50)] for b in (1, 5)]
+    assert np.mean(widths[1]) < 0.8 * np.mean(widths[0])
+    with pytest.raises(ValueError, match="length"):
+        batch_indices(n, size, seed, 0, None, bucket)
+
+
 def test_batch_indices_reject_bad_arguments() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         batch_indices(10, 0, seed=0, step=0)
