@@ -62,14 +62,16 @@ def is_frozen_weight(node: torch.fx.Node) -> bool:
     The mutable B and optimizer state have no value in any file (the device sets them before step 1). The frozen A
     stays in the .pte (each method that uses it carries its copy: SmolLM2, rank 4: 2 x 0.55 MB): A depends on the
     job's rank, targets and A seed, and in the .ptd it would make programs of two ranks keep two copies of the base
-    on a device. The classification objective's candidate ids stay in the .pte too: they are the task's, and the .ptd
-    the model's. So does the attention's rotation (``shared.layers``: a 64 x 64 constant of the training programs,
-    which inference programs, sharing the .ptd, do not use).
+    on a device. The classification objective's candidate ids and a calibrated program's prior stay in the .pte too:
+    they are the task's, and the .ptd the model's. So does the attention's rotation (``shared.layers``: a 64 x 64
+    constant of the training programs, which inference programs, sharing the .ptd, do not use).
     """
     # Lower case: a get_attr's target keeps the attribute's case (``lora_A``), a lifted constant's placeholder name
     # does not (``b_model_…_lora_a``), and both name A in the stages that tag (``lower``).
     name = str(node.target if node.op == "get_attr" else node.name).lower()
-    return not any(part in name for part in ("lora_b", "lora_a", "candidate_ids", "opt_state", ROTATION))
+    return not any(
+        part in name for part in ("lora_b", "lora_a", "candidate_ids", "candidate_prior", "opt_state", ROTATION)
+    )
 
 
 def frozen_weights_tag(node: torch.fx.Node) -> str | None:

@@ -71,14 +71,15 @@ class MobileMPLoRA(nn.Module):
         ids = torch.tensor(candidates, dtype=torch.long, device=self.lora_b.device) if candidates else None
         self.register_buffer("candidate_ids", ids)
         # A calibrated objective's prior [C] (``shared.calibration``): float32 constants of the .pte.
-        self.register_buffer(
-            "prior", torch.tensor(prior, dtype=torch.float32, device=self.lora_b.device) if prior else None
-        )
+        prior_values = torch.tensor(prior, dtype=torch.float32, device=self.lora_b.device) if prior else None
+        self.register_buffer("candidate_prior", prior_values)
         size = state_size(optimizer, lora.size)
         self.register_buffer("opt_state", torch.zeros(size, device=self.lora_b.device) if size else None)
 
     def _batch(self, input_ids, attention_mask, targets) -> Batch:
-        return Batch(input_ids, attention_mask, position_ids(attention_mask), targets, self.candidate_ids, self.prior)
+        return Batch(
+            input_ids, attention_mask, position_ids(attention_mask), targets, self.candidate_ids, self.candidate_prior
+        )
 
     def forward(self, input_ids, attention_mask, targets, seed, lr, eps, clip=None, g_noise=None):
         """One step; a private program's also takes the clip [1] and the noise of its g's [q]."""

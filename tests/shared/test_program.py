@@ -310,3 +310,21 @@ def test_a_batch_runs_at_its_longest_row(programs, tiny_model_dir):
             eager.lora.apply(None)
         assert_same_step_losses(torch.from_numpy(losses), want, eager.model.config)
         assert_same_step_losses(torch.from_numpy(scores), want_scores, eager.model.config)
+
+
+def test_the_step_modules_own_buffers_stay_out_of_the_shared_weights(tiny_model_dir):
+    """B, the optimizer's state, the candidates and a calibrated program's prior are the job's: none may be tagged
+    for the model's shared .ptd (``shared.lowering.is_frozen_weight``), or two jobs' programs would need two .ptd."""
+    from types import SimpleNamespace
+
+    from shared.lowering import is_frozen_weight
+
+    cfg = TINY_Q4.model_copy(update={"optimizer": "momentum", "prior": (-0.5, -1.0)})
+    module = _eager(tiny_model_dir, cfg)
+    own = [name for name, _ in module.named_buffers() if not name.startswith("model.")]
+    assert {"lora_b", "candidate_ids", "candidate_prior", "opt_state"} <= set(own)
+    for name in own:  # as torch.export names a lifted buffer's placeholder
+        node = SimpleNamespace(op="placeholder", name="b_" + name.replace(".", "_"), target=name)
+        assert not is_frozen_weight(node), name
+    weight = SimpleNamespace(op="placeholder", name="p_model_model_layers_0_mlp_up_proj_weight", target="w")
+    assert is_frozen_weight(weight)

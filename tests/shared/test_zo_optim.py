@@ -145,7 +145,7 @@ def _eager_losses(eager, device, inputs: tuple, prior) -> torch.Tensor:
     with torch.no_grad():
         eager.set_lora_b(torch.from_numpy(device.session.get_b()))
         eager.set_opt_state(torch.from_numpy(device.session.get_state()))
-        eager.prior = prior
+        eager.candidate_prior = prior
         return eager(*inputs)[0].clone()
 
 
@@ -183,11 +183,11 @@ def test_each_optimizers_program_is_its_eager_step_and_its_replay_bit_for_bit(re
     for k, batch in enumerate(batches):
         lr = step_lr(optimizer, float(np.float32(0.2)), k)
         inputs = (batch.input_ids, batch.attention_mask, batch.targets, torch.tensor([k]), torch.tensor([lr]))
-        want = _eager_losses(eager, device, (*inputs, torch.tensor([EPS])), eager.prior)
+        want = _eager_losses(eager, device, (*inputs, torch.tensor([EPS])), eager.candidate_prior)
         if cfg.prior:  # the prior is in the program's loss: without it the eager step's losses are others
             plain = _eager_losses(eager, device, (*inputs, torch.tensor([EPS])), None)
             assert (plain - want).abs().min() > 100 * float(want.abs().max()) * 2**-23
-            eager.prior = torch.tensor(cfg.prior)
+            eager.candidate_prior = torch.tensor(cfg.prior)
         losses, g = device.step(batch, k, lr)
         assert_same_step_losses(losses, want, eager.model.config)
         log.append(log_record(k, k, lr, EPS, g, losses))
