@@ -59,7 +59,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "q-16-lr-1.6e-1-calibrated": {"q": 16, "lr": 1.6e-1, "calibrate": True},
     "builtin-prompt": {"prompt": "builtin"},
     "bucket-8": {"bucket": 8},  # batches of similar lengths: the same step on fewer columns
-    "bucket-8-calibrated": {"bucket": 8, "calibrate": True},
+    "bucket-8-lr-2e-2": {"bucket": 8, "lr": 2e-2},
+    "bucket-8-lr-2e-2-calibrated": {"bucket": 8, "lr": 2e-2, "calibrate": True},
     "lr-6e-2": {"lr": 6e-2},
     "lr-3e-2": {"lr": 3e-2},
     "eps-1e-3": {"eps": 1e-3},
