@@ -76,7 +76,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "batch-32-q-16": {"batch_size": 32, "q": 16},
     "momentum-lr-2e-2": {"optimizer": "momentum", "lr": 2e-2},
     "normalized-lr-3e-2": {"optimizer": "normalized", "lr": 3e-2},
-    "long-lr-2e-2": {"steps": 2000, "lr": 2e-2},  # shared.defaults.LONG_RUN_LR
+    "long-lr-2e-2": {"steps": 2000, "lr": 2e-2},
 }
 
 

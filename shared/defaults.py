@@ -33,9 +33,11 @@ METHOD = "mobizo"
 # not divide needs its own --q. The other methods take one query (``q_for``).
 Q = 4
 BATCH_SIZE = 16
-# Batches per length bucket (``shared.data.batch_indices``): 1, batches as the epoch's shuffle draws them. A program
-# runs a batch at its longest row, so a batch of similar lengths costs less.
-BUCKET = 1
+# Batches per length bucket (``shared.data.batch_indices``): each window of 8 batches is sorted by length and dealt
+# out, so a batch pads little. A program runs a batch at its longest row: through the program on SmolLM2, SST-2 with
+# its chosen prompt (2-core x86-64 VM; docs/benchmarks/sweep.md), a default step took 0.86 s instead of 2.07 s for
+# the same accuracy (0.819 against 0.818 at step 200, run seed 0).
+BUCKET = 8
 RANK = 16
 SCALING = 2.0  # alpha / rank where alpha is not given (alpha_for)
 ALPHA = SCALING * RANK
@@ -97,12 +99,12 @@ ZO_LORA_METHODS = ("mobizo", "mezo-lora")  # the methods a quantized program run
 # (alpha 8) learns at lr 4e-2 (the best of 1e-2, 2e-2, 4e-2), and a cosine decay to 0 keeps the gain: +22.0.
 # Over run seeds 0-2 these values gain +19.8 on average in 200 steps, and none of 15 variants around them (the lr,
 # rank 1 and 2, v_proj alone, q 8 and 16, batch 32, eps 1e-3, a warm-up, momentum, the normalized update) gains
-# more than half a point over that (benchmarks/sweep.py, docs/benchmarks/sweep.md).
-CLASSIFICATION = MethodDefaults(lr=4e-2, eps=1e-2, steps=200, rank=4, lr_schedule="cosine")
-# Over 2,000 steps that lr peaks at step 500 and falls back (test +15.3); half of it, with the cosine over the 2,000
-# steps, gains +28.3 (0.799) and ends within a tenth of a point of its best (docs/benchmarks/accuracy.md). Advice in
-# --help, not a default: no run between 200 and 2,000 steps has measured where one lr gives way to the other.
-LONG_RUN_LR = 2e-2
+# more than half a point over that (benchmarks/sweep.py, docs/benchmarks/sweep.md). With the prompt chosen for the
+# model (shared.prompts; SmolLM2 starts at 0.784 there, not at chance) the loss is lower and lr 4e-2 only hovers
+# (0.788 at step 200, seed 0, through the program), where half of it learns: 0.818 (seed 0), and with length
+# buckets 0.819, 0.797 and 0.799 over run seeds 0-2 (mean 0.805, +2.1; docs/benchmarks/sweep.md). Over 2,000 steps on the built-in
+# prompt lr 4e-2 peaks at step 500 and falls back (test +15.3) and 2e-2 gains +28.3 (0.799): the same lr.
+CLASSIFICATION = MethodDefaults(lr=2e-2, eps=1e-2, steps=200, rank=4, lr_schedule="cosine")
 
 
 def q_for(method: str) -> int:
@@ -136,8 +138,9 @@ def describe() -> str:
     quantized = ", ".join(f"--quantize {q}: eps {eps:g}" for q, eps in QUANTIZED_EPS.items())
     return (
         f"objective lm: {rows} (from {SOURCE}); objective classification (the default for classification tasks): "
-        f"{' and '.join(ZO_LORA_METHODS)} {_describe(CLASSIFICATION)} (SmolLM2, SST-2: 0.516 -> 0.736 test "
-        f"accuracy in 200 steps; for 2,000 steps give lr {LONG_RUN_LR:g}: 0.799); {quantized} for "
+        f"{' and '.join(ZO_LORA_METHODS)} {_describe(CLASSIFICATION)}, length buckets of {BUCKET} batches "
+        f"(SmolLM2, SST-2 with its chosen prompt: 0.784 -> 0.805 test accuracy in 200 steps, 170 device-seconds, mean of 3 run seeds; "
+        f"docs/benchmarks/sweep.md); {quantized} for "
         f"{' and '.join(ZO_LORA_METHODS)}; alpha: {SCALING:g} x rank"
     )
 

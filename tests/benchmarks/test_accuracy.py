@@ -178,7 +178,8 @@ def test_the_program_runner_trains_through_the_devices_program(
     session.set_b(np.zeros(manifest.lora_size, np.float32))
     eps = np.float32(log[0]["eps"])
     schedule = results["lr_schedule"]["shape"]  # the objective's default, as a job's
-    batches = step_batches(examples, tokenizer, program_shape(TINY_Q4), defaults.SEED, steps, lr, schedule)
+    shape = program_shape(TINY_Q4)
+    batches = step_batches(examples, tokenizer, shape, defaults.SEED, steps, lr, schedule, bucket=defaults.BUCKET)
     for record, batch in zip(log, batches, strict=True):
         losses, g = session.step(batch, batch.lr, float(eps))
         assert (batch.seed, np.float32(batch.lr)) == (record["seed"], np.float32(record["lr"]))

@@ -87,8 +87,10 @@ def _batches(model_dir: Path, spec: dict, n_steps: int):
     _, tokenizer = load_model(model_dir)
     rendered = load_examples(get_task("sst2"), task_data_dir() / "sst2" / "train.jsonl", limit=64)
     examples = encode(rendered, tokenizer, max_len=spec["seq_len"])
+    lengths, bucket = [len(e.prompt_ids) for e in examples], spec.get("bucket", 1)
     for step in range(n_steps):
-        chosen = [examples[i] for i in batch_indices(len(examples), spec["batch_size"], spec["seed"], step)]
+        indices = batch_indices(len(examples), spec["batch_size"], spec["seed"], step, lengths, bucket)
+        chosen = [examples[i] for i in indices]
         batch = training_batch(chosen, pad_token_id(tokenizer), spec["seq_len"], spec["answer_len"])
         yield step, batch.input_ids, batch.attention_mask, batch.targets
 
