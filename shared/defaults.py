@@ -102,8 +102,8 @@ ZO_LORA_METHODS = ("mobizo", "mezo-lora")  # the methods a quantized program run
 # more than half a point over that (benchmarks/sweep.py, docs/benchmarks/sweep.md). With the prompt chosen for the
 # model (shared.prompts; SmolLM2 starts at 0.784 there, not at chance) the loss is lower and lr 4e-2 only hovers
 # (0.788 at step 200, seed 0, through the program), where half of it learns: 0.818 (seed 0), and with length
-# buckets 0.819, 0.797 and 0.799 over run seeds 0-2 (mean 0.805, +2.1; docs/benchmarks/sweep.md). Over 2,000 steps on the built-in
-# prompt lr 4e-2 peaks at step 500 and falls back (test +15.3) and 2e-2 gains +28.3 (0.799): the same lr.
+# buckets 0.819, 0.797 and 0.799 over run seeds 0-2 (mean 0.805, +2.1; docs/benchmarks/sweep.md). Over 2,000 steps on
+# the built-in prompt lr 4e-2 peaks at step 500 and falls back (test +15.3) and 2e-2 gains +28.3 (0.799): the same lr.
 CLASSIFICATION = MethodDefaults(lr=2e-2, eps=1e-2, steps=200, rank=4, lr_schedule="cosine")
 
 
@@ -139,7 +139,8 @@ def describe() -> str:
     return (
         f"objective lm: {rows} (from {SOURCE}); objective classification (the default for classification tasks): "
         f"{' and '.join(ZO_LORA_METHODS)} {_describe(CLASSIFICATION)}, length buckets of {BUCKET} batches "
-        f"(SmolLM2, SST-2 with its chosen prompt: 0.784 -> 0.805 test accuracy in 200 steps, 170 device-seconds, mean of 3 run seeds; "
+        f"(SmolLM2, SST-2 with its chosen prompt: 0.784 -> 0.805 test accuracy in 200 steps, 170 device-seconds, "
+        f"mean of 3 run seeds; "
         f"docs/benchmarks/sweep.md); {quantized} for "
         f"{' and '.join(ZO_LORA_METHODS)}; alpha: {SCALING:g} x rank"
     )
