@@ -176,10 +176,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--data-dir", type=Path, help=f"task data (default: the shipped samples in data/, or ${TASK_DATA_ENV})")
     add("--chat-template", action="store_true", help="frame prompts with the model's chat template")
     add(
-        "--builtin-prompt",
-        dest="prompt",
-        action="store_const",
-        const="builtin",
+        "--prompt",
+        choices=("model", "builtin"),
         default="model",
         help="read each task through its own prompt, not the one chosen for the model (MODEL/mobizo_prompts.json)",
     )

@@ -51,7 +51,7 @@ def resolve_config(model_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
 @lru_cache(maxsize=8)
 def _prior(model_dir: str, task_name: str, template: str | None, verbalizer: str, chat) -> tuple[float, ...]:
     """A calibrated job's prior (``shared.calibration``) on the base model, kept per worker process."""
-    from shared.calibration import measure_prior
+    from shared.evaluate import measure_prior
     from shared.hf_models import load_model
     from shared.tasks import get_task, with_chat
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -56,12 +55,3 @@ def prior_of(scores: Sequence[Sequence[float]]) -> tuple[float, ...]:
 def calibrated(row: Sequence[float], prior: Sequence[float] | None) -> list[float]:
     """An example's candidate scores with the prior divided out (as they are when ``prior`` is None)."""
     return list(row) if prior is None else [s - p for s, p in zip(row, prior, strict=True)]
-
-
-def measure_prior(model: Any, tokenizer: Any, task: Task, max_len: int | None = None) -> tuple[float, ...]:
-    """The prior of ``task``'s prompt on ``model`` as it is (call it before an adapter is applied)."""
-    from shared.evaluate import candidate_scores
-
-    if task.kind != "classification":
-        raise ValueError(f"calibration needs a classification task, not {task.kind}")
-    return prior_of(candidate_scores(model, tokenizer, content_free(task), max_len=max_len))

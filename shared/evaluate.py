@@ -160,3 +160,13 @@ def candidate_loss(row: list[float], label: int) -> float:
 def _best(row: list[float]) -> int:
     """The candidate with the highest score (the first one on a tie)."""
     return max(range(len(row)), key=row.__getitem__)
+
+
+def measure_prior(model: Any, tokenizer: Any, task: Task, max_len: int | None = None) -> tuple[float, ...]:
+    """The content-free prior of ``task``'s prompt on ``model`` as it is (``shared.calibration``; call it before an
+    adapter is applied)."""
+    from shared.calibration import content_free, prior_of
+
+    if task.kind != "classification":
+        raise ValueError(f"calibration needs a classification task, not {task.kind}")
+    return prior_of(candidate_scores(model, tokenizer, content_free(task), max_len=max_len))

@@ -12,7 +12,7 @@ chosen is given to a job, ``mobizo train`` or ``mobizo eval`` as ``--task TASK -
 A model folder may hold the prompt chosen for each task (``PROMPTS_FILE``, written by ``mobizo prompts search
 --write-model``; ``mobizo models import --smollm2`` writes the one measured here, ``MEASURED``). A job, ``mobizo
 train``, ``mobizo eval`` and ``mobizo export`` that name a built-in task and no prompt of their own read the task
-through it (``resolve``); ``prompt="builtin"`` (``--builtin-prompt``) keeps the task's own. The file is not part
+through it (``resolve``); ``prompt="builtin"`` (``--prompt builtin``) keeps the task's own. The file is not part
 of the model's hash: choosing a prompt does not make the weights another model.
 
 The choice reads training rows only: a file named like a held-out split (``validation``, ``test``, ``dev``,
@@ -200,5 +200,5 @@ def notice(task_name: str, given: str | None, used: str | None) -> str | None:
     if given is not None or used is None:
         return None
     return (
-        f"{task_name}: the prompt chosen for this model ({PROMPTS_FILE}): {used!r} (--builtin-prompt: the task's own)"
+        f"{task_name}: the prompt chosen for this model ({PROMPTS_FILE}): {used!r} (--prompt builtin: the task's own)"
     )

@@ -355,8 +355,8 @@ TEMPLATE_HELP = (
 )
 VERBALIZER_HELP = 'label → answer text, JSON: e.g. {"0": " terrible", "1": " great"}'
 BUILTIN_HELP = (
-    "a built-in task without --template: read it through the task's own prompt, not the one chosen for the model "
-    "(the model folder's mobizo_prompts.json, `mobizo prompts search --write-model`)"
+    "a built-in task without --template: model (default), read it through the prompt chosen for the model where it "
+    "has one (the model folder's mobizo_prompts.json, `mobizo prompts search --write-model`); builtin, the task's own"
 )
 
 BUCKET_HELP = (

@@ -37,7 +37,6 @@ from shared.adapter import save_lora
 from shared.backends import OBJECTIVES, OPTIMIZERS, PARALLEL_MODES
 from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
 from shared.batch import Batch
-from shared.calibration import measure_prior
 from shared.checkpoint import Checkpoint, fingerprint, load_checkpoint, save_checkpoint
 from shared.data import (
     Encoded,
@@ -50,7 +49,7 @@ from shared.data import (
     training_batch,
 )
 from shared.errors import FieldError, UsageError
-from shared.evaluate import evaluate
+from shared.evaluate import evaluate, measure_prior
 from shared.files import atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame, resolve_dtype
 from shared.lora import MPLoRA, inject_lora

@@ -103,7 +103,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="built-in task (sst2, rte, ..., lm) or custom")
     p.add_argument("--template", help=TEMPLATE_HELP)
     p.add_argument("--verbalizer", help=VERBALIZER_HELP)
-    p.add_argument("--builtin-prompt", dest="prompt", action="store_const", const="builtin", help=BUILTIN_HELP)
+    p.add_argument("--prompt", choices=("model", "builtin"), help=BUILTIN_HELP)
     p.add_argument("--calibrate", action="store_true", default=None, help=CALIBRATE_HELP)
     p.add_argument(
         "--chat-template",

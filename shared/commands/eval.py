@@ -36,9 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
     parser.add_argument("--verbalizer", metavar="JSON", help=VERBALIZER_HELP)
     if model:
         parser.add_argument("--calibrate", action="store_true", help=CALIBRATE_HELP)
-        parser.add_argument(
-            "--builtin-prompt", dest="prompt", action="store_const", const="builtin", default="model", help=BUILTIN_HELP
-        )
+        parser.add_argument("--prompt", choices=("model", "builtin"), default="model", help=BUILTIN_HELP)
     parser.add_argument(
         "--chat-template",
         action="store_true",
@@ -106,7 +104,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     model, tokenizer = load_model(Path(args.model), args.dtype, device)
     prior = None
     if args.calibrate:
-        from shared.calibration import measure_prior
+        from shared.evaluate import measure_prior
 
         prior = measure_prior(model, tokenizer, task, args.seq_len)  # the base model's, before the adapter
     if args.adapter is not None:

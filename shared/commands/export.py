@@ -68,9 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--template", help=TEMPLATE_HELP)
     parser.add_argument("--verbalizer", help=VERBALIZER_HELP)
-    parser.add_argument(
-        "--builtin-prompt", dest="prompt", action="store_const", const="builtin", default="model", help=BUILTIN_HELP
-    )
+    parser.add_argument("--prompt", choices=("model", "builtin"), default="model", help=BUILTIN_HELP)
     parser.add_argument(
         "--chat-template",
         action="store_true",

@@ -151,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--template", default=_KEEP, help=TEMPLATE_HELP)
     add("--verbalizer", default=_KEEP, metavar="JSON", help=VERBALIZER_HELP)
     add("--calibrate", action="store_true", default=_KEEP, help=CALIBRATE_HELP)
-    add("--builtin-prompt", dest="prompt", action="store_const", const="builtin", default=_KEEP, help=BUILTIN_HELP)
+    add("--prompt", choices=("model", "builtin"), default=_KEEP, help=BUILTIN_HELP)
     add(
         "--chat-template",
         action="store_true",

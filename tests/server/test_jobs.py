@@ -60,7 +60,7 @@ def test_custom_task_compiles_and_gets_its_own_registry_key(client, user, queue)
 
 def test_a_builtin_task_reads_through_the_models_chosen_prompt_unless_told_not_to(client, tmp_path, queue):
     """The model folder's mobizo_prompts.json gives a job naming sst2 and no prompt its template and answers (stored
-    in the spec a device renders with, and a registry key of their own); --builtin-prompt keeps the task's own; an
+    in the spec a device renders with, and a registry key of their own); --prompt builtin keeps the task's own; an
     unreadable file is a 422 naming model."""
     from shared.prompts import PROMPTS_FILE, write_model_prompt
 

@@ -117,7 +117,7 @@ def test_a_calibrated_jobs_program_holds_the_prior_of_its_prompt_on_the_base_mod
     """The server resolves a job with ``calibrate`` to a program config holding the prior ``mobizo eval
     --calibrate`` measures for the same prompt; without it, the config has none (and its JSON no key)."""
     from server.compile import resolve_config
-    from shared.calibration import measure_prior
+    from shared.evaluate import measure_prior
     from shared.hf_models import load_model
     from shared.schemas import JobCreate
 

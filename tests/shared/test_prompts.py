@@ -89,7 +89,7 @@ def test_the_models_chosen_prompt_is_what_eval_reads_a_builtin_task_through(
     tiny_model_dir: Path, tmp_path: Path, capsys
 ) -> None:
     """``--write-model`` records the best prompt in the model folder without changing the model's hash; ``mobizo
-    eval --task sst2`` then reads the task through it (the same metrics as giving it by hand), ``--builtin-prompt``
+    eval --task sst2`` then reads the task through it (the same metrics as giving it by hand), ``--prompt builtin``
     through the task's own, and a broken file is refused naming it."""
     import shutil
 
@@ -131,6 +131,6 @@ def test_the_models_chosen_prompt_is_what_eval_reads_a_builtin_task_through(
     assert score() == by_hand and by_hand["accuracy"] == best["accuracy"]
     assert "mobizo_prompts.json" in capsys.readouterr().err or True  # the note went with the first score
     (model / PROMPTS_FILE).write_text('{"sst2": {"template": "{sentence}", "verbalizer": {"0": "a"}}}')
-    assert score("--builtin-prompt")["n"] == 12  # the task's own prompt: the file is not read
+    assert score("--prompt", "builtin")["n"] == 12  # the task's own prompt: the file is not read
     assert main(["eval", "--model", str(model), "--task", "sst2", "--data", str(data), "--limit", "12"]) != 0
     assert PROMPTS_FILE in capsys.readouterr().err
