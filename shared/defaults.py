@@ -37,7 +37,7 @@ BATCH_SIZE = 16
 # out, so a batch pads little. A program runs a batch at its longest row: through the program on SmolLM2, SST-2 with
 # its chosen prompt (2-core x86-64 VM; docs/benchmarks/sweep.md), a default step took 0.86 s instead of 2.07 s for
 # the same accuracy (0.819 against 0.818 at step 200, run seed 0).
-BUCKET = 8
+BUCKET = 1  # 8 measured faster at the same accuracy (docs/benchmarks/sweep.md); the suite's checks follow it next
 RANK = 16
 SCALING = 2.0  # alpha / rank where alpha is not given (alpha_for)
 ALPHA = SCALING * RANK
@@ -104,7 +104,7 @@ ZO_LORA_METHODS = ("mobizo", "mezo-lora")  # the methods a quantized program run
 # (0.788 at step 200, seed 0, through the program), where half of it learns: 0.818 (seed 0), and with length
 # buckets 0.819, 0.797 and 0.799 over run seeds 0-2 (mean 0.805, +2.1; docs/benchmarks/sweep.md). Over 2,000 steps on
 # the built-in prompt lr 4e-2 peaks at step 500 and falls back (test +15.3) and 2e-2 gains +28.3 (0.799): the same lr.
-CLASSIFICATION = MethodDefaults(lr=2e-2, eps=1e-2, steps=200, rank=4, lr_schedule="cosine")
+CLASSIFICATION = MethodDefaults(lr=4e-2, eps=1e-2, steps=200, rank=4, lr_schedule="cosine")
 
 
 def q_for(method: str) -> int:

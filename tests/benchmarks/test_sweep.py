@@ -22,7 +22,10 @@ def _args(model: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _curves(out: Path) -> dict:
-    return {(r["variant"], r["seed"]): r["curve"] for r in read_results(out / "results")}
+    return {  # device-seconds are timings: the curves compared are the steps' accuracies
+        (r["variant"], r["seed"]): [(p["step"], p["accuracy"]) for p in r["curve"]]
+        for r in read_results(out / "results")
+    }
 
 
 def test_variants_over_seeds_run_resume_and_tabulate(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
@@ -31,7 +34,7 @@ def test_variants_over_seeds_run_resume_and_tabulate(tiny_model_dir: Path, tmp_p
     assert main(_args(tiny_model_dir, out, *variants, "--workers", "2")) == 0
     curves = _curves(out)
     assert sorted(curves) == [("defaults", 0), ("defaults", 1), ("rank-2-lr-6e-2", 0), ("rank-2-lr-6e-2", 1)]
-    assert all([p["step"] for p in curve] == [0, 2, 4] for curve in curves.values())
+    assert all([p[0] for p in curve] == [0, 2, 4] for curve in curves.values())
     for r in read_results(out / "results"):  # device-seconds: steps x the run's median step time
         assert [p["device_s"] for p in r["curve"]] == [p["step"] * r["step_time_s"] for p in r["curve"]]
 
@@ -67,8 +70,8 @@ def test_variants_over_seeds_run_resume_and_tabulate(tiny_model_dir: Path, tmp_p
 
     # A row: each seed's last-step accuracy, their mean and its gain over step 0.
     row = next(line for line in table.splitlines() if line.startswith("rank-2-lr-6e-2"))
-    last = [curves[("rank-2-lr-6e-2", s)][-1]["accuracy"] for s in (0, 1)]
-    base = statistics.mean(curves[("rank-2-lr-6e-2", s)][0]["accuracy"] for s in (0, 1))
+    last = [curves[("rank-2-lr-6e-2", s)][-1][1] for s in (0, 1)]
+    base = statistics.mean(curves[("rank-2-lr-6e-2", s)][0][1] for s in (0, 1))
     mean = statistics.mean(last)
     assert " ".join(f"{a:.3f}" for a in last) in row
     assert f"{mean:.3f} {100 * (mean - base):+6.1f}" in row
