@@ -15,6 +15,7 @@ match exactly.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import secrets
@@ -369,6 +370,11 @@ class _Run:
     private: dict[str, Any] | None = None  # a private run's noise (``_private_seed``)
     prior: tuple[float, ...] | None = None  # the prompt's content-free prior (``TrainConfig.calibrate``)
 
+    @functools.cached_property
+    def lengths(self) -> list[int] | None:
+        """Each training example's prompt tokens, for length buckets (``TrainConfig.bucket`` > 1); read once."""
+        return [len(e.prompt_ids) for e in self.train] if self.config.bucket > 1 else None
+
 
 # Another implementation of a run's step, in MethodStep's place: ``factory(program, lora) -> step`` with
 # MethodStep's ``b``, ``device`` and ``step(batch, seed, lr) -> (losses, g)``, given the program config of the run
@@ -480,8 +486,7 @@ def _step_batch(run: _Run, k: int, private_seed: int | None) -> Batch:
     sample without replacement drawn with the device's private seed (``shared.privacy.private_batch``)."""
     cfg = run.config
     if private_seed is None:
-        lengths = [len(e.prompt_ids) for e in run.train] if cfg.bucket > 1 else None
-        indices = batch_indices(len(run.train), cfg.batch_size, cfg.seed, k, lengths, cfg.bucket)
+        indices = batch_indices(len(run.train), cfg.batch_size, cfg.seed, k, run.lengths, cfg.bucket)
     else:
         indices = privacy.step_sample(private_seed, k, len(run.train), cfg.batch_size)
     examples = [run.train[i] for i in indices]
