@@ -12,6 +12,11 @@ import pytest
 # tests it, and the benchmark compares the two (benchmarks/export_time.py).
 os.environ.setdefault("MOBIZO_LOWERING_PROCESSES", "1")
 
+# A refused upload is answered after a pause (server.limits.RefusedUploads; 1 s by default). The suite refuses
+# thousands on purpose (schemathesis, the malformed and forged uploads), so its servers, in process or started as
+# commands, pause 50 ms; tests/security/test_refusals.py checks the pacing at a pause of its own.
+os.environ.setdefault("MOBIZO_UPLOAD_REFUSAL_DELAY_S", "0.05")
+
 # The longest modules, longest first (CI's --durations: SmolLM2 learning, the demo, the 8da4w and schedule exports),
 # then every module with a slow test, then the rest in collection order. pytest-xdist deals whole modules to its two
 # workers in this order (scripts/test.sh turns off its own reordering, which puts modules with many tests first), so

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.security.conftest import leased_world
 from tests.security.servers import send, zeros
 from tests.security.test_upload_slots import _head
@@ -22,9 +24,18 @@ def _refused(world, device: str, job_id: int):
     return send(world["url"], "POST", f"/v1/jobs/{job_id}/result", headers, zeros(100_000))
 
 
+DELAY_S = 0.5  # the suite's servers pause 50 ms (tests/conftest.py): these tests pace at a pause of their own
+
+
+@pytest.fixture
+def world(tmp_path):
+    with leased_world(tmp_path, upload_refusal_delay_s=DELAY_S) as world:
+        yield world
+
+
 def test_a_409_for_a_lease_the_device_does_not_hold_is_paced_and_closes(world):
     delay = world["app"].state.settings.upload_refusal_delay_s
-    assert delay > 0
+    assert delay == DELAY_S
     answer = _refused(world, "tablet", world["job"]["id"])  # the phone holds the lease
     assert answer.status == 409 and b"holds no lease" in answer.body
     assert answer.headers["connection"] == "close" and answer.seconds >= delay

@@ -78,6 +78,7 @@ def live(tmp_path) -> Iterator[dict]:
         verify_workers=2,
         verify_per_user=1,
         verify_timeout_s=TIMEOUT_S,
+        upload_refusal_delay_s=1.0,  # the default pause (not the suite's 50 ms), which _withheld_upload checks
     )
     app = create_app(settings, queue_factory=FakeCompileQueue().bind)
     with app_in_thread(app) as url:
@@ -112,7 +113,7 @@ def _upload(device: httpx.Client, job_id: int, b: bytes, log: str) -> httpx.Resp
 def _withheld_upload(url: str, device: httpx.Client, job_id: int) -> tuple[str, int]:
     """An upload's head announcing a 1 MB body, of which nothing is sent → (the answer's status line, its
     Retry-After). Within 5 s, or ``TimeoutError``: a server that reads the body first waits for it far longer. A
-    429 comes after the server's refusal pause (1 s by default) and closes the connection: nothing more is read."""
+    429 comes after the server's refusal pause (1 s here) and closes the connection: nothing more is read."""
     import socket
     from urllib.parse import urlsplit
 
