@@ -1,19 +1,19 @@
 """Which hyperparameters around a job's defaults learn faster? Named variants of the defaults, each over run seeds.
 
-The accuracy benchmark (``benchmarks/accuracy.py``) tunes one method's learning rate at a time; this script asks
-whether anything NEAR a job's defaults (what ``mobizo train`` takes when told nothing: for a classification task
-MobiZO q = 4 at batch 16, rank 4 on q_proj and v_proj, lr 4e-2 with a cosine decay to 0, eps 1e-2, 200 steps,
+The accuracy benchmark (``benchmarks/accuracy.py``) tunes one method's learning rate at a time; this script asks whether
+anything NEAR a job's defaults (what ``mobizo train`` takes when told nothing: for a classification task MobiZO q = 4 at
+batch 16 in length buckets of 8, rank 4 on q_proj and v_proj, lr 2e-2 with a cosine decay to 0, eps 1e-2, 200 steps,
 ``shared.defaults``, read through the model's chosen prompt, ``shared.prompts``) gains more, averaged over run seeds
-(batch order and step seeds), because one seed's figure moves by several points. Each variant changes a few
-``mobizo train`` settings (``VARIANTS``); every run is ``shared.train.train`` on the accuracy benchmark's seeded
-sample of the task (``benchmarks.accuracy.sample_task``: 1,000 training examples, and the test set), scored on the
-test set every ``--eval-every`` steps. Its step is the eager one, or with ``--runner program`` the device's ExecuTorch
-program (exported once per configuration into ``OUT/programs``). The first table gives the test accuracy of each
-seed's LAST step (the adapter a job returns, with no step chosen by a held-out set), the mean over seeds and its gain
-over the base model (step 0), and the mean at the middle of the run; the second speaks in device-seconds (steps x
-the run's median step time: run it alone on the machine): each variant's step time and the mean accuracy within
-``--budget`` seconds, at the last step and at each seed's best. ``OUT/last-step.png`` draws the last-step figures,
-``OUT/device-seconds.png`` each variant's mean accuracy against device-seconds.
+(batch order and step seeds), because one seed's figure moves by several points. Each variant changes a few ``mobizo
+train`` settings (``VARIANTS``); every run is ``shared.train.train`` on the accuracy benchmark's seeded sample of the
+task (``benchmarks.accuracy.sample_task``: 1,000 training examples, and the test set), scored on the test set every
+``--eval-every`` steps. Its step is the eager one, or with ``--runner program`` the device's ExecuTorch program
+(exported once per configuration into ``OUT/programs``). The first table gives the test accuracy of each seed's LAST
+step (the adapter a job returns, with no step chosen by a held-out set), the mean over seeds and its gain over the base
+model (step 0), and the mean at the middle of the run; the second speaks in device-seconds (steps x the run's median
+step time: run it alone on the machine): each variant's step time and the mean accuracy within ``--budget`` seconds, at
+the last step and at each seed's best. ``OUT/last-step.png`` draws the last-step figures, ``OUT/device-seconds.png``
+each variant's mean accuracy against device-seconds.
 
 Runs go ``--workers`` at a time, each a process (``--threads`` torch threads each; on a GPU several processes keep
 it busier than one). A run's result is a file of ``OUT/results/``, written when it finishes; runs checkpoint
@@ -22,7 +22,7 @@ every ``--eval-every`` steps, so the same command, started again, skips the fini
 continues them from their checkpoints), and the table holds the runs that finished.
 
     python -m benchmarks.sweep --model DIR --data-dir DATA --device cuda --workers 8 --out runs/sweep
-    python -m benchmarks.sweep --model DIR --data-dir DATA --variants defaults,long-lr-2e-2 --seeds 0 --out runs/sw
+    python -m benchmarks.sweep --model DIR --data-dir DATA --variants defaults,earlier-defaults --seeds 0 --out runs/sw
     python -m benchmarks.sweep --model DIR --data-dir DATA --runner program --variants defaults,calibrated \
         --eval-every 100 --threads 2 --out runs/sweep-program
 """
@@ -46,37 +46,43 @@ from shared.tasks import task_data_dir
 # A job's defaults: every variant starts from what ``mobizo train`` takes when it is told nothing (shared.defaults;
 # the model's chosen prompt, shared.prompts), so the ``defaults`` row is what a user gets.
 BASE: dict[str, Any] = {}
+# The earlier defaults, which the variants of docs/benchmarks/sweep.md's second section change: the built-in prompt,
+# lr 4e-2, batches as drawn.
+EARLIER: dict[str, Any] = {"prompt": "builtin", "lr": 4e-2, "bucket": 1}
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    # the step regime: probes per step with the lr scaled in proportion (MeZO, App. A), calibration (Zhao et al.)
-    "q-16-lr-1.6e-1": {"q": 16, "lr": 1.6e-1},
-    "q-16-lr-8e-2": {"q": 16, "lr": 8e-2},
-    "q-8-lr-8e-2": {"q": 8, "lr": 8e-2},
-    "lr-2e-2": {"lr": 2e-2},
-    "lr-1e-2": {"lr": 1e-2},
+    # learning per device-second, on the model's chosen prompt: the lr and length buckets, calibration (Zhao et al.),
+    # probes per step with the lr scaled in proportion (MeZO, App. A)
     "calibrated": {"calibrate": True},
-    "calibrated-lr-2e-2": {"calibrate": True, "lr": 2e-2},
-    "q-16-lr-1.6e-1-calibrated": {"q": 16, "lr": 1.6e-1, "calibrate": True},
-    "builtin-prompt": {"prompt": "builtin"},
-    "bucket-8": {"bucket": 8},  # batches of similar lengths: the same step on fewer columns
-    "bucket-8-lr-2e-2": {"bucket": 8, "lr": 2e-2},
-    "bucket-8-lr-2e-2-calibrated": {"bucket": 8, "lr": 2e-2, "calibrate": True},
-    "lr-6e-2": {"lr": 6e-2},
-    "lr-3e-2": {"lr": 3e-2},
-    "eps-1e-3": {"eps": 1e-3},
-    "warmup-20-lr-6e-2": {"warmup_steps": 20, "lr": 6e-2},
-    "rank-2-lr-6e-2": {"rank": 2, "lr": 6e-2},
-    "rank-2-lr-8e-2": {"rank": 2, "lr": 8e-2},
-    "rank-1-lr-8e-2": {"rank": 1, "lr": 8e-2},
-    "rank-1-lr-1.6e-1": {"rank": 1, "lr": 1.6e-1},
-    "v-only-lr-6e-2": {"targets": ("v_proj",), "lr": 6e-2},
-    "q-8": {"q": 8},
-    "q-16-lr-3e-2": {"q": 16, "lr": 3e-2},
-    "batch-32": {"batch_size": 32},
-    "batch-32-q-16": {"batch_size": 32, "q": 16},
-    "momentum-lr-2e-2": {"optimizer": "momentum", "lr": 2e-2},
-    "normalized-lr-3e-2": {"optimizer": "normalized", "lr": 3e-2},
-    "long-lr-2e-2": {"steps": 2000, "lr": 2e-2},
+    "lr-4e-2-bucket-1": {"lr": 4e-2, "bucket": 1},
+    "calibrated-lr-4e-2-bucket-1": {"calibrate": True, "lr": 4e-2, "bucket": 1},
+    "bucket-1": {"bucket": 1},
+    "calibrated-bucket-1": {"calibrate": True, "bucket": 1},
+    "q-8-lr-4e-2": {"q": 8, "lr": 4e-2},
+    "q-16-lr-8e-2": {"q": 16, "lr": 8e-2},
+    # around the earlier defaults (built-in prompt, lr 4e-2, no buckets)
+    "earlier-defaults": EARLIER,
+    **{
+        name: {**EARLIER, **settings}
+        for name, settings in {
+            "lr-6e-2": {"lr": 6e-2},
+            "lr-3e-2": {"lr": 3e-2},
+            "eps-1e-3": {"eps": 1e-3},
+            "warmup-20-lr-6e-2": {"warmup_steps": 20, "lr": 6e-2},
+            "rank-2-lr-6e-2": {"rank": 2, "lr": 6e-2},
+            "rank-2-lr-8e-2": {"rank": 2, "lr": 8e-2},
+            "rank-1-lr-8e-2": {"rank": 1, "lr": 8e-2},
+            "rank-1-lr-1.6e-1": {"rank": 1, "lr": 1.6e-1},
+            "v-only-lr-6e-2": {"targets": ("v_proj",), "lr": 6e-2},
+            "q-8": {"q": 8},
+            "q-16-lr-3e-2": {"q": 16, "lr": 3e-2},
+            "batch-32": {"batch_size": 32},
+            "batch-32-q-16": {"batch_size": 32, "q": 16},
+            "momentum-lr-2e-2": {"optimizer": "momentum", "lr": 2e-2},
+            "normalized-lr-3e-2": {"optimizer": "normalized", "lr": 3e-2},
+            "long-lr-2e-2": {"steps": 2000, "lr": 2e-2},
+        }.items()
+    },
 }
 
 

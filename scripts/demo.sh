@@ -29,7 +29,7 @@ json() { python -c "import json, sys; print(json.load(sys.stdin)$1)"; }
 if [ "${MOBIZO_DEMO_MODEL:-tiny}" = smollm2 ]; then
   say "importing SmolLM2-135M-Instruct from its pip package"
   mobizo models import --smollm2 --out "$WORK/model"
-  RATE=()  # the defaults (shared/defaults.py; SST-2 as classification: rank 4, lr 4e-2 cosine, eps 1e-2, the model's chosen prompt), shown to learn on SmolLM2
+  RATE=()  # the defaults (shared/defaults.py; SST-2 as classification: rank 4, lr 2e-2 cosine, eps 1e-2, length buckets, the model's chosen prompt), shown to learn on SmolLM2
 else
   say "making a seeded tiny Llama (no download)"
   mobizo make-tiny-model --out "$WORK/model"

@@ -34,6 +34,7 @@ HELP = "run a training program with the ExecuTorch runtime on local data, as a d
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from shared import defaults
     from shared.schedule import SCHEDULES
+    from shared.tasks import BUCKET_HELP
 
     add = parser.add_argument
     add("--program", required=True, type=Path, metavar="FILE.pte", help="the program (manifest FILE.json beside it)")
@@ -65,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--eps", required=True, type=float, help="perturbation scale")
     add("--seed", type=int, default=0, help="run seed: batch order and step seeds (default 0)")
+    add("--bucket", type=int, default=defaults.BUCKET, metavar="B", help=f"{BUCKET_HELP} (default {defaults.BUCKET})")
     add("--eval", type=Path, metavar="FILE", help="held-out examples: accuracy and loss before and after training")
     add("--template", help='custom task: prompt with {field} placeholders, e.g. "{text} It was"')
     add("--verbalizer", metavar="JSON", help='custom task: e.g. {"0": " terrible", "1": " great"}')
@@ -89,6 +91,8 @@ def _check(args: argparse.Namespace) -> tuple[ProgramManifest, Path, Path]:
             raise UsageError(name, f"no such file: {path}")
     if args.steps < 1:
         raise UsageError("steps", f"must be at least 1, got {args.steps}")
+    if args.bucket < 1:
+        raise UsageError("bucket", f"must be at least 1, got {args.bucket}")
     for name, value in (("lr", args.lr), ("eps", args.eps)):
         if not (math.isfinite(value) and value > 0):
             raise UsageError(name, f"must be a positive number, got {value}")
@@ -209,7 +213,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     held_out = load_examples(task, args.eval) if args.eval is not None else None
     schedule = (args.lr_schedule, args.warmup_steps, args.lr_floor)
     candidates = manifest.config.candidates
-    run = (args.seed, args.steps, args.lr, *schedule, candidates, None, manifest.config.optimizer)
+    run = (args.seed, args.steps, args.lr, *schedule, candidates, None, manifest.config.optimizer, args.bucket)
     batches = list(step_batches(examples, tokenizer, shape, *run))
     session = ProgramSession(args.program, ptd, widths=manifest.inputs.widths)
     state = _Run(manifest, session, tokenizer, shape, task.kind, held_out)
