@@ -47,6 +47,7 @@ def test_demo_walks_the_readme_and_exits_zero(tmp_path: Path) -> None:
     repo = clone_alone(tmp_path / "alone" / "repo")  # nothing beside it
     env = {k: v for k, v in os.environ.items() if k != "MOBIZO_TASK_DATA_DIR"} | {
         "MOBIZO_DEMO_DIR": str(tmp_path / "demo"),
+        "MOBIZO_DEMO_MODEL": "tiny",  # the quick variant: the path, not the model
         "MOBIZO_DEMO_STEPS": "3",
         "MOBIZO_DEMO_EVAL_LIMIT": "24",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -57,7 +58,14 @@ def test_demo_walks_the_readme_and_exits_zero(tmp_path: Path) -> None:
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    assert re.search(r"accuracy \(24 examples\): base model 0\.\d{3}, with the on-device adapter 0\.\d{3}", output)
+    found = re.search(
+        r"accuracy \(24 examples\): base model (0\.\d{3}), with the on-device adapter (0\.\d{3}) "
+        r"\(([+-]\d+\.\d) points over the base model zero-shot\)",
+        output,
+    )
+    assert found, output[-4000:]
+    base, tuned, gain = map(float, found.groups())
+    assert abs(gain - 100 * (tuned - base)) <= 0.16  # the gain of the two figures (each printed rounded)
     assert "cancelled" in done.stdout  # the second job, cancelled by the user
     assert re.search(r"held-out data \(100 examples, never uploaded\): accuracy [01]\.\d{3} -> [01]\.\d{3}", output)
     assert "cpuinfo_utils" not in output  # the runtime's CPU-probe lines (not pip's py-cpuinfo)
