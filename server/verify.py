@@ -150,15 +150,27 @@ def _load_b(path: str | None, d: int):
     return torch.zeros(d, dtype=torch.float32) if path is None else torch.from_numpy(read_b_file(Path(path), d))
 
 
-def _check_g(rec: dict, eps: float, where: str) -> None:
+def _check_g(rec: dict, eps: float, where: str, probe_weights: str = "none") -> None:
     """Each g_i is what its two losses say, (l+ - l-) / (2 eps) in float32 (``shared.zo.projected_gradients``),
-    within float32 rounding of the losses: this bounds |g| by the losses, so a log cannot push B arbitrarily far."""
+    within float32 rounding of the losses: this bounds |g| by the losses, so a log cannot push B arbitrarily far.
+    ``curvature`` (losses +, -, clean per query): that times the probe's weight (``shared.zo.curvature_weights``,
+    float64 and correctly rounded, recomputed here from the logged losses), which is at most 1."""
     losses = np.asarray(rec["losses"], dtype=np.float32)
     g = np.asarray(rec["g"], dtype=np.float64)
-    expected = (losses[0::2] - losses[1::2]) / (np.float32(eps) * np.float32(2))
-    scale = (np.abs(losses[0::2]) + np.abs(losses[1::2])).astype(np.float64) / (2 * eps)
+    weights = np.ones(len(g))
+    if probe_weights == "curvature":
+        import torch
+
+        from shared.zo import curvature_weights
+
+        eps_t = torch.tensor([np.float32(eps)], dtype=torch.float32)
+        weights = curvature_weights(torch.from_numpy(losses), eps_t).numpy()
+        losses = losses.reshape(-1, 3)[:, :2].reshape(-1)
+    expected = (losses[0::2] - losses[1::2]) / (np.float32(eps) * np.float32(2)) * weights
+    scale = (np.abs(losses[0::2]) + np.abs(losses[1::2])).astype(np.float64) / (2 * eps) * weights
     if not (np.abs(g - expected) <= G_RTOL * scale).all():
-        raise ResultRejected("log", f"{where}: g does not follow from the losses, (l+ - l-) / (2 eps)")
+        rule = "(l+ - l-) / (2 eps)" + (" times its curvature weight" if probe_weights == "curvature" else "")
+        raise ResultRejected("log", f"{where}: g does not follow from the losses, {rule}")
 
 
 def expected_lr(spec: dict[str, Any], step: int) -> float:
@@ -211,12 +223,13 @@ def _check_record(rec: dict, index: int, spec: dict[str, Any], max_abs_g: float 
     if len(rec["g"]) != spec["q"]:
         raise ResultRejected("log", f"{where}: needs q={spec['q']} values of g")
     if not spec.get("privacy"):  # a private log has no losses: its g are bounded by private_g_bound instead
-        if len(rec["losses"]) != 2 * spec["q"]:
-            raise ResultRejected("log", f"{where}: needs {2 * spec['q']} losses")
+        paths = 3 if spec.get("probe_weights") == "curvature" else 2  # a curvature step's clean path per query
+        if len(rec["losses"]) != paths * spec["q"]:
+            raise ResultRejected("log", f"{where}: needs {paths * spec['q']} losses")
         losses = np.asarray(rec["losses"], dtype=np.float64)
         if not (np.isfinite(losses).all() and (losses >= 0).all() and (losses <= MAX_LOSS).all()):
             raise ResultRejected("log", f"{where}: a loss is not a finite number in [0, {MAX_LOSS:g}]")
-        _check_g(rec, spec["eps"], where)
+        _check_g(rec, spec["eps"], where, spec.get("probe_weights") or "none")
     if rec["seed"] != step_seed(spec["seed"], rec["step"]):
         raise ResultRejected("log", f"{where}: seed must be the job's seed for this step")
     if max_abs_g is not None and not (np.abs(np.asarray(rec["g"], dtype=np.float64)) <= max_abs_g).all():

@@ -25,6 +25,14 @@ OBJECTIVES: tuple[str, ...] = get_args(Objective)
 # How a step's g moves B (``shared.zo_optim``).
 Optimizer = Literal["sgd", "momentum", "normalized"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+# How a step weighs its probes' g (``shared.zo``): equally, or by each probe's curvature (1.5-SPSA; a clean path each)
+ProbeWeights = Literal["none", "curvature"]
+PROBE_WEIGHTS: tuple[str, ...] = get_args(ProbeWeights)
+PROBE_WEIGHTS_HELP = (
+    "how a mobizo step weighs its probes' g: none (default), or curvature (1.5-SPSA: a clean path beside each "
+    "query's pair, 1.5x the paths of a step, and each g times 1 / max(h ** (1/8), 1) for its probe's curvature h; "
+    "docs/method.md#probe-weights)"
+)
 OBJECTIVE_HELP = (
     "what the loss measures: classification (cross-entropy over the task's single-token answers, the default for "
     "classification tasks whose answers are single tokens) or lm (cross-entropy over the whole vocabulary)"

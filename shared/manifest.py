@@ -17,7 +17,7 @@ from typing import Any, Literal, Self, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from shared import defaults
-from shared.backends import Objective, Optimizer, Parallel, ProgramBackend, Quantization
+from shared.backends import Objective, Optimizer, Parallel, ProbeWeights, ProgramBackend, Quantization
 from shared.errors import FieldError
 
 # 2: the .pte carries no B; the device sets it before step 1. 3: forward and evaluate take any number of columns in
@@ -77,12 +77,17 @@ class ProgramConfig(BaseModel):
     # state in a buffer beside B. Left out of the JSON when ``sgd``: the configs, keys and manifests of programs
     # made before there were optimizers stay what they were.
     optimizer: Optimizer = "sgd"
+    # ``curvature``: ``forward`` runs a clean path beside each query's pair (losses [3q]) and weighs each g by its
+    # probe's curvature (``shared.zo``). Left out of the JSON when ``none``, as ``optimizer`` is when ``sgd``.
+    probe_weights: ProbeWeights = "none"
 
     @model_serializer(mode="wrap")
     def _sgd_unsaid(self, handler):
         data = handler(self)
         if self.optimizer == "sgd":
             data.pop("optimizer", None)
+        if self.probe_weights == "none":
+            data.pop("probe_weights", None)
         if not self.prior:
             data.pop("prior", None)
         return data
@@ -103,6 +108,8 @@ class ProgramConfig(BaseModel):
             raise FieldError("candidates", "only the classification objective scores candidates")
         if self.prior and (len(self.prior) != len(self.candidates) or not all(map(math.isfinite, self.prior))):
             raise FieldError("prior", "a calibrated classification program has one finite prior per candidate")
+        if self.probe_weights != "none" and (self.private or self.parallel != "both"):
+            raise FieldError("probe_weights", "curvature weights take a step that is not private, of parallel both")
         return self
 
     @property
@@ -150,6 +157,7 @@ class ProgramConfig(BaseModel):
             prior=tuple(prior),
             private=get("privacy") is not None,
             optimizer=get("optimizer") or "sgd",  # specs stored before there were optimizers have none
+            probe_weights=get("probe_weights") or "none",
         )
 
 

@@ -58,9 +58,11 @@ class MobileMPLoRA(nn.Module):
         private: bool = False,
         optimizer: str = "sgd",
         prior: tuple[float, ...] = (),
+        probe_weights: str = "none",
     ) -> None:
         super().__init__()
         self.private = private
+        self.probe_weights = probe_weights
         self.optimizer = optimizer
         self.model = model
         self.lora = lora
@@ -87,7 +89,15 @@ class MobileMPLoRA(nn.Module):
         step = (self.lora_b, seed, lr, eps, self.q, self.parallel)
         apply = self._apply if self.opt_state is not None else None
         losses, g, b_new = zo_step(
-            self.model, self.lora, batch, *step, trim=False, clip=clip, g_noise=g_noise, apply=apply
+            self.model,
+            self.lora,
+            batch,
+            *step,
+            trim=False,
+            clip=clip,
+            g_noise=g_noise,
+            apply=apply,
+            probe_weights=self.probe_weights,
         )
         self.lora_b.copy_(b_new)
         return losses, g
@@ -166,7 +176,18 @@ def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor
     model.config.use_cache = False
     lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
     quantize_base(model, cfg.quantize, cfg.group_size)
-    return MobileMPLoRA(model, lora, cfg.q, init_b, cfg.parallel, cfg.candidates, cfg.private, cfg.optimizer, cfg.prior)
+    return MobileMPLoRA(
+        model,
+        lora,
+        cfg.q,
+        init_b,
+        cfg.parallel,
+        cfg.candidates,
+        cfg.private,
+        cfg.optimizer,
+        cfg.prior,
+        cfg.probe_weights,
+    )
 
 
 def lower(step: nn.Module, cfg: ProgramConfig, progress=lambda _: None, memory_mb: int | None = None):
@@ -239,7 +260,9 @@ def export_program(
     if init_adapter is not None:  # refused now, not after the export
         _adapter_b(init_adapter, cfg, step.lora.modules)
     progress(
-        f"exporting {cfg.q}x{cfg.examples_per_query} paths x2 ({cfg.parallel}), seq {cfg.seq_len}, "
+        f"exporting {cfg.q}x{cfg.examples_per_query} paths "
+        f"{'x3 (+, -, clean: curvature weights)' if cfg.probe_weights == 'curvature' else 'x2'} ({cfg.parallel}), "
+        f"seq {cfg.seq_len}, "
         f"backend {cfg.backend}, base weights {cfg.quantize} ..."
     )
     emitted = lowering.store(lower(step, cfg, progress, memory_mb), out_pte, store, tokenizer)

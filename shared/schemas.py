@@ -23,7 +23,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 
 from shared import defaults
-from shared.backends import DeviceBackend, Objective, Optimizer, Parallel, ProgramBackend, Quantization
+from shared.backends import (
+    PROBE_WEIGHTS_HELP,
+    DeviceBackend,
+    Objective,
+    Optimizer,
+    Parallel,
+    ProbeWeights,
+    ProgramBackend,
+    Quantization,
+)
 from shared.errors import FieldError, UsageError
 from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
 from shared.schedule import Schedule, check_schedule
@@ -337,6 +346,7 @@ class HyperParams(BaseModel):
         "average of the updates, beta 0.9) or normalized (the update over the root mean square of recent g); the "
         "program runs it, the server's replay rebuilds its state from the log",
     )
+    probe_weights: ProbeWeights = Field(default="none", description=PROBE_WEIGHTS_HELP)
 
     # Which of the tuned values (``defaults.TUNED``, and alpha) took the defaults (not given): a federated job's spec
     # is rebuilt with its cohort's task, whose objective the defaults depend on (``server.routes.cohorts``).
@@ -380,6 +390,11 @@ class HyperParams(BaseModel):
             raise FieldError("targets", "module names must be distinct identifiers like q_proj")
         if self.privacy is not None and self.batch_size > self.privacy.min_examples:
             raise FieldError("privacy", f"a batch of {self.batch_size} needs min_examples >= {self.batch_size}")
+        if self.probe_weights != "none" and (
+            self.method != "mobizo" or self.parallel != "both" or self.privacy is not None
+        ):
+            reason = "curvature weights take a mobizo job of parallel both that is not private"
+            raise FieldError("probe_weights", reason)
         return self
 
 

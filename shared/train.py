@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from shared import defaults, privacy
 from shared.adapter import save_lora
-from shared.backends import OBJECTIVES, OPTIMIZERS, PARALLEL_MODES
+from shared.backends import OBJECTIVES, OPTIMIZERS, PARALLEL_MODES, PROBE_WEIGHTS
 from shared.baselines import fo_lora_step, mezo_lora_step, mezo_step
 from shared.batch import Batch
 from shared.checkpoint import Checkpoint, fingerprint, load_checkpoint, save_checkpoint
@@ -117,6 +117,7 @@ class TrainConfig:
     calibrate: bool = False
     objective: str | None = None  # None: the task's default (shared.data.resolve_objective)
     optimizer: str = "sgd"  # how g moves B (shared.zo_optim; mobizo only): sgd, momentum or normalized
+    probe_weights: str = "none"  # how a step weighs its probes' g (shared.zo; mobizo only): none or curvature
     # A private run (shared.privacy, mobizo only): the (epsilon, delta) it may spend and the clip C of each example's
     # projected difference; None: not private.
     dp_epsilon: float | None = None
@@ -190,6 +191,13 @@ def _check_method(config: TrainConfig) -> None:
         raise UsageError("optimizer", f"unknown optimizer {config.optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
     if config.optimizer != "sgd" and config.method != "mobizo":
         raise UsageError("optimizer", f"{config.optimizer} moves a mobizo run's B; {config.method} takes sgd")
+    if config.probe_weights not in PROBE_WEIGHTS:
+        choices = ", ".join(PROBE_WEIGHTS)
+        raise UsageError("probe_weights", f"unknown weights {config.probe_weights!r} (choose from {choices})")
+    if config.probe_weights != "none" and (
+        config.method != "mobizo" or config.parallel != "both" or config.dp_epsilon is not None
+    ):
+        raise UsageError("probe_weights", "curvature weights take a mobizo run of parallel both that is not private")
     if config.dp_epsilon is not None and config.method != "mobizo":
         raise UsageError("dp_epsilon", f"a private run is a mobizo run (its g is privatized), not {config.method}")
     if config.method == "mezo" and config.checkpoint_every is not None:
@@ -292,8 +300,10 @@ class MethodStep:
         lr: float = 1e-4,
         eps: float = 1e-2,
         optimizer: str = "sgd",
+        probe_weights: str = "none",
     ) -> None:
         self.method, self.model, self.lora, self.q, self.parallel = method, model, lora, q, parallel
+        self.probe_weights = probe_weights
         self.device = next(model.parameters()).device
         self.lr, self.eps = float(lr), float(eps)
         # The master B, lr and eps are float32 (the program's arithmetic), float64 for a float64 model.
@@ -333,6 +343,7 @@ class MethodStep:
                     self.q,
                     self.parallel,
                     apply=self._apply,
+                    probe_weights=self.probe_weights,
                     **self._private(),
                 )
                 return losses, g
@@ -404,7 +415,7 @@ def program_config(
     spec = {name: getattr(config, name) for name in ("batch_size", "seq_len", "rank", "alpha", "targets", "a_seed")}
     spec |= {"q": 1 if one_query else config.q, "parallel": "none" if one_query else config.parallel}
     spec |= {"program_backend": defaults.PROGRAM_BACKEND, "quantize": None, "group_size": None}
-    spec |= {"optimizer": config.optimizer}
+    spec |= {"optimizer": config.optimizer, "probe_weights": config.probe_weights}
     chat = model_chat_frame(config.model) if config.chat_template else None
     program = ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates, prior or ())
     return program.model_copy(update={"private": True}) if config.dp_epsilon is not None else program
@@ -427,7 +438,15 @@ def _prepare(config: TrainConfig, task: Task, step_factory: StepFactory | None =
     widths: tuple[int | None, int | None] = (None, None)
     if step_factory is None:
         step = MethodStep(
-            config.method, model, lora, config.q, config.parallel, config.lr, config.eps, config.optimizer
+            config.method,
+            model,
+            lora,
+            config.q,
+            config.parallel,
+            config.lr,
+            config.eps,
+            config.optimizer,
+            config.probe_weights,
         )
     else:  # the program's batches have its shape, as the agent's (device_agent.local_data.step_batches)
         program = program_config(config, objective, ids, answer_len, prior)
@@ -505,6 +524,8 @@ def _start(run: _Run) -> Checkpoint:
     wanted = fingerprint(asdict(cfg) | {"schedule_steps": span})
     if cfg.optimizer == "sgd":  # the fingerprint of a run made before there were optimizers
         del wanted["optimizer"]
+    if cfg.probe_weights == "none":  # and before there were probe weights
+        del wanted["probe_weights"]
     history: dict[str, list] = {"losses": [], "times": [], "log": [], "eval": []}
     b = run.step.b if run.step.b is not None else torch.zeros(0)
     found = load_checkpoint(cfg.out) if cfg.checkpoint_every is not None else None

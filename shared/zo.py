@@ -6,6 +6,16 @@ One step (MobiZO, paper §3-4), with z_i = noise(seed, i*D .. (i+1)*D) for query
     g_i     = (losses[2i] - losses[2i+1]) / (2 eps)                      projected gradients
     B_new   = B - (lr / q) * (g_0 z_0 + g_1 z_1 + ...)                   summed left to right
 
+``probe_weights`` "curvature" (1.5-SPSA: Chaubard, "Probe-Space Preconditioning for Fast and Stable Zero-Order
+Training") adds a clean path B beside each query's pair, on the same rows (3q paths in the one pass: +, -, clean),
+and weighs each g_i by its probe's curvature along z_i, h_i = |l+ + l- - 2 l0| / eps^2:
+
+    g_i     = (l+ - l-) / (2 eps) * w_i,   w_i = 1 / max(h_i ** (1/8), 1)                  (``curvature_weights``)
+
+so a probe whose rows sit where the loss bends sharply moves B less. w_i <= 1, so |g_i| keeps the bound of its two
+losses. The weights are computed in float64 (the eighth root as three square roots) and rounded to float32 once,
+so the eager step, the program's portable kernels and the server's check agree on their bits.
+
 ``parallel`` only changes how the 2q paths are grouped into forward passes (``both``: one pass of 2q paths;
 ``outer``: + pass and - pass of q paths; ``inner``: q passes of 2 paths; ``none``: 2q passes of 1 path); the
 mathematics and therefore the losses and B are the same. lr, eps and seed are tensors (float32 / int64) so that
@@ -117,15 +127,38 @@ def path_losses(
     return losses.reshape(n, -1) if rows else losses.reshape(n, -1).mean(dim=1)
 
 
-def perturbations(b: torch.Tensor, z: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """[2q, D]: B + eps z_0, B - eps z_0, B + eps z_1, ..."""
+def perturbations(b: torch.Tensor, z: torch.Tensor, eps: torch.Tensor, clean: bool = False) -> torch.Tensor:
+    """[2q, D]: B + eps z_0, B - eps z_0, B + eps z_1, ...; ``clean``: [3q, D], B itself after each pair."""
     ez = z * eps
-    return torch.stack([b + ez, b - ez], dim=1).reshape(-1, b.shape[0])
+    sides = [b + ez, b - ez] + ([b.expand_as(ez)] if clean else [])
+    return torch.stack(sides, dim=1).reshape(-1, b.shape[0])
 
 
 def projected_gradients(losses: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     pairs = losses.reshape(-1, 2)
     return (pairs[:, 0] - pairs[:, 1]) / (eps * 2)
+
+
+CURVATURE_ROOTS = 3  # w_i = 1 / max(h_i ** (1 / 2**3), CURVATURE_FLOOR): 1.5-SPSA's saturating alpha near its 0.1
+CURVATURE_FLOOR = 1.0  # 1.5-SPSA's lambda: a probe of curvature under 1 keeps its whole g
+
+
+def curvature_weights(losses: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """[q] float32 weights of a curvature step's losses [3q] (+, -, clean per query; the module's formula)."""
+    paths = losses.reshape(-1, 3).to(torch.float64)
+    wide_eps = eps.to(torch.float64)
+    root = (paths[:, 0] + paths[:, 1] - paths[:, 2] * 2.0).abs() / (wide_eps * wide_eps)
+    for _ in range(CURVATURE_ROOTS):
+        root = torch.sqrt(root)
+    # Rounded once to float32 at the end, as the normalized update's root (shared.zo_optim): ATen's float64 sqrt is an
+    # ulp off the correctly rounded one on some values (std::sqrt, ExecuTorch's portable kernel), which float32 hides.
+    return (1.0 / torch.clamp(root, min=CURVATURE_FLOOR)).to(torch.float32)
+
+
+def weighted_gradients(losses: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """g [q] of a curvature step's losses [3q]: each query's projected gradient times its weight, in float32."""
+    g = projected_gradients(losses.reshape(-1, 3)[:, :2].reshape(-1), eps)
+    return g * curvature_weights(losses, eps).to(g.dtype)
 
 
 def weighted_sum(z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -212,14 +245,23 @@ def zo_step(
     clip: torch.Tensor | None = None,
     g_noise: torch.Tensor | None = None,
     apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    probe_weights: str = "none",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One MobiZO step → (losses [2q], g [q], new B). Used by eager training and, untrimmed, by the program.
     ``apply(b, z, g, lr) → new B``: the optimizer's update (``shared.zo_optim``; default ``updated_b``, sgd).
+    ``probe_weights`` "curvature": losses [3q] (each query's +, - and clean path, in one pass: ``parallel`` "both"
+    only) and g weighted by each probe's curvature (``weighted_gradients``).
 
     With ``clip`` [1] and ``g_noise`` [q] the step is private (``shared.privacy.private_g``): g from each example's
     difference clipped to ``clip``, plus the noise; B moves by that g, and the losses returned are for the device's
     own eyes."""
     z = step_noise(seed, q, b.shape[0]).to(b.dtype)  # a float64 B (exactness checks) takes z's float32 values
+    if probe_weights == "curvature":
+        if clip is not None or parallel != "both":
+            raise ValueError("curvature probe weights take a non-private step of parallel 'both'")
+        losses = path_losses(model, lora, batch, perturbations(b, z, eps, clean=True), copies=3)
+        g = weighted_gradients(losses, eps)
+        return losses, g, (apply or updated_b)(b, z, g, lr)
     paths = perturbations(b, z, eps)
     if clip is None:
         losses = rge_losses(model, lora, batch, paths, q, parallel, trim)

@@ -18,6 +18,8 @@ from shared.backends import (
     OBJECTIVES,
     OPTIMIZERS,
     PARALLEL_MODES,
+    PROBE_WEIGHTS,
+    PROBE_WEIGHTS_HELP,
     PROGRAM_BACKENDS,
     QUANTIZATIONS,
 )
@@ -49,6 +51,7 @@ _HYPER = (
     "parallel",
     "objective",
     "optimizer",
+    "probe_weights",
 )
 # option → JobCreate field, for options whose value is used as given
 _FIELDS = (
@@ -167,6 +170,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         help="how g moves B in the program: sgd (default), momentum (beta 0.9) or normalized (by the recent rms of "
         "g); docs/method.md#optimizers-how-g-moves-b",
     )
+    p.add_argument(cli_flag("probe_weights"), choices=PROBE_WEIGHTS, help=PROBE_WEIGHTS_HELP)
     p.add_argument(cli_flag("device_id"), dest="device_id", type=int, help="run on this device only")
     p.add_argument(cli_flag("device_backend"), choices=DEVICE_BACKENDS)
     p.add_argument(

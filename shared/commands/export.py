@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared import defaults
-from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS, PARALLEL_MODES, PROGRAM_BACKENDS, QUANTIZATIONS
+from shared.backends import (
+    OBJECTIVE_HELP,
+    OBJECTIVES,
+    OPTIMIZERS,
+    PARALLEL_MODES,
+    PROBE_WEIGHTS,
+    PROBE_WEIGHTS_HELP,
+    PROGRAM_BACKENDS,
+    QUANTIZATIONS,
+)
 from shared.errors import ExitCode
 from shared.tasks import BUILTIN_HELP, TEMPLATE_HELP, VERBALIZER_HELP
 
@@ -60,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how g moves B inside forward: sgd (default), momentum or normalized (a state buffer beside B, with "
         "get_opt_state / set_opt_state; replay the run's log with mobizo replay --optimizer)",
     )
+    parser.add_argument("--probe-weights", choices=PROBE_WEIGHTS, default="none", help=PROBE_WEIGHTS_HELP)
     parser.add_argument(
         "--adapter",
         type=Path,
@@ -116,6 +126,7 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
             objective=objective,
             candidates=candidates,
             optimizer=args.optimizer,
+            probe_weights=args.probe_weights,
         )
     except ValidationError as exc:
         raise usage_error(exc) from None

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from shared import defaults
-from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS
+from shared.backends import OBJECTIVE_HELP, OBJECTIVES, OPTIMIZERS, PROBE_WEIGHTS, PROBE_WEIGHTS_HELP
 from shared.errors import ExitCode
 from shared.schedule import SCHEDULES
 from shared.tasks import BUCKET_HELP, BUILTIN_HELP, CALIBRATE_HELP, TEMPLATE_HELP, VERBALIZER_HELP, parse_verbalizer
@@ -111,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "directions) or normalized (the step divided by the running RMS of g); the log replays with the same "
         "--optimizer",
     )
+    add("--probe-weights", default=_KEEP, choices=PROBE_WEIGHTS, help=PROBE_WEIGHTS_HELP)
     add("--dtype", default=_KEEP, help="float32 (default), bfloat16, float16, or float64 (exactness checks)")
     add(
         "--dp-epsilon",
