@@ -61,7 +61,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "q-8-lr-4e-2": {"q": 8, "lr": 4e-2},
     "q-16-lr-8e-2": {"q": 16, "lr": 8e-2},
     "curvature": {"probe_weights": "curvature"},  # 1.5-SPSA's probe weights: a clean path per query, 1.5x the paths
-    "curvature-lr-4e-2": {"probe_weights": "curvature", "lr": 4e-2},
     # around the earlier defaults (built-in prompt, lr 4e-2, no buckets)
     "earlier-defaults": EARLIER,
     **{
