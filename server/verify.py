@@ -154,7 +154,8 @@ def _check_g(rec: dict, eps: float, where: str, probe_weights: str = "none") -> 
     """Each g_i is what its two losses say, (l+ - l-) / (2 eps) in float32 (``shared.zo.projected_gradients``),
     within float32 rounding of the losses: this bounds |g| by the losses, so a log cannot push B arbitrarily far.
     ``curvature`` (losses +, -, clean per query): that times the probe's weight (``shared.zo.curvature_weights``,
-    float64 and correctly rounded, recomputed here from the logged losses), which is at most 1."""
+    recomputed here from the logged losses; at most 1, and within an ulp of the device's, which the tolerance
+    covers)."""
     losses = np.asarray(rec["losses"], dtype=np.float32)
     g = np.asarray(rec["g"], dtype=np.float64)
     weights = np.ones(len(g))
