@@ -39,6 +39,7 @@ def user(client, tmp_path):
         ({"device_id": 999}, "device_id"),
         ({"init_adapter_id": 5}, "init_adapter_id"),
         ({"unknown_field": 1}, "unknown_field"),
+        ({"probe_weights": "fancy"}, "probe_weights"),
     ],
 )
 def test_bad_specs_answer_4xx_naming_the_field_and_store_nothing(client, user, change, field):
@@ -49,6 +50,15 @@ def test_bad_specs_answer_4xx_naming_the_field_and_store_nothing(client, user, c
     if field is not None:
         assert field in detail[0]["loc"]
     assert client.get("/v1/jobs", headers=user).json()["count"] == 0
+
+
+@pytest.mark.parametrize("change", [{"parallel": "outer"}, {"privacy": {"epsilon": 3.0, "min_examples": 100}}])
+def test_curvature_weights_where_they_do_not_apply_answer_422_naming_them(client, user, change):
+    r = client.post("/v1/jobs", json={**GOOD, "probe_weights": "curvature", **change}, headers=user)
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("Value error, probe_weights:"), r.text
+    assert client.get("/v1/jobs", headers=user).json()["count"] == 0
+    r = client.post("/v1/jobs", json={**GOOD, "probe_weights": "curvature"}, headers=user)
+    assert r.status_code == 202 and r.json()["spec"]["probe_weights"] == "curvature", r.text
 
 
 def test_custom_task_compiles_and_gets_its_own_registry_key(client, user, queue):
@@ -152,3 +162,7 @@ def test_the_schedule_and_quantization_of_a_job_spec_are_part_of_its_program() -
     old = {k: v for k, v in base.items() if k not in ("parallel", "quantize", "group_size")}
     assert program_config(old, 1) == program_config(base, 1)
     assert program_config(old, 1)["parallel"] == defaults.PARALLEL
+    # probe weights: part of the program and its key; "none" leaves the config (and every earlier key) as it was
+    curvature = program_config(base | {"probe_weights": "curvature"}, 1)
+    assert curvature["probe_weights"] == "curvature" and "probe_weights" not in program_config(base, 1)
+    assert program_key("m", curvature, 1) != program_key("m", program_config(base, 1), 1)
