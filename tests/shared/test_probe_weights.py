@@ -17,6 +17,7 @@ from shared.replay import replay
 from shared.train_log import log_line, log_record
 from shared.zo import (
     CURVATURE_FLOOR,
+    _query,
     curvature_weights,
     forward_losses,
     path_losses,
@@ -81,7 +82,13 @@ def test_a_curvature_step_is_the_pairs_and_the_clean_path_on_each_querys_rows(ti
         paths = perturbations(b, z, eps, clean=True)
         alone = torch.stack(
             [
-                path_losses(model, lora, _rows(batch, i * rows, (i + 1) * rows), paths[3 * i + j : 3 * i + j + 1], 1)[0]
+                path_losses(
+                    model,
+                    lora,
+                    _query(batch, i * rows, (i + 1) * rows, trim=False),
+                    paths[3 * i + j : 3 * i + j + 1],
+                    1,
+                )[0]
                 for i in range(q)
                 for j in range(3)
             ]
@@ -92,22 +99,9 @@ def test_a_curvature_step_is_the_pairs_and_the_clean_path_on_each_querys_rows(ti
     assert torch.equal(b_new, updated_b(b, z, g, lr))
     with torch.no_grad():  # the clean path is B itself: its loss is the rows' loss with B applied
         lora.apply(b[None])
-        clean = forward_losses(model, _rows(batch, 0, rows)).mean()
+        clean = forward_losses(model, _query(batch, 0, rows, trim=False)).mean()
         lora.apply(None)
     torch.testing.assert_close(losses[2], clean, rtol=1e-5, atol=0)
-
-
-def _rows(batch, start: int, stop: int):
-    from shared.batch import Batch
-
-    return Batch(
-        batch.input_ids[start:stop],
-        batch.attention_mask[start:stop],
-        batch.position_ids[start:stop],
-        batch.targets[start:stop],
-        batch.candidates,
-        batch.prior,
-    )
 
 
 def test_curvature_weights_are_refused_where_they_do_not_apply(tiny_model_dir: Path, tmp_path: Path) -> None:
