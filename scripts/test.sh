@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the whole test suite on a fresh machine: install, build the native runner, check PostgreSQL, run pytest.
+# Run the whole test suite on a fresh machine: install, build the native runner (for this machine and, cross, for
+# aarch64), check PostgreSQL, run pytest.
 # Extra arguments go to pytest: bash scripts/test.sh -m "not slow" (the quick loop), or a path.
 # The suite always runs on SQLite; the server tests also run on PostgreSQL when it answers.
 set -euo pipefail
@@ -8,6 +9,9 @@ source scripts/setup.sh
 if [ -f device_agent/runner/build.sh ]; then
   echo "test: building the native runner"
   bash device_agent/runner/build.sh >/dev/null
+  bash scripts/aarch64.sh  # the cross compiler and qemu-user for the aarch64 device tests
+  echo "test: cross-building the native runner for aarch64"
+  bash device_agent/runner/build.sh --aarch64 >/dev/null
 fi
 bash scripts/browser.sh  # Chromium and chromedriver for the dashboard's browser tests
 if url=$(bash scripts/postgres.sh); then

@@ -124,9 +124,21 @@ def replay_tolerance(max_abs_b: float) -> float:
     return REPLAY_RTOL * max_abs_b + REPLAY_ATOL
 
 
+# How each device backend's B is held to the replay, by name: a backend the server has no entry for is refused
+# (``exact_replay`` raises), never assumed to be either. "exact": the program's arithmetic is the replay's, float32
+# op for op with no fused multiply-adds, shown bit for bit on x86-64 (the ExecuTorch runtime, the native runner) and
+# on aarch64 (the runner cross-built against the aarch64 wheel, under qemu: tests/device_agent/test_aarch64.py).
+# "tolerance": eager torch, which may run on any hardware and kernels (``replay_tolerance``).
+REPLAY_CHECK: dict[str, str] = {"executorch": "exact", "adb": "exact", "torch": "tolerance"}
+
+
 def exact_replay(device_backend: str) -> bool:
-    """Whether a device's B must equal the replay bit for bit: all but eager torch (which may run anywhere)."""
-    return device_backend != "torch"
+    """Whether a device's B must equal the replay bit for bit (``REPLAY_CHECK``); ValueError for a backend with no
+    entry there."""
+    try:
+        return REPLAY_CHECK[device_backend] == "exact"
+    except KeyError:
+        raise ValueError(f"no replay check is known for the device backend {device_backend!r}") from None
 
 
 def count_log_lines(path: Path) -> int:

@@ -203,12 +203,23 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory):
         yield url
 
 
-@pytest.fixture(scope="session")
-def runner_binary() -> Path:
-    """The native runner built for this machine (build.sh is incremental: a no-op when nothing changed)."""
+def _build_runner(*flags: str) -> Path:
+    """device_agent/runner/build.sh with ``flags`` (incremental: a no-op when nothing changed) → the binary."""
     import subprocess
 
     build = Path(__file__).resolve().parents[1] / "device_agent" / "runner" / "build.sh"
-    result = subprocess.run([str(build)], capture_output=True, text=True, check=False)
+    result = subprocess.run([str(build), *flags], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def runner_binary() -> Path:
+    """The native runner built for this machine."""
+    return _build_runner()
+
+
+@pytest.fixture(scope="session")
+def runner_binary_aarch64() -> Path:
+    """The native runner cross-built for aarch64 Linux against the aarch64 wheel of the pinned executorch."""
+    return _build_runner("--aarch64")

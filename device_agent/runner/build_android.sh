@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Cross-compiles mobizo_runner for an Android phone with the NDK, into device_agent/runner/build/android-<abi>/.
 #
-# NOT run in this repository's CI: no NDK and no ExecuTorch source tree exist there. The host build (build.sh)
-# compiles the same sources against the same API, and the adb stand-in tests run that binary.
+# NOT run in this repository's CI: no NDK and no ExecuTorch source tree exist there. CI cross-builds the same
+# sources for aarch64 Linux against the aarch64 executorch wheel (build.sh --aarch64) and runs that binary on the
+# adb stand-in's phone under qemu-user (tests/device_agent/test_aarch64.py).
 #
-# Why two stages: the executorch pip wheel ships x86-64 Linux libraries only, so ExecuTorch itself must be built
-# for the phone from source first, at the SAME version as the wheel that exports the programs (the .pte format
-# and the operator set must match).
+# Why two stages: the executorch pip wheels hold Linux libraries (x86-64 and aarch64, linked against glibc), not
+# Android's (bionic), so ExecuTorch itself must be built for the phone from source first, at the SAME version as
+# the wheel that exports the programs (the .pte format and the operator set must match).
+#
+# Both stages compile with -ffp-contract=off: the server accepts a phone's B only if it equals the replay of its log
+# bit for bit, and the update is separate multiplies and adds, each rounded once. Clang contracts a*b+c into a fused
+# multiply-add by default (-ffp-contract=on), which rounds once for the pair: in ExecuTorch's kernels that would
+# move about a third of B's elements by an ulp after one step, and every upload would be refused.
 #
 # Needs:
 #   ANDROID_NDK            NDK root (r26 or newer), holding build/cmake/android.toolchain.cmake
@@ -33,7 +39,8 @@ toolchain="$ANDROID_NDK/build/cmake/android.toolchain.cmake"
 et_build="${EXECUTORCH_ANDROID_BUILD:-$EXECUTORCH_SOURCE_DIR/cmake-out-android-$abi}"
 et_install="$et_build/install"
 android=(-DCMAKE_TOOLCHAIN_FILE="$toolchain" -DANDROID_ABI="$abi" -DANDROID_PLATFORM="$platform"
-         -DANDROID_STL=c++_static -DCMAKE_BUILD_TYPE=Release)
+         -DANDROID_STL=c++_static -DCMAKE_BUILD_TYPE=Release
+         -DCMAKE_C_FLAGS=-ffp-contract=off -DCMAKE_CXX_FLAGS=-ffp-contract=off)
 
 # Stage 1: ExecuTorch for the phone. Exactly what the runner uses: the runtime, the Module API with its
 # file/mmap data loaders, the .ptd reader (flat_tensor, named_data_map), the tensor helpers, the optimized CPU

@@ -140,3 +140,25 @@ def _train_on_phone(runner_binary: Path, tiny_program: Program, batches: Path, t
     reference, final_b = python_reference(tiny_program, batches)
     assert [as_f32(line["losses"]).tobytes() for line in lines] == [losses.tobytes() for losses, _ in reference]
     assert (tmp_path / "out.f32").read_bytes() == final_b.tobytes()
+
+
+def test_the_emulator_runs_the_phones_aarch64_binaries_and_nothing_else(
+    phone: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With MOBIZO_FAKE_DEVICE_EMULATOR set, a line that starts an aarch64 ELF file on the phone runs through it
+    (as qemu-aarch64 runs the cross-built runner); host tools, scripts and other machines' ELF files do not."""
+    emulator = tmp_path / "emulator"
+    emulator.write_text('#!/bin/sh\necho "emulated: $*"\n')
+    emulator.chmod(0o755)
+    monkeypatch.setenv("MOBIZO_FAKE_DEVICE_EMULATOR", f"{emulator} -cpu cortex-a76")
+    header = bytearray(64)
+    header[:4] = b"\x7fELF"
+    for name, machine in (("arm", 183), ("x86", 62)):
+        binary = tmp_path / name
+        binary.write_bytes(bytes(header[:18]) + machine.to_bytes(2, "little") + bytes(header[20:]))
+        binary.chmod(0o755)
+        adb("push", str(binary), f"{PHONE_DIR}/bin/")
+    arm = adb("shell", f"{PHONE_DIR}/bin/arm", "--steps", "3").stdout
+    assert arm == f"emulated: -cpu cortex-a76 {phone}{PHONE_DIR}/bin/arm --steps 3\n"
+    assert "emulated" not in adb("shell", f"{PHONE_DIR}/bin/x86", check=False).stdout + adb("shell", "echo hi").stdout
+    assert adb("shell", "echo hi").stdout == "hi\n"

@@ -29,6 +29,7 @@ from tests.server.factories import (
     submit_job,
     upload,
 )
+from tests.utils.fused import fused_replay
 
 
 def _lease(client, user, device, **spec):  # noqa: F811 - client is the fixture's value
@@ -74,6 +75,20 @@ def test_executorch_devices_replay_bit_for_bit(client, alice):  # noqa: F811
     assert r.status_code == 422 and "bit for bit" in r.text
     assert upload(client, alice["phone"], lease["job_id"], b_flat_bytes(b), log).status_code == 201
     assert _assert_registry_replays(client) == 1
+
+
+def test_an_update_computed_with_fused_multiply_adds_is_refused(client, alice):  # noqa: F811
+    """A device build that fuses the update's multiply-adds (GCC's default on aarch64 without -ffp-contract=off)
+    uploads a B a few ulps off the replay in many elements: refused. The same arithmetic rounded twice is accepted."""
+    lease = _lease(client, alice["user"], alice["phone"])
+    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
+    records = [json.loads(line) for line in log.splitlines()]
+    fused = fused_replay(np.zeros_like(b), records)
+    assert np.count_nonzero(fused != b) > 0
+    r = upload(client, alice["phone"], lease["job_id"], b_flat_bytes(fused), log)
+    assert r.status_code == 422 and "bit for bit" in r.text
+    unfused = fused_replay(np.zeros_like(b), records, fused=False)
+    assert upload(client, alice["phone"], lease["job_id"], b_flat_bytes(unfused), log).status_code == 201
 
 
 def test_eager_torch_devices_get_the_tolerance_and_the_registry_keeps_the_replay(client, alice):  # noqa: F811
@@ -197,3 +212,15 @@ def test_unknown_metrics_keys_are_dropped_and_known_ones_kept(client, alice):  #
     logged = [json.loads(line)["losses"] for line in log.splitlines()]
     assert metrics["losses"] == [float(np.mean(step)) for step in logged]  # the verified log's, not the claim
     assert "deep" not in metrics and metrics["server"]["replay_max_abs_diff"] == 0.0
+
+
+def test_every_device_backend_has_a_named_replay_check_and_an_unknown_one_has_none():
+    """The server holds a backend to the replay by name: every backend a device can enroll with is listed (a new one
+    fails here until someone decides), the ExecuTorch ones bit for bit; a name with no entry raises, never defaults."""
+    from server.verify import REPLAY_CHECK, exact_replay
+    from shared.backends import DEVICE_BACKENDS
+
+    assert set(REPLAY_CHECK) == set(DEVICE_BACKENDS)
+    assert [exact_replay(b) for b in ("executorch", "adb", "torch")] == [True, True, False]
+    with pytest.raises(ValueError, match="'vulkan'"):
+        exact_replay("vulkan")

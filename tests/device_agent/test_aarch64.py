@@ -1,0 +1,67 @@
+"""The device side on aarch64, emulated: every phone and Jetson this service is for is aarch64, and the server
+accepts an ExecuTorch device's B only if it equals the replay of its log bit for bit.
+
+The runner cross-built against the aarch64 wheel of the pinned executorch (``device_agent/runner/build.sh
+--aarch64``) plays the phone's runner on the adb stand-in, which runs it under ``qemu-aarch64 -cpu cortex-a76``
+(``MOBIZO_FAKE_DEVICE_EMULATOR``). A real agent trains a job of the tiny model with it and uploads to a real server
+over loopback; the server accepts the upload bit for bit. The same log's update with fused multiply-adds, which a
+build without ``-ffp-contract=off`` would compute, differs from that B (the server refuses any such B:
+``tests/security/test_result_integrity.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shared.adapter import read_adapter
+from shared.replay import replay
+from tests.device_agent.stack import Stack, make_agent
+from tests.device_agent.test_agent_e2e import assert_adapter_is_replay_of_uploaded_log, backend_setup
+from tests.utils.fused import fused_replay
+
+pytestmark = pytest.mark.slow
+
+# A phone's core (Armv8.2-A with dotprod); Debian's libc6-arm64-cross is the phone's C library.
+EMULATOR = "qemu-aarch64 -cpu cortex-a76 -L /usr/aarch64-linux-gnu"
+ELF_AARCH64 = 183
+
+
+def is_aarch64_elf(path: Path) -> bool:
+    header = path.read_bytes()[:20]
+    return header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == ELF_AARCH64
+
+
+def test_a_job_trained_on_an_emulated_aarch64_phone_is_accepted_bit_for_bit(
+    stack: Stack, local_data: Path, runner_binary_aarch64: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    assert shutil.which("qemu-aarch64"), "qemu-user is not installed (bash scripts/aarch64.sh)"
+    assert is_aarch64_elf(runner_binary_aarch64)
+    extra, env = backend_setup("adb", tmp_path, runner_binary_aarch64, tiny_model_dir)
+    env["MOBIZO_FAKE_DEVICE_EMULATOR"] = EMULATOR
+    job_id = stack.submit(steps=20)
+    agent = make_agent(stack, local_data, "arm-phone", "adb", extra, env)
+    assert agent.start().wait() == 0, agent.tail()
+    pushed = list((tmp_path / "phone").rglob("runner-*"))
+    assert pushed and all(is_aarch64_elf(p) for p in pushed)  # what ran on the phone was the aarch64 build
+
+    job = stack.job(job_id)
+    assert job["status"] == "succeeded" and job["progress"]["step"] == 20
+    metrics = stack.adapter(job_id)["metrics"]
+    assert metrics["backend"] == "adb" and metrics["server"]["replay_max_abs_diff"] == 0.0
+    assert_adapter_is_replay_of_uploaded_log(stack, job_id, tmp_path)
+
+    # The accepted B is the replay's, whose update rounds every multiply and add; fused, they would have moved it.
+    records = [json.loads(line) for line in stack.uploaded_log(job_id).read_text().splitlines() if line.strip()]
+    _, _, lora_b = read_adapter(tmp_path / "downloaded")  # where the replay check above put the download
+    d = sum(b.numel() for b in lora_b.values())
+    replayed = replay(torch.zeros(d), records).numpy()
+    assert np.array_equal(
+        fused_replay(np.zeros(d, np.float32), records, fused=False).view(np.int32), replayed.view(np.int32)
+    )
+    assert np.count_nonzero(fused_replay(np.zeros(d, np.float32), records) != replayed) > d // 10
