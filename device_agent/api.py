@@ -18,6 +18,7 @@ from shared.http_client import checked
 from shared.manifest import InferenceConfig
 from shared.schemas import (
     AdapterPublic,
+    CpuReport,
     DeviceCreate,
     DeviceEnrolled,
     HeartbeatCreate,
@@ -58,10 +59,12 @@ class DeviceAPI:
     def __init__(self, http: httpx.Client) -> None:
         self.http = http
 
-    def lease(self, backend: str, memory_mb: int | None, eligible: bool | None = None) -> LeasePublic | None:
+    def lease(
+        self, backend: str, memory_mb: int | None, eligible: bool | None = None, cpu: CpuReport | None = None
+    ) -> LeasePublic | None:
         """The next job that fits what this device reports now (its backend, its free memory, whether its policy
-        holds: round work only then), or None (204)."""
-        body = LeaseCreate(backend=backend, memory_mb=memory_mb, eligible=eligible).model_dump()
+        holds: round work only then; and its CPU), or None (204)."""
+        body = LeaseCreate(backend=backend, memory_mb=memory_mb, eligible=eligible, cpu=cpu).model_dump()
         response = checked(self.http.post("/v1/leases", json=body))
         return None if response.status_code == 204 else LeasePublic.model_validate(response.json())
 

@@ -67,7 +67,8 @@ def next_lease(ctx: AgentContext) -> LeasePublic | None:
     if reason is not None:
         ctx.reporter.event("ineligible", reason=reason)
         return None
-    return call_with_retry(ctx.policy(), ctx.api.lease, ctx.backend.name, ctx.backend.free_memory_mb(), True)
+    backend = ctx.backend
+    return call_with_retry(ctx.policy(), ctx.api.lease, backend.name, backend.free_memory_mb(), True, backend.cpu())
 
 
 def serve(ctx: AgentContext, options: RunOptions) -> ExitCode:

@@ -30,6 +30,7 @@ from server.tables import (
     WebSession,
     utcnow,
 )
+from shared.schemas import CpuReport
 
 LAST_SEEN_EVERY = timedelta(seconds=30)
 
@@ -74,21 +75,37 @@ def enroll_device(session: Session, code_hash: str, token_hash: str, **device: A
     return _insert(session, Device(user_id=user_id, token_hash=token_hash, **device))
 
 
+def cpu_columns(cpu: CpuReport | None) -> dict[str, str | None]:
+    """A reported CPU as the device row's columns (both None when not reported)."""
+    if cpu is None:
+        return {"cpu_arch": None, "cpu_features": None}
+    return {"cpu_arch": cpu.arch, "cpu_features": " ".join(cpu.features)}
+
+
 def as_reported(
-    session: Session, device: DeviceIdentity, backend: str | None, memory_mb: int | None
+    session: Session,
+    device: DeviceIdentity,
+    backend: str | None,
+    memory_mb: int | None,
+    cpu: CpuReport | None = None,
 ) -> tuple[LeasingDevice, datetime | None]:
-    """The device with the backend and free memory it reports now (stored when they changed), else as stored; a
-    step of the lease's transaction (the caller commits). Its revocation time comes back as well, for the caller
+    """The device with the backend, free memory and CPU it reports now (stored when they changed), else as stored;
+    a step of the lease's transaction (the caller commits). Its revocation time comes back as well, for the caller
     to refuse a revoked device: ``(device, revoked_at)``."""
     conn = session.connection()
     stored = conn.execute(
-        select(Device.backend, Device.memory_mb, Device.revoked_at).where(Device.id == device.id)
+        select(Device.backend, Device.memory_mb, Device.cpu_arch, Device.cpu_features, Device.revoked_at).where(
+            Device.id == device.id
+        )
     ).one()
-    backend = backend or stored.backend
-    memory_mb = memory_mb if memory_mb is not None else stored.memory_mb
-    if stored.revoked_at is None and (backend, memory_mb) != (stored.backend, stored.memory_mb):
-        conn.execute(update(Device).where(Device.id == device.id).values(backend=backend, memory_mb=memory_mb))
-    return LeasingDevice(device.id, device.user_id, backend, memory_mb), stored.revoked_at
+    now = {
+        "backend": backend or stored.backend,
+        "memory_mb": memory_mb if memory_mb is not None else stored.memory_mb,
+        **(cpu_columns(cpu) if cpu is not None else {"cpu_arch": stored.cpu_arch, "cpu_features": stored.cpu_features}),
+    }
+    if stored.revoked_at is None and any(getattr(stored, key) != value for key, value in now.items()):
+        conn.execute(update(Device).where(Device.id == device.id).values(**now))
+    return LeasingDevice(device.id, device.user_id, now["backend"], now["memory_mb"]), stored.revoked_at
 
 
 _SEEN = (

@@ -89,10 +89,19 @@ class Device(Base):
     platform: Mapped[str] = mapped_column(String(128))
     backend: Mapped[str] = mapped_column(String(16))
     memory_mb: Mapped[int | None]
+    cpu_arch: Mapped[str | None] = mapped_column(String(16))  # shared.cpuinfo: as the device last reported it
+    cpu_features: Mapped[str | None] = mapped_column(String(200))  # space-separated
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]  # set once by its user or the admin: its token is refused from then on
+
+    @property
+    def cpu(self) -> dict | None:
+        """The CPU the device reported (``DevicePublic.cpu``), None if it never did."""
+        if self.cpu_arch is None:
+            return None
+        return {"arch": self.cpu_arch, "features": (self.cpu_features or "").split()}
 
 
 class DeviceIdentity(NamedTuple):

@@ -20,7 +20,7 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, field_validator, model_validator
 
 from shared import defaults
 from shared.backends import (
@@ -33,6 +33,7 @@ from shared.backends import (
     ProgramBackend,
     Quantization,
 )
+from shared.cpuinfo import CPU_FEATURES, CpuArch, CpuFeature
 from shared.errors import FieldError, UsageError
 from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
 from shared.schedule import Schedule, check_schedule
@@ -108,12 +109,26 @@ class EnrollmentCodePublic(BaseModel):
     expires_at: datetime
 
 
+class CpuReport(_Strict):
+    """A device's CPU as it reports it (``shared.cpuinfo``): its architecture and the instruction-set features that
+    decide which kernels its programs run."""
+
+    arch: CpuArch
+    features: list[CpuFeature] = Field(default_factory=list, max_length=len(CPU_FEATURES))
+
+    @field_validator("features")
+    @classmethod
+    def _in_order(cls, features: list[str]) -> list[str]:
+        return [f for f in CPU_FEATURES if f in features]  # each once, in the vocabulary's order
+
+
 class DeviceCreate(_Strict):
     code: str = Field(min_length=1, max_length=64, description="a one-time enrollment code")
     name: str = Field(min_length=1, max_length=128)
     platform: str = Field(default="", max_length=128)
     backend: DeviceBackend = "executorch"
     memory_mb: int | None = Field(default=None, ge=0, le=MAX_DB_INT)
+    cpu: CpuReport | None = Field(default=None, description="the device's CPU where it trains")
 
 
 class DeviceEnrolled(BaseModel):
@@ -129,6 +144,7 @@ class DevicePublic(BaseModel):
     platform: str
     backend: DeviceBackend
     memory_mb: int | None
+    cpu: CpuReport | None = None
     created_at: datetime
     last_seen_at: datetime | None
     revoked_at: datetime | None = None
@@ -616,6 +632,7 @@ class LeaseCreate(_Strict):
     eligible: StrictBool | None = Field(
         default=None, description="the device's policy holds (charging, battery, temperature…): round work only then"
     )
+    cpu: CpuReport | None = Field(default=None, description="the device's CPU where it trains (default: as reported)")
 
 
 class RoundLeasePublic(BaseModel):

@@ -18,7 +18,9 @@ from typing import Protocol
 import numpy as np
 
 from shared.backends import DEVICE_BACKENDS
+from shared.cpuinfo import this_cpu
 from shared.manifest import ProgramManifest
+from shared.schemas import CpuReport
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,20 @@ OnStep = Callable[[StepRecord], None]
 ShouldStop = Callable[[], bool]
 
 
+def this_cpu_report() -> CpuReport:
+    """This machine's CPU, where the executorch and torch backends run their steps."""
+    arch, features = this_cpu()
+    return CpuReport(arch=arch, features=features)
+
+
 class Backend(Protocol):
     name: str
 
     def free_memory_mb(self) -> int | None:
         """Memory available to a training run where the steps run (the phone's, for adb)."""
+
+    def cpu(self) -> CpuReport | None:
+        """The CPU where the steps run (the phone's, for adb), as the device reports it to the server."""
 
     def recover(self, run: TrainRun) -> None:
         """Bring the newest checkpoint of ``run`` to ``run.checkpoint`` on this machine, if it lives elsewhere."""

@@ -22,9 +22,11 @@ import numpy as np
 
 from device_agent.backends import OnStep, Outcome, ShouldStop, StepRecord, TrainRun
 from device_agent.checkpoint import Checkpoint, decode, load_b, save_b, save_checkpoint
+from shared.cpuinfo import parse_cpuinfo
 from shared.errors import MobizoError
 from shared.files import sha256_file
 from shared.memory import meminfo_available_mb
+from shared.schemas import CpuReport
 
 PHONE_ROOT = "/data/local/tmp/mobizo"
 EXIT_STOPPED = 75  # the runner's "stopped after finishing a step" (device_agent/runner/README.md)
@@ -67,6 +69,14 @@ class Phone:
         done = self.shell("cat /proc/meminfo", check=False)
         return meminfo_available_mb(done.stdout) if done.returncode == 0 else None
 
+    def cpu(self) -> CpuReport | None:
+        """The phone's CPU, from its /proc/cpuinfo (an Arm kernel's lists ``Features``); None if unreadable."""
+        done = self.shell("cat /proc/cpuinfo", check=False)
+        if done.returncode != 0:
+            return None
+        arch, features = parse_cpuinfo(done.stdout)
+        return CpuReport(arch=arch, features=features)
+
 
 class AdbBackend:
     name = "adb"
@@ -80,6 +90,9 @@ class AdbBackend:
 
     def free_memory_mb(self) -> int | None:
         return self.phone.free_memory_mb()
+
+    def cpu(self) -> CpuReport | None:
+        return self.phone.cpu()
 
     def _job_dir(self, run: TrainRun) -> str:
         return f"{self.root}/jobs/{run.key}"

@@ -14,9 +14,10 @@ from typing import Protocol
 
 import numpy as np
 
-from device_agent.backends import OnStep, Outcome, ShouldStop, StepRecord, TrainRun
+from device_agent.backends import OnStep, Outcome, ShouldStop, StepRecord, TrainRun, this_cpu_report
 from device_agent.batches import BatchesFile, StepBatch
 from device_agent.checkpoint import Checkpoint, save_checkpoint
+from shared.schemas import CpuReport
 
 
 class Engine(Protocol):
@@ -73,6 +74,9 @@ class LocalBackend:
         from shared.memory import free_memory_mb
 
         return free_memory_mb()
+
+    def cpu(self) -> CpuReport | None:
+        return this_cpu_report()
 
     def recover(self, run: TrainRun) -> None:
         """Nothing to fetch: this backend writes its checkpoints here."""

@@ -161,6 +161,17 @@ def _memory_mb(args: argparse.Namespace) -> int | None:
     return free_memory_mb()
 
 
+def _cpu(args: argparse.Namespace):
+    """The CPU where this device trains: the phone's for adb, this machine's otherwise."""
+    if args.backend == "adb":
+        from device_agent.backends.adb import Phone
+
+        return Phone(args.serial).cpu()
+    from device_agent.backends import this_cpu_report
+
+    return this_cpu_report()
+
+
 def _enrollment_code(given: str | None) -> str:
     """``--code``, else ``$MOBIZO_ENROLLMENT_CODE``, else a line of standard input (a prompt without echo on a
     terminal): a code on the command line shows in the process list while it is being used."""
@@ -197,6 +208,7 @@ def _enroll(args: argparse.Namespace) -> int:
         platform=system[:128],
         backend=args.backend,
         memory_mb=_memory_mb(args),
+        cpu=_cpu(args),
     )
     with api.client(args.server) as http:
         try:

@@ -34,6 +34,7 @@ def enroll(body: DeviceCreate, session: SessionDep) -> DeviceEnrolled:
         platform=body.platform,
         backend=body.backend,
         memory_mb=body.memory_mb,
+        **accounts.cpu_columns(body.cpu),
     )
     if device is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "code: unknown, expired or already used")

@@ -119,7 +119,7 @@ def lease(
     manifests: ProgramManifestsDep,
     body: LeaseCreate | None = None,
 ) -> LeasePublic | Response:
-    reported = (None, None) if body is None else (body.backend, body.memory_mb)
+    reported = (None, None, None) if body is None else (body.backend, body.memory_mb, body.cpu)
     asking, revoked_at = accounts.as_reported(session, device, *reported)  # replaces what it reported before
     if revoked_at is not None:
         raise revoked(device.id)

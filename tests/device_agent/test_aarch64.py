@@ -21,7 +21,7 @@ import torch
 
 from shared.adapter import read_adapter
 from shared.replay import replay
-from tests.device_agent.stack import Stack, make_agent
+from tests.device_agent.stack import Stack, make_agent, ok
 from tests.device_agent.test_agent_e2e import assert_adapter_is_replay_of_uploaded_log, backend_setup
 from tests.utils.fused import fused_replay
 
@@ -30,6 +30,11 @@ pytestmark = pytest.mark.slow
 # A phone's core (Armv8.2-A with dotprod); Debian's libc6-arm64-cross is the phone's C library.
 EMULATOR = "qemu-aarch64 -cpu cortex-a76 -L /usr/aarch64-linux-gnu"
 ELF_AARCH64 = 183
+CORTEX_A76_CPUINFO = (
+    "processor\t: 0\nBogoMIPS\t: 38.40\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp "
+    "asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
+    "CPU part\t: 0xd0b\n\n"
+)
 
 
 def is_aarch64_elf(path: Path) -> bool:
@@ -44,9 +49,14 @@ def test_a_job_trained_on_an_emulated_aarch64_phone_is_accepted_bit_for_bit(
     assert is_aarch64_elf(runner_binary_aarch64)
     extra, env = backend_setup("adb", tmp_path, runner_binary_aarch64, tiny_model_dir)
     env["MOBIZO_FAKE_DEVICE_EMULATOR"] = EMULATOR
+    cpuinfo = tmp_path / "phone" / "proc" / "cpuinfo"  # the phone's, as a cortex-a76's kernel lists it
+    cpuinfo.parent.mkdir(parents=True)
+    cpuinfo.write_text(CORTEX_A76_CPUINFO)
     job_id = stack.submit(steps=20)
     agent = make_agent(stack, local_data, "arm-phone", "adb", extra, env)
     assert agent.start().wait() == 0, agent.tail()
+    (device,) = ok(stack.user.get("/v1/devices"))["data"]
+    assert device["cpu"] == {"arch": "aarch64", "features": ["asimd", "dotprod"]}  # reported by the agent
     pushed = list((tmp_path / "phone").rglob("runner-*"))
     assert pushed and all(is_aarch64_elf(p) for p in pushed)  # what ran on the phone was the aarch64 build
 

@@ -99,6 +99,10 @@ def test_a_user_sees_only_their_own_jobs_devices_and_adapters(client: TestClient
     assert client.get(f"/v1/jobs/{work['job']['id']}", headers=work["user"]).json()["status"] == "succeeded"
     devices = client.get("/ui/devices").text
     assert f"#{bobs_phone['id']} bobs-phone" in devices and f"#{work['phone']['id']} phone" not in devices
+    assert "not reported" in devices  # enrolled without a CPU report
+    cpu = {"arch": "aarch64", "features": ["asimd", "dotprod", "i8mm", "sme"]}
+    assert client.post("/v1/leases", json={"cpu": cpu}, headers=bobs_phone["headers"]).status_code in (200, 204)
+    assert 'aarch64 <span class="muted">asimd dotprod i8mm sme</span>' in client.get("/ui/devices").text
     assert "No adapters yet" in client.get("/ui/adapters").text  # alice's adapter is hers
     assert client.get("/ui/admin").status_code == 403  # the admin's page
 

@@ -77,6 +77,32 @@ def test_lease_report_is_validated(client, user):
         assert response.status_code == 422, bad
 
 
+def test_a_device_reports_its_cpu_at_enrollment_and_when_it_asks_for_work(client, user):
+    """The architecture and the kernel-deciding features a device reports are stored (each feature once, in the
+    vocabulary's order), replaced by the next report, kept when a report names none, and shown in the device list;
+    a feature or architecture outside the vocabulary is a 422 naming the field."""
+    code = client.post("/v1/enrollment-codes", json={}, headers=user).json()["code"]
+    arm = {"arch": "aarch64", "features": ["i8mm", "asimd", "dotprod", "i8mm"]}
+    enrolled = client.post("/v1/devices", json={"code": code, "name": "jetson", "cpu": arm})
+    assert enrolled.status_code == 201, enrolled.text
+    headers = {"Authorization": f"Bearer {enrolled.json()['token']}"}
+
+    def cpu() -> dict | None:
+        (device,) = client.get("/v1/devices", headers=user).json()["data"]
+        return device["cpu"]
+
+    assert cpu() == {"arch": "aarch64", "features": ["asimd", "dotprod", "i8mm"]}
+    assert client.post("/v1/leases", json={"memory_mb": 100}, headers=headers).status_code == 204
+    assert cpu() == {"arch": "aarch64", "features": ["asimd", "dotprod", "i8mm"]}  # not reported: kept
+    sme = {"arch": "aarch64", "features": ["asimd", "dotprod", "i8mm", "sve2", "sme2"]}
+    assert client.post("/v1/leases", json={"cpu": sme}, headers=headers).status_code == 204
+    assert cpu() == sme
+    for bad, field in (({"arch": "mips"}, "arch"), ({"arch": "aarch64", "features": ["rdrand"]}, "features")):
+        response = client.post("/v1/leases", json={"cpu": bad}, headers=headers)
+        assert response.status_code == 422 and f"cpu.{field}" in response.text.replace('","', "."), response.text
+    assert cpu() == sme
+
+
 def test_another_users_device_never_gets_the_job(client, user):
     submit_job(client, user)
     bobs_phone = enroll_device(client, create_user(client, "bob"))
