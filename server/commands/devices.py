@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_args(revoke)
 
 
+def cpu_text(cpu: dict | None) -> str | None:
+    """A reported CPU on one line: its architecture, then its features."""
+    return None if cpu is None else " ".join([cpu["arch"], *cpu["features"]])
+
+
 def run(args: argparse.Namespace) -> ExitCode:
     client = client_from_args(args)
     if args.action == "list":
@@ -30,8 +35,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         if args.json:
             print_json(devices)
         else:
-            columns = ["id", "name", "platform", "backend", "memory_mb", "last_seen_at", "revoked_at"]
-            print_table(devices["data"], columns)
+            columns = ["id", "name", "platform", "backend", "cpu", "memory_mb", "last_seen_at", "revoked_at"]
+            print_table([{**d, "cpu": cpu_text(d.get("cpu"))} for d in devices["data"]], columns)
         return ExitCode.OK
     print_json(client.post(f"/v1/devices/{args.device_id}/revoke"))
     return ExitCode.OK

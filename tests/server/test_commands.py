@@ -101,8 +101,11 @@ def test_user_job_and_adapter_commands(server_url, capsys, tmp_path):
     code, _, err = _run(capsys, "jobs", "cancel", str(job["id"]), *conn)
     assert code == 1 and "HTTP 409" in err
 
+    cpu = {"arch": "aarch64", "features": ["asimd", "dotprod"]}
+    assert httpx.post(f"{server_url}/v1/leases", json={"cpu": cpu}, headers=device).status_code == 204
     code, out, _ = _run(capsys, "devices", "list", *conn)
     assert code == 0 and out.splitlines()[1].split()[:2] == ["1", "phone"] and out.splitlines()[1].endswith("-")
+    assert "aarch64 asimd dotprod" in out.splitlines()[1]
     code, out, _ = _run(capsys, "devices", "revoke", "1", *conn)
     assert code == 0 and json.loads(out)["revoked_at"] is not None
     assert httpx.post(f"{server_url}/v1/leases", headers=device).status_code == 401
