@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.runner_memory import write_sst2_batches
+from device_agent.runner_path import RUNNER_BUILD as RUNNER
 from shared.manifest import read_manifest
 
-RUNNER = Path(__file__).resolve().parents[1] / "device_agent" / "runner" / "build"
 CPUS = ["cortex-a53", "cortex-a76", "neoverse-n1", "max,sme=off", "max"]
 EPS = "1e-2"
 SYSROOT = "/usr/aarch64-linux-gnu"  # Debian's libc6-arm64-cross

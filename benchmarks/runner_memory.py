@@ -39,8 +39,8 @@ from pathlib import Path
 from benchmarks.agent import sst2_batches
 from benchmarks.program import INFERENCE, export_measured, inference_weights, program_path
 from device_agent.batches import write_batches
-from device_agent.commands.agent import runner_default
 from device_agent.local_data import program_shape
+from device_agent.runner_path import runner_default
 from shared.manifest import read_manifest
 
 EPS = "1e-2"

@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import federation, jobstate
+from server import federation, jobstate, ui
 from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
 from server.db import make_engine, make_sessionmaker, migrate, read_only_engine, startup_lock
@@ -34,7 +34,6 @@ from server.lru import LRUCache
 from server.metrics import RequestMetrics, app_registry, serve_metrics
 from server.object_store import shared_objects
 from server.pool import WorkerPool
-from server.responses import http_error, validation_error
 from server.routes import (
     adapters,
     blobs,
@@ -209,8 +208,8 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         dashboard,
     ):
         app.include_router(module.router)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, ui.validation_error)  # a page's error is a page
+    app.add_exception_handler(StarletteHTTPException, ui.http_error)
     app.add_exception_handler(SignInRequired, sign_in_required)
     app.add_middleware(BodyLimits, upload_limit=int(settings.max_upload_mb * 1024 * 1024))
     app.add_middleware(RefusedUploads, delay_s=settings.upload_refusal_delay_s)  # sees every refusal

@@ -31,11 +31,11 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from server import jobstate, metrics, registry
+from server import jobstate, metrics, privacy, registry
 from server.pool import WorkerDied, WorkerPool, WorkTimedOut
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.tables import Adapter, CohortMember, Job, LeasingDevice, Model, Program, Round, RoundClient, User, utcnow
+from server.tables import CohortMember, Job, LeasingDevice, Model, Program, Round, RoundClient, User, utcnow
 from server.verify import b_size, package_adapter
 from shared.aggregate import next_global_b
 from shared.b_file import b_file_bytes, read_b_file
@@ -130,8 +130,6 @@ def lease_round(
 
 
 def _room_for_part(session: Session, device: LeasingDevice, job: Job, settings: Settings) -> bool:
-    from server import privacy  # imports server.queries, which imports this module
-
     return privacy.claim_part(session, session.get_one(User, device.user_id), settings, job.spec)
 
 
@@ -350,16 +348,3 @@ def progress(session: Session, job: Job) -> FederationProgress:
         clients_reported=counts.get("reported", 0),
         last_mean_loss=None if last_closed is None else last_closed.mean_loss,
     )
-
-
-def visible_to(user_id: int):
-    """SQL condition, the one rule of who sees an adapter: its user, and while they are in its cohort (joined and
-    not left), a cohort's members. Used by the user's registry (list, show, download), their devices' inference
-    (``/v1/device/adapters``) and a job's starting adapter."""
-    cohorts = select(CohortMember.cohort_id).where(CohortMember.user_id == user_id, CohortMember.left_at.is_(None))
-    return or_(Adapter.user_id == user_id, Adapter.cohort_id.in_(cohorts))
-
-
-def visible_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter | None:
-    """The adapter if the user may see it (``visible_to``), else None."""
-    return session.scalar(select(Adapter).where(Adapter.id == adapter_id, visible_to(user_id)))

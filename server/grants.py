@@ -6,7 +6,7 @@ fetched from the one route. A live device is granted
 
 - the files of the work it holds now (``jobstate.held_work``: its running jobs, its parts in open rounds): their
   program's ``.pte``, ``.ptd`` and tokenizer, and their starting B;
-- the B of every adapter its user may see (``federation.visible_to``, the registry's rule);
+- the B of every adapter its user may see (``registry.visible_to``, the registry's rule);
 - the files of every inference program built (``programs.kind = "inference"``): a registered model compiled for a
   LoRA layout holds no user's data, and ``POST /v1/device/inference`` hands them to any device.
 
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate
+from server import jobstate, registry
 from server.compile import INFERENCE_PTE
 from server.lru import LRUCache
 from server.store import ArtifactStore
@@ -84,7 +84,7 @@ def granted(
     found = _in_programs(session, store, manifests, held_programs, ProgramManifest, sha256)
     if found is not None:
         return found
-    visible = select(Adapter.id).where(Adapter.b_sha256 == sha256, federation.visible_to(device.user_id))
+    visible = select(Adapter.id).where(Adapter.b_sha256 == sha256, registry.visible_to(device.user_id))
     if session.scalar(visible.limit(1)) is not None:
         return _b(store, sha256)
     inference = select(Program.id, Program.key).where(Program.kind == "inference")

@@ -26,6 +26,7 @@ from fastapi import HTTPException, status
 from sqlalchemy.orm import Session
 
 from server import accounts, queries
+from server.responses import field_error
 from server.settings import Settings
 from server.tables import Cohort, Job, User
 from shared import defaults
@@ -35,7 +36,6 @@ from shared.schemas import TERMINAL_STATUSES, Privacy, PrivacyBudget, PrivacyEnt
 def resolve(privacy: Privacy, steps: int, batch_size: int) -> Privacy:
     """The job's privacy with its noise multiplier (a few seconds of calibration, remembered per process) over
     ``steps`` (a federated job's: rounds × local steps); 422 naming ``privacy`` when the body set the multiplier."""
-    from server.responses import field_error
     from shared.privacy import noise_multiplier
 
     if privacy.noise_multiplier is not None:
@@ -141,8 +141,6 @@ def set_budget(
 ) -> PrivacyLedgerPublic:
     """Set the budget of a user or a cohort (committed) and show the ledger; 409 naming ``epsilon`` when the budget
     is below what its private jobs spent already."""
-    from server.responses import field_error
-
     if (spent := ledger(session, owner, settings, budget.delta).spent()) > budget.epsilon:
         detail = f"{_whose(owner)} private jobs spent {spent:.3g} at delta {budget.delta:g}"
         raise field_error("epsilon", detail, status.HTTP_409_CONFLICT)

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, func, select
 from sqlalchemy.orm import Session
 
-from server import federation
+from server import registry
 from server.tables import (
     Adapter,
     Cohort,
@@ -81,13 +81,13 @@ def jobs_of(session: Session, user_id: int | None, skip: int, limit: int) -> tup
 def adapters_of(
     session: Session, user_id: int, model: str | None, task: str | None, skip: int, limit: int
 ) -> tuple[list[Row[Any]], int]:
-    """The adapters the user may see (``federation.visible_to``), newest first, as (adapter, model name, its job's
+    """The adapters the user may see (``registry.visible_to``), newest first, as (adapter, model name, its job's
     spec or None), optionally of one model or task → (page, total)."""
     query = (
         select(Adapter, Model.name, Job.spec)
         .join(Model, Model.id == Adapter.model_id)
         .outerjoin(Job, Job.id == Adapter.job_id)
-        .where(federation.visible_to(user_id))
+        .where(registry.visible_to(user_id))
     )
     if model is not None:
         query = query.where(Model.name == model)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from server.tables import Adapter, Job, Round
+from server.tables import Adapter, CohortMember, Job, Round
 from shared.schemas import AdapterPrivacy, AdapterPublic
 
 
@@ -163,3 +163,16 @@ def adapter_public(
         privacy=adapter_privacy(job_spec, rounds),
         created_at=adapter.created_at,
     )
+
+
+def visible_to(user_id: int):
+    """SQL condition, the one rule of who sees an adapter: its user, and while they are in its cohort (joined and
+    not left), a cohort's members. Used by the user's registry (list, show, download), their devices' inference
+    (``/v1/device/adapters``) and a job's starting adapter."""
+    cohorts = select(CohortMember.cohort_id).where(CohortMember.user_id == user_id, CohortMember.left_at.is_(None))
+    return or_(Adapter.user_id == user_id, Adapter.cohort_id.in_(cohorts))
+
+
+def visible_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter | None:
+    """The adapter if the user may see it (``visible_to``), else None."""
+    return session.scalar(select(Adapter).where(Adapter.id == adapter_id, visible_to(user_id)))

@@ -4,7 +4,8 @@ Range and If-Range by Starlette).
 
 Two exception handlers complete FastAPI's: ``validation_error`` answers 422 naming the field and the reason but
 never the input (a client's megabytes must not come back, nor a secret it mistyped), and ``http_error`` gives a
-405 an ``Allow`` header with every method documented for the path (Starlette names only one route's methods).
+405 an ``Allow`` header with every method documented for the path (Starlette names only one route's methods). The
+dashboard answers its own pages' errors with pages and hands the rest to these (``server.ui.http_error``).
 """
 
 from __future__ import annotations
@@ -57,10 +58,6 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
         {"loc": [_short(p) for p in e["loc"]], "msg": _unquoted(e["msg"], e.get("input"), e["loc"]), "type": e["type"]}
         for e in exc.errors()
     ]
-    from server import ui
-
-    if ui.is_page(request):  # a malformed address or form of the dashboard
-        return ui.error_page(request, StarletteHTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "invalid request"))
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
@@ -105,12 +102,7 @@ def _short(part: str | int) -> str | int:
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    """FastAPI's answer, but a 405 lists the methods of every route matching the path; a dashboard page's error is a
-    page (``server.ui``)."""
-    from server import ui  # the dashboard's templates load only when a page fails
-
-    if ui.is_page(request):
-        return ui.error_page(request, exc)
+    """FastAPI's answer, but a 405 lists the methods of every route matching the path."""
     if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
         allow = ", ".join(allowed_methods(request.app, request.scope["path"]))
         exc = StarletteHTTPException(exc.status_code, exc.detail, headers={"Allow": allow})

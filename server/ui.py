@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import accounts, queries
+from server import accounts, queries, responses
 from server.deps import SessionDep, SettingsDep
 from server.limits import Failures
 from server.security import USER_KEY, constant_time_equal, hash_secret, new_secret, parse_token
@@ -218,6 +219,21 @@ _HEADERS = {
 
 def is_page(request: Request) -> bool:
     return request.url.path == PREFIX or request.url.path.startswith(PREFIX + "/")
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """The app's HTTP error handler: a dashboard page's error is a page, any other the API's answer."""
+    if is_page(request):
+        return error_page(request, exc)
+    return await responses.http_error(request, exc)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+    """The app's validation error handler: a malformed address or form of the dashboard is a page, any other
+    request's the API's 422."""
+    if is_page(request):
+        return error_page(request, StarletteHTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "invalid request"))
+    return await responses.validation_error(request, exc)
 
 
 def error_page(request: Request, exc: StarletteHTTPException) -> Response:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import federation
+from server import federation, registry
 from server.responses import not_found, serve_file
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, User
@@ -58,9 +58,9 @@ def caller_job(session: Session, user: User | None, job_id: int) -> Job:
 
 
 def user_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter:
-    """The adapter if it is the user's, or a cohort's the user is in now (``federation.visible_adapter``); 404
+    """The adapter if it is the user's, or a cohort's the user is in now (``registry.visible_adapter``); 404
     otherwise."""
-    adapter = federation.visible_adapter(session, user_id, adapter_id)
+    adapter = registry.visible_adapter(session, user_id, adapter_id)
     if adapter is None:
         raise not_found("adapter")
     return adapter

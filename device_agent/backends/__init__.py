@@ -5,7 +5,7 @@ native runner).
 Every backend runs steps ``[start, N)`` of a pre-tokenized batches file (``device_agent.batches``) from a given B,
 reports each step as it finishes, checkpoints every K steps, and on a stop request finishes the current step,
 checkpoints and returns. Which step runs and from which B is decided by the caller (``device_agent.trainlog``), so
-resuming is the same for all three.
+resuming is the same for all three. ``device_agent.backends.make.make_backend`` picks one by name.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Protocol
 
 import numpy as np
 
-from shared.backends import DEVICE_BACKENDS
 from shared.cpuinfo import this_cpu
 from shared.manifest import ProgramManifest
 from shared.schemas import CpuReport
@@ -95,36 +94,3 @@ class Backend(Protocol):
 
     def forget(self, run: TrainRun) -> None:
         """Delete what the run left where the steps ran (its batches hold the user's tokens)."""
-
-
-def make_backend(
-    name: str,
-    *,
-    model_dir: Path | None = None,
-    registered: Callable[[], set[str]] | None = None,
-    device: str | None = None,
-    runner: Path | None = None,
-    serial: str | None = None,
-) -> Backend:
-    """The backend called ``name``. torch: ``model_dir`` is the base model on this device, ``registered()`` the
-    content hashes of the server's models (None: not checked), ``device`` cpu or cuda. adb: ``runner`` is the
-    native runner built for the phone, ``serial`` the phone (None: the only one attached)."""
-    from shared.errors import UsageError
-
-    if name == "executorch":
-        from device_agent.backends.local import executorch_backend
-
-        return executorch_backend()
-    if name == "torch":
-        from device_agent.backends.torch_eager import torch_backend
-
-        if model_dir is None:
-            raise UsageError("model_dir", "the torch backend runs the base model in PyTorch: give its directory")
-        return torch_backend(Path(model_dir), device, registered)
-    if name == "adb":
-        from device_agent.backends.adb import AdbBackend
-
-        if runner is None:
-            raise UsageError("runner", "the adb backend needs the native runner built for the phone")
-        return AdbBackend(runner, serial)
-    raise UsageError("backend", f"unknown backend {name!r}: choose one of {', '.join(DEVICE_BACKENDS)}")

@@ -16,20 +16,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from device_agent.runner_path import runner_default
 from shared import defaults
 from shared.backends import DEVICE_BACKENDS
 from shared.errors import ExitCode
 
 HELP = "the device agent: enroll this device, then run it (lease a job, train locally, upload only LoRA-B)"
-
-HELP = "the device agent: enroll this device, then run it (lease a job, train locally, upload only LoRA-B)"
-
-
-def runner_default() -> Path:
-    """The runner built for a phone when there is one, else the one built for this machine (adb stand-in)."""
-    build = Path(__file__).resolve().parents[1] / "runner" / "build"
-    android = build / "android-arm64-v8a" / "mobizo_runner"
-    return android if android.is_file() else build / "mobizo_runner"
 
 
 def _add_backend_options(parser: argparse.ArgumentParser) -> None:
@@ -138,7 +130,7 @@ def run(args: argparse.Namespace) -> ExitCode:
 
 
 def _backend(args: argparse.Namespace, name: str, registered):
-    from device_agent.backends import make_backend
+    from device_agent.backends.make import make_backend
 
     return make_backend(
         name,

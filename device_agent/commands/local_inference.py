@@ -71,7 +71,7 @@ def _generate(args: argparse.Namespace, models, fetched) -> ExitCode:
     stop = frozenset(fetched.manifest.stop_token_ids)
     if args.backend == "adb":
         from device_agent.backends.adb import AdbGenerator
-        from device_agent.commands.agent import runner_default
+        from device_agent.runner_path import runner_default
 
         phone = AdbGenerator(args.runner or runner_default(), args.serial)
         steps = phone.generate(fetched, ids, min(args.max_new_tokens, args.max_context - len(ids)), stop)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from fastapi import Request, status
 
-from server import federation, jobstate
+from server import jobstate, registry
 from server.deps import CurrentDevice, ObjectId, SessionDep
 from server.grants import blob_ref
 from server.inference_builds import BuildFailed, BuildsBusy, InferenceBuilds
@@ -82,9 +82,9 @@ def inference_program(body: InferenceCreate, device: CurrentDevice, session: Ses
 
 @router.get("/adapters/{adapter_id}", response_model=AdapterPublic, responses=errors(401, 403, 404, 422))
 def adapter(adapter_id: ObjectId, device: CurrentDevice, session: SessionDep) -> AdapterPublic:
-    """An adapter the device's user may see (``federation.visible_adapter``): its model and LoRA layout (which
+    """An adapter the device's user may see (``registry.visible_adapter``): its model and LoRA layout (which
     inference program runs it) and B's sha256 (download B from ``GET /v1/blobs/{b_sha256}``)."""
-    found = federation.visible_adapter(session, device.user_id, adapter_id)
+    found = registry.visible_adapter(session, device.user_id, adapter_id)
     if found is None:
         raise not_found("adapter")
     return adapter_public(session, found, session.get_one(Model, found.model_id).name)

@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi import HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate, privacy, queries, quotas, registry
+from server import jobstate, privacy, queries, quotas, registry
 from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
 from server.model_lookup import registered_model, with_model_prompt
 from server.responses import errors, field_error
@@ -41,7 +41,7 @@ def _check_init_adapter(session: Session, user: User, model: Model, body: JobCre
     (same B length, same A)."""
     if body.init_adapter_id is None:
         return
-    adapter = federation.visible_adapter(session, user.id, body.init_adapter_id)
+    adapter = registry.visible_adapter(session, user.id, body.init_adapter_id)
     if adapter is None:
         raise field_error("init_adapter_id", "must name an adapter you can see", status.HTTP_404_NOT_FOUND)
     if not registry.fits_as_start(adapter, model.id, body.model_dump()):

@@ -270,7 +270,7 @@ def test_no_request_carries_the_training_text(stack: Stack, local_data: Path, tm
     import httpx
 
     from device_agent import api
-    from device_agent.backends import make_backend
+    from device_agent.backends.make import make_backend
     from device_agent.config import load_config
     from device_agent.daemon import RunOptions, serve
     from device_agent.events import Reporter

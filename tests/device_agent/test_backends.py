@@ -16,7 +16,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from device_agent.backends import Backend, StepRecord, TrainRun, make_backend
+from device_agent.backends import Backend, StepRecord, TrainRun
+from device_agent.backends.make import make_backend
 from device_agent.checkpoint import load_checkpoint
 from shared.errors import MobizoError, UsageError
 from shared.replay import replay

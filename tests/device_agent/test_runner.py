@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from device_agent.backends import TrainRun, make_backend
+from device_agent.backends import TrainRun
+from device_agent.backends.make import make_backend
 from device_agent.batches import BatchesFile, Shape, fit_width, write_batches
 from device_agent.checkpoint import Checkpoint, load_b, load_checkpoint, save_b, save_checkpoint
 from shared.replay import replay
