@@ -9,7 +9,10 @@ the largest difference, and whether that CPU's final B is the replay of its own 
 checks of an upload). qemu's step times are an emulator's, not a device's: none is printed.
 
     python -m benchmarks.aarch64_cpus --programs A.pte [B.pte ...] [--steps 20]
-        [--cpu cortex-a76 --cpu "max,sme=off" ...] [--runner-aarch64 PATH]
+        [--cpu cortex-a76 --cpu "max,sme=off" ...] [--qemu qemu-aarch64 --qemu PATH ...] [--runner-aarch64 PATH]
+
+Each ``--qemu`` (a qemu-aarch64 binary; default the one on PATH) runs every ``--cpu``: two qemu versions tell an
+emulator's error from a kernel's difference.
 
 Needs qemu-user and the aarch64 C library (``bash scripts/aarch64.sh``).
 """
@@ -59,24 +62,32 @@ def losses(lines: list[dict]) -> np.ndarray:
     return np.array([line["losses"] for line in lines], dtype=np.float32)
 
 
-def compare(pte: Path, cpus: list[str], steps: int, runner_aarch64: Path, folder: Path) -> list[dict]:
-    """One row per CPU (this machine's first) for program ``pte``."""
+def qemu_version(qemu: str) -> str:
+    """``qemu-aarch64 version 7.2.22 (...)`` → ``qemu 7.2.22``."""
+    first = subprocess.run([qemu, "--version"], capture_output=True, text=True, check=True).stdout.split()
+    return f"qemu {first[2]}"
+
+
+def compare(pte: Path, cpus: list[str], qemus: list[str], steps: int, runner_aarch64: Path, folder: Path) -> list[dict]:
+    """One row per (qemu, CPU), this machine's first, for program ``pte``."""
     manifest = read_manifest(pte)
     batches = write_sst2_batches(pte, steps, folder)
     host_lines, host_b = run_steps([str(RUNNER / "mobizo_runner")], pte, batches, folder / "host.f32")
-    rows = [("this machine", host_lines, host_b)]
-    for cpu in cpus:
-        emulator = ["qemu-aarch64", "-cpu", cpu, "-L", SYSROOT, str(runner_aarch64)]
-        lines, b = run_steps(emulator, pte, batches, folder / "cpu.f32")
-        rows.append((cpu, lines, b))
+    rows = [("", "this machine", host_lines, host_b)]
+    for qemu in qemus:
+        for cpu in cpus:
+            emulator = [qemu, "-cpu", cpu, "-L", SYSROOT, str(runner_aarch64)]
+            lines, b = run_steps(emulator, pte, batches, folder / "cpu.f32")
+            rows.append((qemu_version(qemu), cpu, lines, b))
     host = losses(host_lines)
     out = []
-    for cpu, lines, b in rows:
+    for emulator, cpu, lines, b in rows:
         these = losses(lines)
         out.append(
             {
                 "program": pte.parent.name,
                 "quantize": manifest.config.quantize,
+                "emulator": emulator,
                 "cpu": cpu,
                 "step0_max_diff": float(np.abs(these[0] - host[0]).max()),
                 "same_steps": int(sum(np.array_equal(x.view(np.int32), y.view(np.int32)) for x, y in zip(these, host))),
@@ -92,12 +103,12 @@ def compare(pte: Path, cpus: list[str], steps: int, runner_aarch64: Path, folder
 
 def print_table(rows: list[dict]) -> None:
     print(
-        f"{'program':<18} {'quantize':<8} {'cpu':<14} {'step-0 loss diff':>16} {'same-bit steps':>14} "
+        f"{'program':<18} {'quantize':<8} {'emulator':<13} {'cpu':<14} {'step-0 loss diff':>16} {'same-bit steps':>14} "
         f"{'B elements differ':>17} {'max |dB|':>9} {'B = replay':>10}"
     )
     for r in rows:
         print(
-            f"{r['program']:<18} {r['quantize']:<8} {r['cpu']:<14} {r['step0_max_diff']:>16.3g} "
+            f"{r['program']:<18} {r['quantize']:<8} {r['emulator']:<13} {r['cpu']:<14} {r['step0_max_diff']:>16.3g} "
             f"{r['same_steps']:>6} of {r['steps']:<6} {r['b_differ']:>7} of {r['d']:<7} {r['b_max_diff']:>9.2g} "
             f"{'yes' if r['replays'] else 'NO':>10}"
         )
@@ -108,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--programs", nargs="+", type=Path, required=True, help="training programs (.pte)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--cpu", action="append", help=f"a qemu -cpu value, repeatable (default: {', '.join(CPUS)})")
+    parser.add_argument("--qemu", action="append", help="a qemu-aarch64 binary, repeatable (default: on PATH)")
     parser.add_argument("--runner-aarch64", type=Path, default=RUNNER / "aarch64-linux-gnu" / "mobizo_runner")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
@@ -117,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for pte in args.programs:
         with tempfile.TemporaryDirectory() as tmp:
-            rows += compare(pte, args.cpu or CPUS, args.steps, args.runner_aarch64, Path(tmp))
+            rows += compare(
+                pte, args.cpu or CPUS, args.qemu or ["qemu-aarch64"], args.steps, args.runner_aarch64, Path(tmp)
+            )
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

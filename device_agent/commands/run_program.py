@@ -40,14 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--program", required=True, type=Path, metavar="FILE.pte", help="the program (manifest FILE.json beside it)")
     add("--task", required=True, help="sst2, rte, wnli, boolq, wic, wsc, cb, copa, lm, or custom")
     add("--train", required=True, type=Path, metavar="FILE", help="training examples (JSON Lines)")
-    add("--steps", required=True, type=int, help="training steps")
-    add("--lr", required=True, type=float, help="base learning rate (the schedule's peak)")
+    job = "default: a job's for the program's objective and weights, as the server would lease it"
+    add("--steps", type=int, help=f"training steps ({job})")
+    add("--lr", type=float, help=f"base learning rate, the schedule's peak ({job})")
     add(
         "--lr-schedule",
         choices=SCHEDULES,
-        default=defaults.LR_SCHEDULE,
-        help=f"lr over the steps after warm-up: constant, or linear / cosine decay to --lr-floor (default "
-        f"{defaults.LR_SCHEDULE}); each step's lr goes into its batch record",
+        help=f"lr over the steps after warm-up: constant, or linear / cosine decay to --lr-floor ({job}); each "
+        "step's lr goes into its batch record",
     )
     add(
         "--warmup-steps",
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help=f"where linear and cosine decay end, as a fraction of --lr in [0, 1] (default {defaults.LR_FLOOR:g})",
     )
-    add("--eps", required=True, type=float, help="perturbation scale")
+    add("--eps", type=float, help=f"perturbation scale ({job})")
     add("--seed", type=int, default=0, help="run seed: batch order and step seeds (default 0)")
     add("--bucket", type=int, default=defaults.BUCKET, metavar="B", help=f"{BUCKET_HELP} (default {defaults.BUCKET})")
     add("--eval", type=Path, metavar="FILE", help="held-out examples: accuracy and loss before and after training")
@@ -89,6 +89,8 @@ def _check(args: argparse.Namespace) -> tuple[ProgramManifest, Path, Path]:
     for name, path in (("train", args.train), ("eval", args.eval)):
         if path is not None and not path.is_file():
             raise UsageError(name, f"no such file: {path}")
+    manifest = read_manifest(args.program)
+    with_job_defaults(args, manifest)
     if args.steps < 1:
         raise UsageError("steps", f"must be at least 1, got {args.steps}")
     if args.bucket < 1:
@@ -99,13 +101,23 @@ def _check(args: argparse.Namespace) -> tuple[ProgramManifest, Path, Path]:
     if not 0 <= args.seed < MAX_SEED:
         raise UsageError("seed", f"must be in [0, 2**31), got {args.seed}")
     check_schedule(args.steps, args.lr_schedule, args.warmup_steps, args.lr_floor)
-    manifest = read_manifest(args.program)
     store = args.store or args.program.parent
     files = [store / entry.file for entry in (manifest.ptd, manifest.tokenizer)]
     for path in files:
         if not path.is_file():
             raise UsageError("store", f"{path.name} (named by the manifest) is not in {store}")
     return manifest, files[0], files[1]
+
+
+def with_job_defaults(args: argparse.Namespace, manifest: ProgramManifest) -> None:
+    """Fill the steps, lr, schedule and eps not given with a job's defaults for the program's objective and base
+    weights (``shared.defaults.for_method``): the same flags then give what a device leased that job runs."""
+    from shared import defaults
+
+    tuned = defaults.for_method(defaults.METHOD, manifest.config.quantize, manifest.config.objective)
+    for name in ("steps", "lr", "lr_schedule", "eps"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(tuned, name))
 
 
 def _initial_b(program: Path, manifest: ProgramManifest):  # -> np.ndarray

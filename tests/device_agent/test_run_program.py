@@ -204,3 +204,22 @@ def test_bad_arguments_exit_2_naming_the_flag(program_factory, sst2, tmp_path: P
     ]
     assert main(edit(base, tmp_path)) == 2
     assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_what_is_not_given_is_a_jobs_default_for_the_programs_objective_and_weights(program_factory) -> None:
+    """The same flags as a device leased the job: a classification program with no lr, eps, steps or schedule runs
+    a job's classification defaults (cosine, not constant); what is given is kept."""
+    import argparse
+
+    from device_agent.commands.run_program import with_job_defaults
+    from shared import defaults
+
+    pte, manifest = program_factory(TINY_Q4)
+    bare = argparse.Namespace(steps=None, lr=None, lr_schedule=None, eps=None)
+    with_job_defaults(bare, manifest)
+    tuned = defaults.for_method(defaults.METHOD, "none", "classification")
+    assert (bare.steps, bare.lr, bare.lr_schedule, bare.eps) == (tuned.steps, tuned.lr, tuned.lr_schedule, tuned.eps)
+    assert bare.lr_schedule == "cosine"
+    given = argparse.Namespace(steps=5, lr=0.5, lr_schedule="constant", eps=0.05)
+    with_job_defaults(given, manifest)
+    assert (given.steps, given.lr, given.lr_schedule, given.eps) == (5, 0.5, "constant", 0.05)
