@@ -125,10 +125,44 @@ def test_the_auth_column_knows_every_secured_route(reference: ModuleType, app) -
     secured = {
         (m.upper(), p) for p, ops in app.openapi()["paths"].items() for m, op in ops.items() if op.get("security")
     }
-    wrong = sorted(f"{m} {p}" for (m, p), kind in auth.items() if (kind == "none") == ((m, p) in secured))
+    bearer = {key: kind for key, kind in auth.items() if not key[1].startswith("/ui")}  # the dashboard's: below
+    wrong = sorted(f"{m} {p}" for (m, p), kind in bearer.items() if (kind == "none") == ((m, p) in secured))
     assert not wrong, f"auth column disagrees with the OpenAPI security of: {', '.join(wrong)}"
     assert auth[("POST", "/v1/users")] == "admin" and auth[("POST", "/v1/leases")] == "device"
     assert auth[("POST", "/v1/jobs")] == "user" and auth[("POST", "/v1/devices")] == "none"
+
+
+def test_the_dashboards_routes_say_session_and_csrf_and_retired_routes_are_not_operations(
+    reference: ModuleType, app, rest_sections: dict[str, str]
+) -> None:
+    """A dashboard page needs the session cookie, a form that changes state its CSRF token too, the sign-in form
+    only the token; the routes kept to answer 410 are listed once as retired, not as operations; every summary is
+    the route's own (its docstring's first sentence), not FastAPI's title-cased function name."""
+    kinds = reference._auth_kinds()
+    auth = {(m, p): reference._auth(r, kinds) for p, r in reference._api_routes(app) for m in r.methods}
+    session = "dashboard session (cookie)"
+    assert auth[("GET", "/ui/jobs")] == session and auth[("GET", "/ui/devices")] == session
+    for route in ("/ui/jobs/{job_id}/cancel", "/ui/devices/{device_id}/revoke", "/ui/logout"):
+        assert auth[("POST", route)] == f"{session} + CSRF form token", route
+    assert auth[("POST", "/ui/login")] == "CSRF form token" and auth[("GET", "/ui/login")] == "none"
+    pages = [key for key in auth if key[1].startswith("/ui/") and key[1] != "/ui/login"]
+    assert pages and all(auth[key] != "none" for key in pages)
+
+    gone = [(m, p) for p, r in reference._api_routes(app) if reference.retired(r) for m in r.methods - {"HEAD"}]
+    assert ("GET", "/v1/jobs/{job_id}/program") in gone
+    page = reference.rest_markdown()
+    assert all(f"{m} {p}" not in rest_sections for m, p in gone)
+    assert all(f"`{m} {p}`" in page.split("## Retired routes")[1] for m, p in gone)
+    schema = app.openapi()
+    defaults = [
+        f"{m} {p}"
+        for p, r in reference._api_routes(app)
+        if not reference.retired(r)
+        for m in r.methods - {"HEAD"}
+        if reference.summary(r, schema["paths"].get(p, {}).get(m.lower(), {}))
+        in (r.name.replace("_", " ").title(), r.name)
+    ]
+    assert not defaults, f"routes with no summary of their own: {', '.join(defaults)}"
 
 
 def test_every_request_body_schema_is_in_the_rest_reference(app, rest_sections: dict[str, str]) -> None:

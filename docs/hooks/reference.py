@@ -275,13 +275,19 @@ def _api_routes(app: Any) -> Iterator[tuple[str, Any]]:
 
 
 def routes(app: Any | None = None) -> list[tuple[str, str]]:
-    """(METHOD, path) of every API route of the app."""
+    """(METHOD, path) of every API route of the app but the retired ones."""
     app = app or rest_app()
-    return [(method, path) for path, route in _api_routes(app) for method in sorted(route.methods) if method != "HEAD"]
+    return [
+        (method, path)
+        for path, route in _api_routes(app)
+        if not retired(route)
+        for method in sorted(route.methods)
+        if method != "HEAD"
+    ]
 
 
 def _auth_kinds() -> dict[Callable[..., Any], str]:
-    from server import deps
+    from server import deps, ui
 
     return {
         deps.require_admin: "admin",
@@ -290,7 +296,11 @@ def _auth_kinds() -> dict[Callable[..., Any], str]:
         deps.get_current_device: "device",
         deps.get_device_identity: "device",
         deps.require_any: "any token",
+        ui.current_viewer: "dashboard session (cookie)",
     }
+
+
+CSRF_FIELD = "csrf_token"  # a dashboard form's field: the session's CSRF token (server.ui.check_csrf)
 
 
 UNKNOWN_AUTH = "a bearer token (of a kind these docs do not know: add its dependency to _auth_kinds)"
@@ -307,9 +317,29 @@ def _auth(route: Any, kinds: dict[Callable[..., Any], str]) -> str:
         if kind and kind not in found:
             found.append(kind)
         stack.extend(dependant.dependencies)
+    csrf = any(field.name == CSRF_FIELD for field in route.dependant.body_params)
     if found:
-        return ", ".join(sorted(found))
+        return ", ".join(sorted(found)) + (" + CSRF form token" if csrf else "")
+    if csrf:
+        return "CSRF form token"
     return UNKNOWN_AUTH if _reads_bearer(route) else "none"
+
+
+def retired(route: Any) -> bool:
+    """A route kept only to answer 410 Gone (``server.routes.blobs``: downloads that moved to ``/v1/blobs``)."""
+    return route.status_code == 410
+
+
+def summary(route: Any, operation: dict[str, Any]) -> str:
+    """The operation's summary: its own where a route set one, else the first line of the route's docstring, else
+    FastAPI's (the function's name in title case)."""
+    given = operation.get("summary") or ""
+    default = route.name.replace("_", " ").title()
+    paragraph = " ".join((route.endpoint.__doc__ or "").strip().split("\n\n")[0].split())
+    sentence = paragraph.split(". ")[0].rstrip(".")
+    if given and given != default:
+        return given
+    return sentence or given or route.name
 
 
 def _reads_bearer(route: Any) -> bool:
@@ -447,7 +477,11 @@ def rest_markdown() -> str:
         "`/openapi.json` and an interactive page at `/docs`.",
     ]
     by_tag: dict[str, list[tuple[str, str, Any, dict[str, Any]]]] = {}
+    gone = []
     for path, route in _api_routes(app):
+        if retired(route):
+            gone.extend(f"`{method} {path}`" for method in sorted(route.methods - {"HEAD"}))
+            continue
         for method in sorted(route.methods - {"HEAD"}):
             operation = schema["paths"].get(path, {}).get(method.lower(), {})
             tag = (operation.get("tags") or list(route.tags) or ["other"])[0]
@@ -463,7 +497,7 @@ def rest_markdown() -> str:
                 [
                     f"[`{method}`](#{_anchor(f'{method} {path}')})",
                     _code(path),
-                    _text(operation.get("summary") or route.name),
+                    _text(summary(route, operation)),
                     _auth(route, kinds),
                     body,
                     ", ".join(sorted(operation.get("responses", {}))),
@@ -472,7 +506,7 @@ def rest_markdown() -> str:
         parts.append(_table(["method", "path", "summary", "auth", "request body", "status codes"], rows))
         for method, path, route, operation in endpoints:
             parts.append(f"### {method} {path}")
-            parts.append(f"**{_text(operation.get('summary') or route.name)}**. Auth: {_auth(route, kinds)}.")
+            parts.append(f"**{_text(summary(route, operation))}**. Auth: {_auth(route, kinds)}.")
             parts.append(_paragraphs(operation.get("description")))
             params = operation.get("parameters", [])
             if params:
@@ -508,6 +542,12 @@ def rest_markdown() -> str:
                     rows.append([code, _text(response.get("description")), _code(", ".join(names))])
                 parts.append(_table(["status", "meaning", "body"], rows))
 
+    if gone:
+        parts.append("## Retired routes")
+        parts.append(
+            f"These answer 410 Gone and name the route that replaced them: {', '.join(gone)}. Files are fetched "
+            "by content from `GET /v1/blobs/{sha256}`."
+        )
     operations = [op for endpoints in by_tag.values() for _, _, _, op in endpoints]
     parts.append("## Request body schemas")
     parts.append("The schemas of the request bodies above (and the schemas they use).")

@@ -27,12 +27,14 @@ def list_adapters(
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> AdaptersPublic:
+    """The adapters the caller may see, newest first."""
     rows, count = queries.adapters_of(session, user.id, model, task, skip, limit)
     return AdaptersPublic(data=[public(session, *row) for row in rows], count=count)
 
 
 @router.get("/{adapter_id}", response_model=AdapterPublic, responses=errors(401, 403, 404, 422))
 def show(adapter_id: ObjectId, user: CurrentUser, session: SessionDep) -> AdapterPublic:
+    """One adapter: its version, lineage, metrics and held-out figures."""
     adapter = user_adapter(session, user.id, adapter_id)
     return public(session, adapter, session.get_one(Model, adapter.model_id).name)
 

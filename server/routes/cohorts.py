@@ -66,6 +66,7 @@ def _cohort(session: Session, cohort_id: int) -> Cohort:
     responses=errors(400, 401, 403, 409, 413, 422, e409="a cohort of that name exists"),
 )
 def create(body: CohortCreate, _: AdminDep, session: SessionDep) -> CohortPublic:
+    """Create a cohort for federated rounds (admin)."""
     model = queries.model_named(session, body.model)
     if model is None:
         raise field_error("model", "must name a registered model")

@@ -59,11 +59,13 @@ def _need_user(viewer: Viewer) -> None:
 
 @router.get("")
 def home() -> Response:
+    """The dashboard's entry: its jobs page."""
     return _see_other("/jobs")
 
 
 @router.get("/login")
 def login_form(request: Request) -> Response:
+    """The sign-in form."""
     return sign_in_page(request)
 
 
@@ -104,6 +106,7 @@ def login(
 
 @router.post("/logout")
 def logout(viewer: CurrentViewer, session: SessionDep, csrf_token: CsrfField = "") -> Response:
+    """End the dashboard session."""
     check_csrf(viewer.csrf, csrf_token)
     accounts.close_web_session(session, viewer.token_hash)
     response = _see_other("/login")
@@ -129,6 +132,7 @@ def jobs(
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(50, ge=1, le=500),
 ) -> Response:
+    """The caller's jobs, newest first, with status and progress."""
     rows, count = queries.jobs_of(session, None if viewer.admin else viewer.user.id, skip, limit)
     shown = [job_public(session, *row) for row in rows]
     return page(
@@ -184,6 +188,7 @@ def _rounds(session: Session, job_id: int) -> tuple[list[dict[str, Any]], str | 
 
 @router.get("/jobs/{job_id}")
 def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
+    """One job: its learning curves, held-out accuracy and rounds."""
     found = caller_job(session, viewer.user, job_id)
     shown = job_public(session, found)
     adapter = registry.job_adapter(session, job_id)
@@ -207,6 +212,7 @@ def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: Read
 def cancel(
     job_id: ObjectId, viewer: CurrentViewer, session: SessionDep, queue: QueueDep, csrf_token: CsrfField = ""
 ) -> Response:
+    """Cancel a job, as POST /v1/jobs/{id}/cancel does."""
     check_csrf(viewer.csrf, csrf_token)
     found = caller_job(session, viewer.user, job_id)
     if jobstate.cancel(session, found):
@@ -219,6 +225,7 @@ def cancel(
 
 @router.get("/devices")
 def devices(request: Request, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
+    """The caller's devices and the work each holds."""
     _need_user(viewer)
     mine = queries.devices_of(session, viewer.user.id)
     work = queries.device_work(session, [d.id for d in mine])
@@ -271,6 +278,7 @@ def _previous(versions: list, adapter: Any) -> int | None:
 
 @router.get("/adapters/{adapter_id}")
 def adapter(request: Request, adapter_id: ObjectId, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
+    """One adapter: its version, lineage and held-out figures."""
     _need_user(viewer)
     found = user_adapter(session, viewer.user.id, adapter_id)
     shown = adapter_public(session, found, session.get_one(Model, found.model_id).name)

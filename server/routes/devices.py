@@ -25,6 +25,7 @@ router = Router(prefix="/v1/devices", tags=["devices"])
     responses=errors(400, 401, 413, 422, e401="the enrollment code is unknown, expired or used"),
 )
 def enroll(body: DeviceCreate, session: SessionDep) -> DeviceEnrolled:
+    """Enroll a device with a one-time code; the answer shows its token once."""
     secret = new_secret()
     device = accounts.enroll_device(
         session,
@@ -47,6 +48,7 @@ def public(device: Device) -> DevicePublic:
 
 @router.get("", response_model=DevicesPublic, responses=errors(401, 403))
 def list_devices(user: CurrentUser, session: SessionDep) -> DevicesPublic:
+    """The caller's devices, with what each reported of itself."""
     devices = queries.devices_of(session, user.id)
     return DevicesPublic(data=[public(d) for d in devices], count=len(devices))
 

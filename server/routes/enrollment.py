@@ -27,6 +27,7 @@ router = Router(prefix="/v1/enrollment-codes", tags=["devices"])
 def create_code(
     user: CurrentUser, session: SessionDep, settings: SettingsDep, body: EnrollmentCodeCreate | None = None
 ) -> EnrollmentCodePublic:
+    """A one-time code that enrolls one device for the caller."""
     quotas.check_code_quota(session, user.id, settings)
     body = body or EnrollmentCodeCreate()
     code = new_enrollment_code()

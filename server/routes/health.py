@@ -15,6 +15,7 @@ router = Router(tags=["health"])
 
 @router.get("/healthz", response_model=HealthPublic, responses={503: {"model": HealthPublic}})
 def healthz(session: SessionDep, response: Response) -> HealthPublic:
+    """Liveness and readiness: 200 while the database answers, else 503."""
     try:
         session.execute(text("SELECT 1"))
     except SQLAlchemyError:

@@ -84,6 +84,7 @@ def _check_answer_len(body: JobCreate) -> None:
 def submit(
     body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep, settings: SettingsDep
 ) -> JobPublic:
+    """Submit a fine-tuning job; its program compiles in the background."""
     quotas.check_job_quota(session, user.id, settings)
     model = _check_model(session, body)
     body = with_model_prompt(model, body)
@@ -130,6 +131,7 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobPublic, responses=errors(401, 403, 404, 422))
 def show(job_id: ObjectId, user: UserOrAdmin, session: SessionDep) -> JobPublic:
+    """One job: its status, progress and result."""
     return job_public(session, caller_job(session, user, job_id))
 
 
@@ -139,6 +141,7 @@ def show(job_id: ObjectId, user: UserOrAdmin, session: SessionDep) -> JobPublic:
     responses=errors(401, 403, 404, 409, 413, 422, e409="the job already finished"),
 )
 def cancel(job_id: ObjectId, user: UserOrAdmin, session: SessionDep, queue: QueueDep) -> JobPublic:
+    """Cancel a job that has not ended; its device stops at its next heartbeat."""
     job = caller_job(session, user, job_id)
     if not jobstate.cancel(session, job):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {job.status}")

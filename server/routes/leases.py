@@ -119,6 +119,7 @@ def lease(
     manifests: ProgramManifestsDep,
     body: LeaseCreate | None = None,
 ) -> LeasePublic | Response:
+    """The next job (or round part) that fits what the device reports; 204 when none."""
     reported = (None, None, None) if body is None else (body.backend, body.memory_mb, body.cpu)
     asking, revoked_at = accounts.as_reported(session, device, *reported)  # replaces what it reported before
     if revoked_at is not None:
@@ -157,6 +158,7 @@ def lease(
 def heartbeat(
     job_id: ObjectId, body: HeartbeatCreate, device: DeviceId, engine: EngineDep, settings: SettingsDep
 ) -> HeartbeatPublic:
+    """The leased job's progress; extends the lease and says whether to stop."""
     metrics.HEARTBEATS.labels("job").inc()
     with engine.begin() as conn:
         expires = jobstate.heartbeat(conn, job_id, device.id, settings.lease_s, body)
@@ -185,6 +187,7 @@ def heartbeat(
     responses=errors(400, 401, 403, 404, 409, 413, 422, e409="this device holds no lease on the job"),
 )
 def fail(job: DeviceJob, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:
+    """Give up a leased job with the device's reason; the job fails with it."""
     if not jobstate.device_failed(session, job, device, body.error):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device holds no lease on it")
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -20,4 +20,5 @@ router = Router(tags=["metrics"])
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "the metrics"}, **errors(401, 403)},
 )
 def metrics(request: Request, _: AdminDep) -> Response:
+    """Prometheus metrics (admin token)."""
     return Response(exposition(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

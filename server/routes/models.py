@@ -65,5 +65,6 @@ def register_model(body: ModelCreate, _: AdminDep, session: SessionDep) -> Model
 
 @router.get("", response_model=ModelsPublic, responses=errors(401))
 def list_models(_: AnyAuth, session: SessionDep) -> ModelsPublic:
+    """The registered base models."""
     models = queries.models(session)
     return ModelsPublic(data=[public(m) for m in models], count=len(models))

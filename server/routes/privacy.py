@@ -13,6 +13,7 @@ router = Router(prefix="/v1/privacy", tags=["privacy"])
 
 @router.get("", response_model=PrivacyLedgerPublic, responses=errors(401, 403))
 def show(user: CurrentUser, session: SessionDep, settings: SettingsDep) -> PrivacyLedgerPublic:
+    """The caller's privacy ledger: the budget and what private jobs spent."""
     return privacy.public(privacy.ledger(session, user, settings))
 
 

@@ -21,6 +21,7 @@ router = Router(prefix="/v1/users", tags=["users"])
     responses=errors(400, 401, 403, 409, 413, 422, e409="a user of that name exists"),
 )
 def create_user(body: UserCreate, session: SessionDep, _: AdminDep) -> UserCreated:
+    """Create a user (admin); the answer shows the user's API key once."""
     secret = new_secret()
     try:
         user = accounts.create_user(session, body.name, hash_secret(secret))
