@@ -108,8 +108,20 @@ def test_lease_204_is_none_and_the_request_says_what_the_device_can_run() -> Non
         bodies.append(json.loads(request.content))
         return httpx.Response(204)
 
+    from shared.schemas import CpuReport
+
     assert device_api(handler).lease("adb", 2048) is None
-    assert bodies == [{"backend": "adb", "memory_mb": 2048, "eligible": None}]
+    cpu = CpuReport(arch="aarch64", features=["asimd", "dotprod"])
+    assert device_api(handler).lease("adb", 2048, True, cpu) is None
+    assert bodies == [
+        {"backend": "adb", "memory_mb": 2048, "eligible": None, "cpu": None},
+        {
+            "backend": "adb",
+            "memory_mb": 2048,
+            "eligible": True,
+            "cpu": {"arch": "aarch64", "features": ["asimd", "dotprod"]},
+        },
+    ]
 
 
 def test_errors_carry_the_servers_detail() -> None:
