@@ -86,13 +86,17 @@ class AdbBackend:
         if not self.runner.is_file():
             raise MobizoError(f"{runner}: no runner binary (build it: device_agent/runner/build_android.sh)")
         self.phone = Phone(serial)
+        self._cpu: CpuReport | None = None
         self.root = root
 
     def free_memory_mb(self) -> int | None:
         return self.phone.free_memory_mb()
 
     def cpu(self) -> CpuReport | None:
-        return self.phone.cpu()
+        """The phone's CPU, read over adb once (it does not change while this agent drives it), then remembered."""
+        if self._cpu is None:
+            self._cpu = self.phone.cpu()
+        return self._cpu
 
     def _job_dir(self, run: TrainRun) -> str:
         return f"{self.root}/jobs/{run.key}"
