@@ -34,7 +34,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from fastapi import HTTPException, status
@@ -192,14 +192,16 @@ class Failures:
     process's, like ``UploadSlots``'s: with several API processes each counts what it saw.
     """
 
-    def __init__(self, limit: int, window_s: float, max_keys: int = 100_000) -> None:
-        self.limit, self.window_s, self.max_keys = limit, window_s, max_keys
+    def __init__(
+        self, limit: int, window_s: float, max_keys: int = 100_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limit, self.window_s, self.max_keys, self.clock = limit, window_s, max_keys, clock
         self._lock = threading.Lock()
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
     def wait_s(self, key: str) -> float:
         with self._lock:
-            now = time.monotonic()
+            now = self.clock()
             times = self._recent(key, now)
             if times is None or len(times) < self.limit:
                 return 0.0
@@ -207,7 +209,7 @@ class Failures:
 
     def failed(self, key: str) -> None:
         with self._lock:
-            now = time.monotonic()
+            now = self.clock()
             times = self._recent(key, now)
             if times is None:
                 times = self._failures[key] = deque(maxlen=self.limit)
