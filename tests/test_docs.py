@@ -303,3 +303,24 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     assert not (site / "hooks").exists(), "the hook module must not be published"
     over = f" (over {BUILD_WARN_S:.0f} s)" if seconds > BUILD_WARN_S else ""
     print(f"mkdocs build --strict: {seconds:.1f} s{over}")
+
+
+def test_the_where_to_change_what_page_names_files_that_exist_and_names_they_hold() -> None:
+    """docs/extending.md: each table row's files exist, and each Python name its row cites (`name` in backticks) is
+    in one of those files (a directory: any module under it). A renamed function or a moved module fails here."""
+    identifier = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+    rows = [line for line in (REPO / "docs" / "extending.md").read_text().splitlines() if line.startswith("| ")]
+    rows = [row for row in rows if not row.startswith(("| Step", "|---"))]
+    assert len(rows) >= 30, "the page's tables"
+    missing = []
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        cited = re.findall(r"`([^`]+)`", " ".join(cells[1:]))
+        paths = [REPO / token for token in cited if "/" in token]
+        missing += [f"{row[:60]}: no {p.relative_to(REPO)}" for p in paths if not p.exists()]
+        text = "".join(
+            f.read_text() for p in paths if p.exists() for f in ([p] if p.is_file() else sorted(p.rglob("*.py")))
+        )
+        names = [token for token in re.findall(r"`([^`]+)`", cells[2]) if identifier.fullmatch(token)]
+        missing += [f"{row[:60]}: {name} in none of its files" for name in names if name not in text]
+    assert not missing, "\n".join(missing)
