@@ -10,7 +10,7 @@ peak RSS is that export's own), through the stages of ``shared.lowering``:
 - **store**: the ``.pte`` and the ``.ptd`` written.
 
 ``shipped`` runs the stages as ``export_program`` does; ``plain`` runs lower and emit without
-``shared.lowering.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``executorch-edge``
+``shared.et_patches.less_bookkeeping`` (eager graph-module code, deep-copied provenance); ``executorch-edge``
 decomposes each method twice as ExecuTorch's own edge path does (functionalized first) instead of once
 (``shared.lowering._decomposed_once``), and must give the same bytes too; ``hf-layers`` is ``shipped`` with Hugging
 Face's own Llama norm, attention and MLP in place of ``shared.layers``' (the layer XNNPACK takes whole); ``sdpa`` is

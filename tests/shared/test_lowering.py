@@ -5,7 +5,7 @@ import contextlib
 import torch
 from torch import nn
 
-from shared import lowering
+from shared import et_patches, lowering
 
 
 class Interleaved(nn.Module):
@@ -295,7 +295,7 @@ def test_an_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite() -> None:
     from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
     from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
 
-    triggers = lowering._edge_pass_triggers()
+    triggers = et_patches._edge_pass_triggers()
     aten = torch.ops.aten
     transposed = torch.fx.symbolic_trace(lambda x: aten.t.default(x))
     viewed = torch.fx.symbolic_trace(lambda x: aten.view.default(x, [-1]))
@@ -338,7 +338,7 @@ def test_the_dim_order_pass_is_skipped_only_where_an_input_is_not_in_the_default
     the skip (its copy there)."""
     from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
 
-    (needed,) = lowering._emit_pass_triggers().values()
+    (needed,) = et_patches._emit_pass_triggers().values()
     x = (torch.randn(2, 3, 4, 5),)
 
     def edge(channels_last: bool):
@@ -348,7 +348,7 @@ def test_the_dim_order_pass_is_skipped_only_where_an_input_is_not_in_the_default
 
     assert needed(edge(True).exported_program().graph_module)
     assert not needed(edge(False).exported_program().graph_module)
-    assert LegalizePortableDimOrderPass in lowering._emit_pass_triggers()
+    assert LegalizePortableDimOrderPass in et_patches._emit_pass_triggers()
 
     def program(bookkeeping) -> bytes:
         return lowering.emit(edge(True), lowering.frozen_weights_tag, (), bookkeeping).buffer
@@ -524,3 +524,32 @@ def test_an_8da4w_method_is_decomposed_once_into_executorchs_own_program(monkeyp
     assert not any("linear" in op or "mm" in op for op in operators)  # the linear is XNNPACK's
     monkeypatch.setattr(lowering, "_kept_whole", lambda programs, partitioner: None)  # ExecuTorch's path
     assert program()[0] == ours
+
+
+def test_the_speed_patches_apply_on_the_pinned_versions_only_and_are_undone_after() -> None:
+    """``less_bookkeeping`` swaps ExecuTorch's and torch's private attributes inside its block and puts each back
+    after; on versions other than ``PATCHED_FOR`` it touches none (the export runs as ExecuTorch's own)."""
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+    from torch.fx.traceback import NodeSource
+
+    def attributes() -> tuple:
+        return NodeSource.__init__, XNNPACKPassManager.transform, NamedDataStore.add_named_data
+
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    pins = dict(
+        d.split("==") for d in pyproject["project"]["dependencies"] if d.startswith(("torch==", "executorch=="))
+    )
+    assert et_patches.PATCHED_FOR == pins, "a new pin: re-derive shared/et_patches.py's patches, then its versions"
+    assert et_patches.installed_versions() == et_patches.PATCHED_FOR
+    before = attributes()
+    with et_patches.less_bookkeeping():
+        inside = attributes()
+    assert all(i is not b for i, b in zip(inside, before, strict=True)) and attributes() == before
+    other = {**et_patches.PATCHED_FOR, "executorch": "9.9.9"}
+    with et_patches.less_bookkeeping(lambda: other):
+        assert attributes() == before
+    assert attributes() == before
