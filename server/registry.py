@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from server.tables import Adapter, CohortMember, Job, Round
+from server.tables import Adapter, CohortMember, Job, Model, Round
 from shared.schemas import AdapterPrivacy, AdapterPublic
 
 
@@ -158,6 +158,7 @@ def adapter_public(
         targets=adapter.targets,
         a_seed=adapter.a_seed,
         b_sha256=adapter.b_sha256,
+        base_sha256=session.get_one(Model, adapter.model_id).sha256,
         metrics=adapter.metrics,
         held_out=adapter.held_out,
         privacy=adapter_privacy(job_spec, rounds),

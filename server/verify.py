@@ -312,13 +312,20 @@ def _zip_dir(src: Path, archive: Path) -> None:
             zf.writestr(info, path.read_bytes())
 
 
+def base_of(model) -> dict[str, str]:
+    """What packaging needs of the job's model (a ``Model`` row): its registered name and ``model_sha256``, which
+    the archive pins (``shared.adapter.BASE_FILE``)."""
+    return {"base_model": model.name, "base_sha256": model.sha256}
+
+
 def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:
     """Write the PEFT archive (A regenerated from the seed, B from ``b_path``) → path of the zip."""
     from shared.adapter import save_program_adapter
 
     adapter_dir = Path(out_dir) / "adapter"
     manifest = ProgramManifest.model_validate(job["manifest"])
-    save_program_adapter(adapter_dir, manifest, _load_b(b_path, job["d"]), job["base_model"])
+    b = _load_b(b_path, job["d"])
+    save_program_adapter(adapter_dir, manifest, b, job["base_model"], job.get("base_sha256"))
     archive = Path(out_dir) / "adapter.zip"
     _zip_dir(adapter_dir, archive)
     return str(archive)
@@ -331,9 +338,9 @@ def verify_and_package(
     stored) and build the PEFT archive from it → ``{"b_flat": path, "archive": path, **checks}``. With no uploaded
     B (``b_path`` None: a log-only upload) the replay is the result.
 
-    ``job`` holds ``spec`` (JobSpec as JSON), ``manifest``, ``d``, ``base_model`` and ``exact`` (bit-for-bit
-    replay required, ``exact_replay``). Raises ``ResultRejected`` for a log that is malformed, does not belong to
-    the job, or does not reproduce the uploaded B.
+    ``job`` holds ``spec`` (JobSpec as JSON), ``manifest``, ``d``, ``base_of`` the job's model (the base the archive
+    pins) and ``exact`` (bit-for-bit replay required, ``exact_replay``). Raises ``ResultRejected`` for a log that is
+    malformed, does not belong to the job, or does not reproduce the uploaded B.
     """
     if b_path is None:
         checks = replay_log_only(job, log_path, init_path, out_dir)

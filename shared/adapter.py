@@ -1,7 +1,10 @@
-"""Adapter files in PEFT's LoRA layout (``adapter_config.json`` + ``adapter_model.safetensors``, A included).
+"""Adapter files in PEFT's LoRA layout (``adapter_config.json`` + ``adapter_model.safetensors``, A included), and
+the base they were trained on (``mobizo_base.json``: its registered name and ``shared.model_files.model_sha256``,
+the hash of its config, weights and tokenizer).
 
 Apps load them with ``peft.PeftModel.from_pretrained(base, dir)``; mobizo loads them with :func:`load_adapter`.
-PEFT's scaling is ``lora_alpha / r``, the same as ours, so the two give the same logits.
+PEFT's scaling is ``lora_alpha / r``, the same as ours, so the two give the same logits. An adapter applied to
+another base gives plausible-looking garbage, so mobizo's commands refuse it (:func:`check_base`) unless told.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from shared.manifest import ProgramManifest
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+BASE_FILE = "mobizo_base.json"  # {"name": the base's registered name, "sha256": its model_sha256}
 _PREFIX = "base_model.model."
 
 
@@ -51,22 +55,31 @@ def save_adapter(
     alpha: float,
     targets: tuple[str, ...],
     base_model: str,
+    base_sha256: str | None = None,
 ) -> Path:
-    """Write a PEFT adapter directory atomically (``shared.files.atomic_dir``), replacing one already there."""
+    """Write a PEFT adapter directory atomically (``shared.files.atomic_dir``), replacing one already there; with
+    ``base_sha256`` (the base's ``model_sha256``) the base is pinned in ``BASE_FILE``."""
     tensors = {_key(n, "lora_A"): a.detach().float().contiguous().cpu() for n, a in lora_a.items()}
     tensors |= {_key(n, "lora_B"): b.detach().float().contiguous().cpu() for n, b in lora_b.items()}
     with atomic_dir(Path(out_dir)) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(rank, alpha, targets, base_model), indent=2))
+        if base_sha256 is not None:
+            (tmp / BASE_FILE).write_text(json.dumps({"name": base_model, "sha256": base_sha256}, indent=2))
     return Path(out_dir)
 
 
-def save_lora(out_dir: Path, lora: MPLoRA, b_flat: torch.Tensor, base_model: str) -> Path:
+def save_lora(
+    out_dir: Path, lora: MPLoRA, b_flat: torch.Tensor, base_model: str, base_sha256: str | None = None
+) -> Path:
     """Write the adapter of an injected model whose master B is ``b_flat``."""
-    return save_adapter(out_dir, lora.lora_a(), lora.split(b_flat), lora.rank, lora.alpha, lora.targets, base_model)
+    a, b = lora.lora_a(), lora.split(b_flat)
+    return save_adapter(out_dir, a, b, lora.rank, lora.alpha, lora.targets, base_model, base_sha256)
 
 
-def save_program_adapter(out_dir: Path, manifest: ProgramManifest, b_flat: torch.Tensor, base_model: str) -> Path:
+def save_program_adapter(
+    out_dir: Path, manifest: ProgramManifest, b_flat: torch.Tensor, base_model: str, base_sha256: str | None = None
+) -> Path:
     """Write the adapter of a program (its manifest's LoRA layout): A regenerated from the seed, B from ``b_flat``.
 
     What the server packages for apps and what a device keeps locally, without the model.
@@ -75,7 +88,44 @@ def save_program_adapter(out_dir: Path, manifest: ProgramManifest, b_flat: torch
     lora_a = {m.name: lora_a_init(config.a_seed, m.name, config.rank, m.in_features) for m in manifest.lora}
     shapes = {m.name: (m.out_features, config.rank) for m in manifest.lora}
     lora_b = unflatten_b(torch.as_tensor(b_flat, dtype=torch.float32), shapes)
-    return save_adapter(out_dir, lora_a, lora_b, config.rank, config.alpha, config.targets, base_model)
+    return save_adapter(out_dir, lora_a, lora_b, config.rank, config.alpha, config.targets, base_model, base_sha256)
+
+
+def adapter_base(adapter_dir: Path) -> dict | None:
+    """The base an adapter directory pins (``{"name", "sha256"}``); None where it pins none (written elsewhere, or
+    before mobizo pinned bases)."""
+    path = Path(adapter_dir) / BASE_FILE
+    if not path.is_file():
+        return None
+    try:
+        base = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise MobizoError(f"cannot read {path}: {exc}") from exc
+    if not (isinstance(base, dict) and isinstance(base.get("sha256"), str) and isinstance(base.get("name"), str)):
+        raise MobizoError(f"{path}: expected {{'name': ..., 'sha256': ...}}")
+    return base
+
+
+def check_base(adapter_dir: Path, model_dir: Path, allow_other: bool = False) -> str | None:
+    """Refuse to apply the adapter in ``adapter_dir`` to the model in ``model_dir`` when it pins another base
+    (``UsageError`` on field ``model``, naming both hashes). ``allow_other``: apply it all the same → the warning to
+    show the user; None when the base is the pinned one or the adapter pins none."""
+    from shared.errors import UsageError
+    from shared.model_files import model_sha256
+
+    pinned = adapter_base(adapter_dir)
+    if pinned is None:
+        return None
+    actual = model_sha256(Path(model_dir))
+    if actual == pinned["sha256"]:
+        return None
+    what = (
+        f"the adapter {adapter_dir} was trained on {pinned['name']!r} (sha256 {pinned['sha256']}); {model_dir} is "
+        f"another model (sha256 {actual})"
+    )
+    if not allow_other:
+        raise UsageError("model", f"{what}: its outputs there would be garbage (--allow-other-base applies it anyway)")
+    return f"WARNING: {what}: applied anyway (--allow-other-base)"
 
 
 def read_adapter(adapter_dir: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor]]:

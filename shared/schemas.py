@@ -807,6 +807,10 @@ class AdapterPublic(BaseModel):
     targets: list[str]
     a_seed: int
     b_sha256: str
+    base_sha256: str = Field(
+        description="the base model it was trained on (its config, weights and tokenizer): the archive pins it, and "
+        "mobizo eval and generate refuse another base"
+    )
     metrics: dict[str, Any]
     held_out: HeldOut | None = Field(default=None, description="accuracy and loss on the device's held-out data")
     privacy: AdapterPrivacy | None = Field(default=None, description="a private job's guarantee; None: not private")

@@ -685,7 +685,10 @@ def _write_outputs(run: _Run, history: dict[str, list], metrics: dict[str, Any])
     out = Path(run.config.out)
     out.mkdir(parents=True, exist_ok=True)
     if run.lora is not None:
-        save_lora(out / ADAPTER_DIR, run.lora, run.step.b.cpu(), str(run.config.model))
+        from shared.model_files import model_sha256
+
+        model = Path(run.config.model)
+        save_lora(out / ADAPTER_DIR, run.lora, run.step.b.cpu(), str(model), model_sha256(model))
     elif (out / ADAPTER_DIR).is_dir():
         shutil.rmtree(out / ADAPTER_DIR)  # an earlier run's adapter would pass for this run's
     if history["log"]:

@@ -37,6 +37,7 @@ from server.verify import (
     METRICS_LIMIT,
     b_limit,
     b_size,
+    base_of,
     exact_replay,
     log_limit,
     verify_and_package,
@@ -74,7 +75,7 @@ def _context(session: Session, job: Job, device: Device) -> dict[str, Any]:
         "spec": jobstate.device_spec(job).model_dump(mode="json"),
         "manifest": program.manifest,
         "d": b_size(program.manifest),
-        "base_model": session.get_one(Model, job.model_id).name,
+        **base_of(session.get_one(Model, job.model_id)),
         "exact": exact_replay(device.backend),
     }
 

@@ -18,13 +18,23 @@ from shared.tasks import (
 )  # light: stdlib only
 
 HELP = "accuracy (or loss) of a base model or base + adapter on a task's data"
+ALLOW_OTHER_BASE_HELP = (
+    "apply the adapter even to a model other than the base it was trained on (its mobizo_base.json): refused "
+    "otherwise, since the outputs would be garbage"
+)
+
+
+def add_adapter_arguments(parser: argparse.ArgumentParser) -> None:
+    """--adapter and --allow-other-base (also ``mobizo generate``)."""
+    parser.add_argument("--adapter", metavar="DIR", help="PEFT adapter folder to apply to the model")
+    parser.add_argument("--allow-other-base", action="store_true", help=ALLOW_OTHER_BASE_HELP)
 
 
 def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
     """The flags of ``mobizo eval``; ``model=False`` leaves out --model/--adapter/--device (``mobizo agent eval``)."""
     if model:
         parser.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model folder")
-        parser.add_argument("--adapter", metavar="DIR", help="PEFT adapter folder to apply to the model")
+        add_adapter_arguments(parser)
     parser.add_argument(
         "--task", required=True, help="built-in task (sst2, rte, wnli, boolq, wic, wsc, cb, copa), custom or lm"
     )
@@ -60,6 +70,18 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise UsageError("adapter", f"no such directory: {args.adapter}")
     if not Path(args.data).is_file():
         raise UsageError("data", f"no such file: {args.data}")
+    if args.adapter is not None:
+        checked_base(args)
+
+
+def checked_base(args: argparse.Namespace) -> None:
+    """``shared.adapter.check_base`` of ``--adapter`` on ``--model``, before the slow model load; the warning of
+    ``--allow-other-base`` on stderr."""
+    from shared.adapter import check_base
+
+    warning = check_base(Path(args.adapter), Path(args.model), args.allow_other_base)
+    if warning is not None:
+        print(warning, file=sys.stderr)
 
 
 def check_numbers(args: argparse.Namespace) -> None:

@@ -143,6 +143,10 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError("adapter", f"{args.adapter} is not an adapter directory")
     if args.out.suffix != ".pte":
         raise UsageError("out", "must name a .pte file")
+    if args.adapter is not None:
+        from shared.adapter import check_base
+
+        check_base(args.adapter, args.model)  # training goes on from B only on the base B was trained on
     _, tokenizer = load_model(args.model)
     cfg = config_from_args(args, tokenizer)
     export_program(args.model, cfg, args.out, args.store, args.adapter)

@@ -30,8 +30,10 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from shared.commands.eval import add_adapter_arguments
+
     parser.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model folder")
-    parser.add_argument("--adapter", metavar="DIR", help="PEFT adapter folder to apply to the model")
+    add_adapter_arguments(parser)
     add_sampling_arguments(parser)
 
 
@@ -71,6 +73,10 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError("model", f"no such directory: {args.model}")
     if args.adapter is not None and not Path(args.adapter).is_dir():
         raise UsageError("adapter", f"no such directory: {args.adapter}")
+    if args.adapter is not None:
+        from shared.commands.eval import checked_base
+
+        checked_base(args)
     sampling = sampling_from(args)
     from shared.data import prompt_token_ids
     from shared.generation import EagerStepper, generate, stop_token_ids

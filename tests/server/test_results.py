@@ -53,10 +53,14 @@ def test_archive_holds_a_peft_adapter_with_the_uploaded_b(client, leased):
     r = client.get("/v1/adapters/1/download", headers=leased["user"])
     assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
-        assert sorted(zf.namelist()) == ["adapter_config.json", "adapter_model.safetensors"]
+        assert sorted(zf.namelist()) == ["adapter_config.json", "adapter_model.safetensors", "mobizo_base.json"]
         config = json.loads(zf.read("adapter_config.json"))
         tensors = load(zf.read("adapter_model.safetensors"))
+        pinned = json.loads(zf.read("mobizo_base.json"))
     assert config["peft_type"] == "LORA" and config["r"] == 2 and config["target_modules"] == ["q_proj", "v_proj"]
+    (model,) = client.get("/v1/models", headers=leased["user"]).json()["data"]
+    assert pinned == {"name": model["name"], "sha256": model["sha256"]} and config["base_model_name_or_path"] == "tiny"
+    assert client.get("/v1/adapters/1", headers=leased["user"]).json()["base_sha256"] == model["sha256"]
     first = leased["lease"]["manifest"]["lora"][0]
     b0 = tensors[f"base_model.model.{first['name']}.lora_B.weight"]
     np.testing.assert_array_equal(b0.reshape(-1), leased["b"][: b0.size])
