@@ -283,10 +283,10 @@ def test_nav_has_a_page_per_benchmark_script_and_every_page_exists() -> None:
     assert not absent, f"nav entries without a page: {', '.join(absent)}"
 
 
-def test_mkdocs_build_strict(tmp_path: Path) -> None:
-    """The CI check: any warning (a broken link or anchor, a page missing from the nav, a stub without its marker)
-    fails the build."""
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as CI builds it: ``mkdocs build --strict`` (any warning fails it) → its folder."""
+    site = tmp_path_factory.mktemp("docs") / "site"
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
@@ -297,12 +297,52 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     seconds = time.monotonic() - started
     assert done.returncode == 0, f"mkdocs build --strict failed ({seconds:.1f} s):\n{done.stdout}\n{done.stderr}"
+    over = f" (over {BUILD_WARN_S:.0f} s)" if seconds > BUILD_WARN_S else ""
+    print(f"mkdocs build --strict: {seconds:.1f} s{over}")
+    return site
+
+
+def test_mkdocs_build_strict(site: Path) -> None:
+    """The CI check: any warning (a broken link or anchor, a page missing from the nav, a stub without its marker)
+    fails the build; the generated references are generated."""
     for page, text in (("cli", "mobizo jobs submit"), ("rest", "/v1/jobs/{job_id}/result"), ("settings", "MOBIZO_")):
         built = (site / "reference" / page / "index.html").read_text(encoding="utf-8")
         assert text in built and "<!-- generated:" not in built, f"reference/{page}.md was not generated"
     assert not (site / "hooks").exists(), "the hook module must not be published"
-    over = f" (over {BUILD_WARN_S:.0f} s)" if seconds > BUILD_WARN_S else ""
-    print(f"mkdocs build --strict: {seconds:.1f} s{over}")
+
+
+def test_the_site_asks_no_other_host_and_draws_its_diagrams_offline(site: Path) -> None:
+    """Every page's scripts and stylesheets are the site's own files (Mermaid is served with the site,
+    ``docs/hooks/mermaid.py``; the fonts are the system's), and in a real browser that can reach no host at all
+    every Mermaid diagram of every page draws: a diagram Mermaid cannot parse stays an empty box."""
+    from tests.utils.browser import chromium
+
+    pages = sorted(site.rglob("*.html"))
+    linked = {
+        ref
+        for page in pages
+        for ref in re.findall(r'<(?:script|link)[^>]*\s(?:src|href)="([^"]+)"', page.read_text())
+        if not re.search(r'rel="(?:canonical|alternate)"', ref)
+    }
+    assert linked and not [ref for ref in linked if re.match(r"(?i)(https?:)?//", ref)], sorted(linked)
+    drawn = [page for page in pages if 'class="mermaid"' in page.read_text()]
+    assert drawn, "no page holds a diagram"
+    heights = {}
+    with chromium("--host-resolver-rules=MAP * ~NOTFOUND") as browser:
+        for page in drawn:
+            browser.get(page.as_uri())
+            deadline = time.monotonic() + 30
+            while True:  # Mermaid draws after the page has loaded
+                boxes = browser.execute_script(
+                    "return Array.from(document.querySelectorAll('div.mermaid'), d => d.getBoundingClientRect().height)"
+                )
+                if (boxes and min(boxes) > 50) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            heights[str(page.relative_to(site))] = boxes
+            errors = [e["message"] for e in browser.get_log("browser") if "mermaid" in e["message"].lower()]
+            assert not errors, errors
+    assert all(boxes and min(boxes) > 50 for boxes in heights.values()), heights
 
 
 def test_the_where_to_change_what_page_names_files_that_exist_and_names_they_hold() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from tests.device_agent.stack import Stack, make_agent, ok, server_env
 from tests.server import live
 from tests.server.factories import ADMIN_TOKEN, bearer
+from tests.utils.browser import chromium
 
 STEPS, EVAL_EVERY = 20, 8
 ARTIFACTS = Path(os.environ.get("MOBIZO_TEST_ARTIFACTS", live.REPO / "build" / "test-artifacts"))
@@ -43,22 +43,8 @@ def finished(artifacts: Path, tiny_model_dir: Path, local_data: Path, tmp_path_f
 
 @pytest.fixture(scope="module")
 def chrome() -> Iterator:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert binary and driver, "Chromium is not installed: scripts/browser.sh installs it"
-    options = Options()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,1250"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(driver), options=options)
-    browser.set_page_load_timeout(60)
-    try:
+    with chromium() as browser:
         yield browser
-    finally:
-        browser.quit()
 
 
 def _wait_for(browser, url: str, prefix: bool = False) -> None:
