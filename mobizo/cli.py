@@ -32,7 +32,6 @@ COMMANDS: dict[str, str] = {
     "enroll-code": "server.commands.enroll_code",
     "jobs": "server.commands.jobs",
     "devices": "server.commands.devices",
-    "adapters": "server.commands.adapters",
     "cohorts": "server.commands.cohorts",
     "privacy": "server.commands.privacy",
     "agent": "device_agent.commands.agent",
@@ -44,6 +43,10 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "models": (
         "base models: import a GGUF checkpoint; register and list models on a server",
         ("shared.commands.models", "server.commands.models"),
+    ),
+    "adapters": (
+        "your adapters: list and download them from a server; merge one into its base model",
+        ("server.commands.adapters", "shared.commands.adapters"),
     ),
     "prompts": (
         "prompts: choose a task's template, answers and chat frame for a model, on training rows",

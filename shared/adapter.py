@@ -161,3 +161,33 @@ def load_adapter(model: nn.Module, adapter_dir: Path) -> tuple[MPLoRA, torch.Ten
     b_flat = lora.join(lora_b).to(lora.device)
     lora.apply(b_flat[None])
     return lora, b_flat
+
+
+MERGE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def merge_adapter(model_dir: Path, adapter_dir: Path, out_dir: Path, dtype: str = "float32") -> Path:
+    """A plain Hugging Face model with the adapter folded in, for runtimes without LoRA: each target linear's weight
+    becomes ``W + (lora_alpha / r) · B·A``, computed in float32 by PEFT's ``merge_and_unload``, then stored in
+    ``dtype``; the base's tokenizer and the prompts chosen for it (``mobizo_prompts.json``) go beside it. Written
+    through ``shared.files.atomic_dir`` → ``out_dir``. The adapter's base is the caller's to check
+    (:func:`check_base`)."""
+    import shutil
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from shared.prompts import PROMPTS_FILE
+
+    if dtype not in MERGE_DTYPES:
+        raise MobizoError(f"dtype {dtype!r}: choose one of {', '.join(MERGE_DTYPES)}")
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+    merged = PeftModel.from_pretrained(base, Path(adapter_dir)).merge_and_unload().to(getattr(torch, dtype))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    with atomic_dir(out_dir) as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if (model_dir / PROMPTS_FILE).is_file():
+            shutil.copyfile(model_dir / PROMPTS_FILE, tmp / PROMPTS_FILE)
+    return out_dir

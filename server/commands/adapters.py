@@ -1,4 +1,5 @@
-"""``mobizo adapters list|download``: your trained adapters; download unpacks a PEFT adapter directory."""
+"""``mobizo adapters list|download``: your trained adapters; download unpacks a PEFT adapter directory (``adapters
+merge`` is ``shared.commands.adapters``)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ from pathlib import Path
 from server.commands import add_connection_args, client_from_args, print_json, print_table
 from shared.errors import ExitCode
 
-HELP = "list your adapters and download them in PEFT format"
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    listing = sub.add_parser("list", help="your adapters, newest first")
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    listing = sub.add_parser("list", help="your adapters, newest first", description="your adapters, newest first")
+    listing.set_defaults(_run=run, _parser=listing, action="list")
     listing.add_argument("--model", help="only this model's adapters")
     listing.add_argument("--task", help="only this task's adapters")
     listing.add_argument("--json", action="store_true", help="print the full objects as JSON")
     add_connection_args(listing)
-    download = sub.add_parser("download", help="download an adapter as a PEFT directory")
+    text = "download an adapter as a PEFT directory"
+    download = sub.add_parser("download", help=text, description=text)
+    download.set_defaults(_run=run, _parser=download, action="download")
     download.add_argument("adapter_id", type=int)
     download.add_argument("--out", type=Path, required=True, help="directory to create (adapter_config.json, ...)")
     download.add_argument("--zip", action="store_true", help="write the archive to --out as a .zip file instead")

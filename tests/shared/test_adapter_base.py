@@ -1,7 +1,8 @@
 """An adapter pins the base it was trained on (``mobizo_base.json``: the base's name and ``model_sha256``), and every
-mobizo command that applies an adapter (``mobizo eval``, ``mobizo generate``) refuses another base, naming both
-hashes, unless ``--allow-other-base`` says otherwise (then it warns). An adapter that pins no base (PEFT's own, or
-one written before pins) applies as before."""
+mobizo command that applies an adapter (``mobizo eval``, ``generate``, ``export --adapter``, ``adapters merge``)
+refuses another base, naming both hashes, unless ``--allow-other-base`` says otherwise (then it warns). An adapter
+that pins no base (PEFT's own, or one written before pins) applies as before. ``mobizo adapters merge`` folds an
+adapter into its base: a plain model that gives the base-plus-adapter logits."""
 
 from __future__ import annotations
 
@@ -106,3 +107,35 @@ def test_an_export_starts_from_an_adapter_only_on_its_base(models, tmp_path: Pat
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "--model" in err and model_sha256(other) in err and not out.exists()
+
+
+def test_a_merged_model_is_a_plain_model_with_the_adapters_logits(models, tmp_path: Path, capsys) -> None:
+    """``mobizo adapters merge``: the folder loads with ``AutoModelForCausalLM`` alone (no LoRA module in it) and
+    its logits are PEFT's base + adapter within the float32 rounding bound of the model (tests/utils/tolerance.py),
+    far from the base's own; on another base the merge is refused and nothing is written."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.utils.tolerance import loss_rtol
+
+    base, other, adapter = models
+    out = tmp_path / "merged"
+    assert main(["adapters", "merge", "--model", str(base), "--adapter", str(adapter), "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, local_files_only=True)
+    assert not [name for name, _ in merged.named_parameters() if "lora" in name]
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, local_files_only=True)
+    ids = torch.randint(3, plain.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = PeftModel.from_pretrained(plain, adapter).eval()(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+        base_logits = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)(input_ids=ids).logits
+    atol = loss_rtol(merged.config) * float(want.abs().max())
+    assert float((got - want).abs().max()) <= atol
+    assert float((base_logits - want).abs().max()) > 100 * atol  # the adapter moved the logits
+    assert (out / "tokenizer.json").is_file() or (out / "tokenizer_config.json").is_file()
+
+    refused = tmp_path / "refused"
+    args = ["adapters", "merge", "--model", str(other), "--adapter", str(adapter), "--out", str(refused)]
+    assert main(args) == 2 and not refused.exists()
+    assert model_sha256(other) in capsys.readouterr().err
