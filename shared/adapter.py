@@ -163,9 +163,6 @@ def load_adapter(model: nn.Module, adapter_dir: Path) -> tuple[MPLoRA, torch.Ten
     return lora, b_flat
 
 
-MERGE_DTYPES = ("float32", "bfloat16", "float16")
-
-
 def merge_adapter(model_dir: Path, adapter_dir: Path, out_dir: Path, dtype: str = "float32") -> Path:
     """A plain Hugging Face model with the adapter folded in, for runtimes without LoRA: each target linear's weight
     becomes ``W + (lora_alpha / r) · B·A``, computed in float32 by PEFT's ``merge_and_unload``, then stored in
@@ -177,6 +174,7 @@ def merge_adapter(model_dir: Path, adapter_dir: Path, out_dir: Path, dtype: str 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from shared.backends import MERGE_DTYPES
     from shared.prompts import PROMPTS_FILE
 
     if dtype not in MERGE_DTYPES:

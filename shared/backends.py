@@ -10,6 +10,7 @@ from typing import Literal, get_args
 
 ProgramBackend = Literal["xnnpack", "portable"]  # XNNPACK delegate, or ExecuTorch's portable kernels only
 PROGRAM_BACKENDS: tuple[str, ...] = get_args(ProgramBackend)
+MERGE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")  # what ``mobizo adapters merge`` stores
 Quantization = Literal["none", "8da4w"]  # the base linears: float32, or int4 groupwise with int8 activations
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 DeviceBackend = Literal["executorch", "torch", "adb"]  # ExecuTorch runtime here, eager PyTorch, a phone over adb

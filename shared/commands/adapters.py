@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from shared.backends import MERGE_DTYPES
 from shared.errors import ExitCode, UsageError
 
 HELP = "fold an adapter into its base model: a plain Hugging Face model folder (no LoRA needed to run it)"
@@ -23,7 +24,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     merge.add_argument(
         "--dtype",
         default="float32",
-        choices=("float32", "bfloat16", "float16"),
+        choices=MERGE_DTYPES,
         help="the merged weights' type (float32, the default, keeps the merge's own rounding only)",
     )
     merge.add_argument("--allow-other-base", action="store_true", help=ALLOW_OTHER_BASE_HELP)
