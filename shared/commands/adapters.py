@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from shared.backends import MERGE_DTYPES
@@ -31,7 +30,8 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    from shared.adapter import CONFIG_FILE, check_base, merge_adapter
+    from shared.adapter import CONFIG_FILE, merge_adapter
+    from shared.commands.eval import checked_base
 
     if not (args.model / "config.json").is_file():
         raise UsageError("model", f"{args.model} is not a Hugging Face model folder (no config.json)")
@@ -39,9 +39,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise UsageError("adapter", f"{args.adapter} is not an adapter folder (no {CONFIG_FILE})")
     if args.out.exists():
         raise UsageError("out", f"{args.out} exists: choose another folder")
-    warning = check_base(args.adapter, args.model, args.allow_other_base)
-    if warning is not None:
-        print(warning, file=sys.stderr)
+    checked_base(args)
     out = merge_adapter(args.model, args.adapter, args.out, args.dtype)
     print(f"merged {args.adapter} into {args.model}: {out} ({args.dtype}; loads with AutoModelForCausalLM)")
     return ExitCode.OK
