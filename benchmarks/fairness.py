@@ -83,7 +83,7 @@ def upload(device: httpx.Client, job_id: int, b: np.ndarray, log: str, steps: in
         "log": ("log.jsonl", log.encode()),
         "metrics": ("metrics.json", json.dumps({"steps": steps}).encode()),
     }
-    return device.post(f"/v1/jobs/{job_id}/result", files=files)
+    return device.post(f"/v1/work/job-{job_id}/result", files=files)
 
 
 def forged(spec: dict, d: int) -> tuple[np.ndarray, str]:
@@ -180,7 +180,7 @@ def measure(victim: Tenant, rounds: int) -> dict[str, list[float]]:
         victim.http.get("/v1/jobs", params={"limit": 20}).raise_for_status()
         seconds["GET /v1/jobs"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        device.post(f"/v1/jobs/{lease['job_id']}/heartbeat", json={"step": 1}).raise_for_status()
+        device.post(f"/v1/work/job-{lease['job_id']}/heartbeat", json={"step": 1}).raise_for_status()
         seconds["heartbeat"].append(time.perf_counter() - start)
         start = time.perf_counter()
         r = upload(device, lease["job_id"], b, log, VICTIM_JOB["steps"])

@@ -152,7 +152,7 @@ def _lie(device: httpx.Client, setup: Setup, shard: Path, factor: float, stop: t
         records = _poison(_local_log(setup, init, shard, spec["seed"], spec["steps"]), factor)
         log = "".join(log_line(r) for r in records).encode()
         files = {"log": ("log.jsonl", io.BytesIO(log)), "metrics": ("metrics.json", io.BytesIO(b"{}"))}
-        reply = device.post(f"/v1/round-clients/{lease['round']['client_id']}/result", files=files)
+        reply = device.post(f"/v1/work/part-{lease['round']['client_id']}/result", files=files)
         seen["leased"] += 1
         seen["accepted" if reply.status_code == 201 else "refused"] += 1
         if reply.status_code != 201:

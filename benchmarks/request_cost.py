@@ -50,7 +50,7 @@ def ms_per_request(db_url: str, tmp: Path, rounds: int) -> float:
         def one() -> None:
             lease = client.post("/v1/leases", headers=phone["headers"]).json()
             for step in range(HEARTBEATS):
-                client.post(f"/v1/jobs/{lease['job_id']}/heartbeat", json={"step": step}, headers=phone["headers"])
+                client.post(f"/v1/work/job-{lease['job_id']}/heartbeat", json={"step": step}, headers=phone["headers"])
 
         for _ in range(10):  # warm-up
             one()

@@ -163,7 +163,7 @@ async def device(url: str, token: str, heartbeats: int, stop_at: float, lat: dic
             job_id = r.raise_for_status().json()["job_id"]
             for step in range(heartbeats):
                 t = time.perf_counter()
-                (await http.post(f"/v1/jobs/{job_id}/heartbeat", {"step": step, "loss": 1.0})).raise_for_status()
+                (await http.post(f"/v1/work/job-{job_id}/heartbeat", {"step": step, "loss": 1.0})).raise_for_status()
                 lat["heartbeat"].append(time.perf_counter() - t)
 
 
@@ -210,7 +210,7 @@ async def open_device(
                     if r.status_code == 200:
                         job_id, beats = r.json()["job_id"], 0
                 else:
-                    r = await http.post(f"/v1/jobs/{job_id}/heartbeat", {"step": beats, "loss": 1.0})
+                    r = await http.post(f"/v1/work/job-{job_id}/heartbeat", {"step": beats, "loss": 1.0})
                     beats += 1
                     if beats >= heartbeats:
                         job_id = None
@@ -278,7 +278,7 @@ def _timed_uploads(device: httpx.Client, n: int) -> list[float]:
         lease = device.post("/v1/leases").raise_for_status().json()
         files = result_files(lease["spec"], lease["manifest"]["lora_size"], replaying=True)
         started = time.perf_counter()
-        device.post(f"/v1/jobs/{lease['job_id']}/result", files=files).raise_for_status()
+        device.post(f"/v1/work/job-{lease['job_id']}/result", files=files).raise_for_status()
         times.append(time.perf_counter() - started)
     return times
 
@@ -314,7 +314,7 @@ def noisy_neighbour(url: str, uploads: int, noisy_devices: int) -> dict:
         lease = device.post("/v1/leases").raise_for_status().json()
         files = result_files(lease["spec"], lease["manifest"]["lora_size"], replaying=False)
         while not stop.is_set():
-            r = device.post(f"/v1/jobs/{lease['job_id']}/result", files=files)
+            r = device.post(f"/v1/work/job-{lease['job_id']}/result", files=files)
             statuses.append(r.status_code)
             stop.wait(float(r.headers.get("retry-after", 0)))  # as the agent does
 

@@ -31,6 +31,7 @@ from shared.schemas import (
     ModelsPublic,
     ResultPublic,
     RoundReportPublic,
+    work_name,
 )
 
 USER_AGENT = "mobizo-agent"
@@ -48,9 +49,9 @@ def enroll(http: httpx.Client, body: DeviceCreate) -> DeviceEnrolled:
 
 
 def work_path(work: int | str) -> str:
-    """Where a piece of work's heartbeats and failure go: a job id → ``/v1/jobs/{id}``; a lease's ``work_path``
-    (``/v1/round-clients/{id}`` for a part in a federated round) as it is."""
-    return work if isinstance(work, str) else f"/v1/jobs/{work}"
+    """Where a piece of work's heartbeats, result and failure go: a lease's ``work_path`` as it is; a bare job id
+    (a job the agent ran before it kept the lease) → ``/v1/work/job-{id}``."""
+    return work if isinstance(work, str) else f"/v1/work/{work_name(work)}"
 
 
 class DeviceAPI:
@@ -72,21 +73,21 @@ class DeviceAPI:
         response = self.http.post(f"{work_path(work)}/heartbeat", json=body.model_dump())
         return HeartbeatPublic.model_validate(checked(response).json())
 
-    def _post_result(self, path: str, b_flat: bytes | None, log: bytes, metrics: bytes) -> dict:
+    def upload(
+        self, work: int | str, b_flat: bytes | None, log: bytes, metrics: bytes
+    ) -> ResultPublic | RoundReportPublic:
+        """A work item's result: B (None for an item whose ``spec.upload`` is ``log``, as every round part's),
+        the log and metrics. A job answers its adapter version (``ResultPublic``); a round part, the B its log
+        replays to (``RoundReportPublic``)."""
         files = (
             {} if b_flat is None else {"b_flat": ("b_flat.safetensors", io.BytesIO(b_flat), "application/octet-stream")}
         )
         files["log"] = ("train_log.jsonl", io.BytesIO(log), "application/x-ndjson")
         files["metrics"] = ("metrics.json", io.BytesIO(metrics), "application/json")
-        return checked(self.http.post(f"{path}/result", files=files)).json()
-
-    def upload(self, job_id: int, b_flat: bytes | None, log: bytes, metrics: bytes) -> ResultPublic:
-        """A job's result: B, the log and metrics (``b_flat`` None: the log alone, for a job with upload: log)."""
-        return ResultPublic.model_validate(self._post_result(work_path(job_id), b_flat, log, metrics))
-
-    def upload_round(self, path: str, log: bytes, metrics: bytes) -> RoundReportPublic:
-        """A part in a federated round: the log alone; the server replays it from the round's B."""
-        return RoundReportPublic.model_validate(self._post_result(path, None, log, metrics))
+        path = work_path(work)
+        answer = checked(self.http.post(f"{path}/result", files=files)).json()
+        part = path.rpartition("/")[2].startswith("part-")
+        return (RoundReportPublic if part else ResultPublic).model_validate(answer)
 
     def fail(self, work: int | str, error: str) -> None:
         """Give up on a leased job (it fails on the server with this reason, which reaches the user), or on a part in

@@ -36,7 +36,7 @@ from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import MobizoError
 from shared.files import atomic_write_bytes, private_dir
 from shared.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry
-from shared.schemas import JobSpec, LeasePublic
+from shared.schemas import JobSpec, LeasePublic, RoundReportPublic
 
 # What became of a job: it is over for this device (succeeded, cancelled, failed), or it may come back (stopped:
 # this agent is shutting down; lost: the lease went, the job may be leased again).
@@ -329,17 +329,16 @@ def upload(ctx: AgentContext, lease: LeasePublic, jobs: JobDir, beat: Heartbeat)
     b_flat = None if lease.round is not None or lease.spec.upload == "log" else jobs.b_flat.read_bytes()
     sent = {"upload_bytes": len(log) + len(metrics) + len(b_flat or b""), "b_bytes": len(b_flat or b"")}
     try:
-        if lease.round is not None:
-            report = call_with_retry(ctx.policy(), beat.last_call, ctx.api.upload_round, lease.work_path, log, metrics)
-            done = {"round": report.round, "client_id": report.client_id}
-        else:
-            result = call_with_retry(ctx.policy(), beat.last_call, ctx.api.upload, lease.job_id, b_flat, log, metrics)
-            done = {"adapter_id": result.adapter_id, "version": result.version}
+        answer = call_with_retry(ctx.policy(), beat.last_call, ctx.api.upload, lease.work_path, b_flat, log, metrics)
     except httpx.HTTPStatusError as error:
         if error.response.status_code != 409:
             raise
         beat.beat()  # a 409 is a cancel, a lost lease or a round that closed: ask which
         return "cancelled" if beat.cancelled.is_set() else "lost"
+    if isinstance(answer, RoundReportPublic):
+        done = {"round": answer.round, "client_id": answer.client_id}
+    else:
+        done = {"adapter_id": answer.adapter_id, "version": answer.version}
     ctx.reporter.event("uploaded", job_id=lease.job_id, **done, **sent)
     return "succeeded"
 

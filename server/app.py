@@ -48,9 +48,9 @@ from server.routes import (
     metrics,
     models,
     privacy,
-    results,
     rounds,
     users,
+    work,
 )
 from server.settings import Settings, get_settings
 from server.store import ArtifactStore
@@ -198,7 +198,7 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         jobs,
         leases,
         blobs,
-        results,
+        work,
         adapters,
         cohorts,
         rounds,

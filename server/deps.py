@@ -1,12 +1,12 @@
 """Request dependencies: a DB session, the settings, the store and worker pools, who is calling (admin, user or
-device), and the job a device names in the path.
+device), and the job a device's work item names (``device_job``).
 
 A revoked device's token is refused (401) by every route that takes a device: ``get_current_device`` reads the
 row; the two routes on the token cache (``get_device_identity``: lease and heartbeat) test the row in the
 transaction they run anyway.
 
 Routes declare only what they need: ``session: SessionDep``, ``user: CurrentUser``, ``device: CurrentDevice``,
-``job: DeviceJob``, ``_: AdminDep``. A bad or missing token is 401; a valid token of the wrong kind is 403.
+``_: AdminDep``. A bad or missing token is 401; a valid token of the wrong kind is 403.
 
 The auth dependencies end their transaction before returning. FastAPI runs each sync dependency and the route in
 separate thread-pool calls; a transaction left open between them would hold SQLite's write lock while waiting for
@@ -228,13 +228,10 @@ DeviceId = Annotated[DeviceIdentity, Depends(get_device_identity)]
 AnyAuth = Annotated[None, Depends(require_any)]
 
 
-def get_device_job(job_id: ObjectId, device: CurrentDevice, session: SessionDep) -> Job:
-    """The job ``job_id`` of the path if it belongs to the device's user; 404 for anyone else's."""
+def device_job(session: Session, job_id: int, device: Device) -> Job:
+    """The job ``job_id`` if it belongs to the device's user; 404 for anyone else's."""
     job = session.get(Job, job_id)
     session.commit()  # see the module docstring
     if job is None or job.user_id != device.user_id:
         raise not_found("job")
     return job
-
-
-DeviceJob = Annotated[Job, Depends(get_device_job)]

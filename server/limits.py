@@ -42,10 +42,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 JSON_LIMIT = 64 * 1024  # a job spec with a 4 KB template and a large verbalizer fits with room to spare
 ENROLL_LIMIT = 4 * 1024  # code, name, platform, backend, memory_mb, cpu
-RESULT_UPLOAD = "/v1/jobs/{job_id}/result"  # a personal job's B, log and metrics
-ROUND_UPLOAD = "/v1/round-clients/{client_id}/result"  # a round part's log and metrics
-UPLOAD_ROUTES = (RESULT_UPLOAD, ROUND_UPLOAD)
-UPLOAD_PATH = re.compile("^(?:" + "|".join(re.sub(r"\{[^/]+\}", "[^/]+", r) for r in UPLOAD_ROUTES) + ")$")
+WORK_UPLOAD = "/v1/work/{work}/result"  # a work item's result: a job's B, log and metrics; a round part's log
+UPLOAD_PATH = re.compile("^" + re.sub(r"\{[^/]+\}", "[^/]+", WORK_UPLOAD) + "$")
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers
 RETRY_UPLOAD_S = 5
 

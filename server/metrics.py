@@ -47,7 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server import queries
 from server.db import read_only
-from server.limits import RESULT_UPLOAD, ROUND_UPLOAD
+from server.limits import WORK_UPLOAD
 from shared.schemas import JobStatus
 
 disable_created_metrics()  # no *_created series: a counter's start time is noise to a scraper
@@ -79,7 +79,6 @@ EXPORT_SECONDS = Histogram(
 ROUND_CLOSES = Counter("mobizo_round_closes", "federated round closes by outcome", ["outcome"])
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # the rest: "other"
-UPLOAD_ROUTES = {RESULT_UPLOAD: "job", ROUND_UPLOAD: "round"}
 REFUSALS = {
     400: "unparsable",
     401: "unauthorized",
@@ -92,6 +91,11 @@ REFUSALS = {
     429: "busy",
     503: "verify_unavailable",
 }
+
+
+def upload_kind(path: str) -> str:
+    """``job`` or ``round``: what an upload to ``/v1/work/{work}/result`` carries, by its work's name."""
+    return "round" if path.split("/")[3].startswith("part-") else "job"
 
 
 def upload_outcome(status: int) -> str:
@@ -135,8 +139,8 @@ class RequestMetrics:
             route, method = route_of(scope), method_of(scope)
             REQUESTS.labels(method, route, str(status)).inc()
             LATENCY.labels(method, route).observe(time.perf_counter() - start)
-            if route in UPLOAD_ROUTES and method == "POST":
-                UPLOADS.labels(UPLOAD_ROUTES[route], upload_outcome(status)).inc()
+            if route == WORK_UPLOAD and method == "POST":
+                UPLOADS.labels(upload_kind(scope["path"]), upload_outcome(status)).inc()
 
 
 class StateCollector(Collector):

@@ -121,9 +121,11 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
     return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
 
-def field_error(field: str, message: str, code: int = status.HTTP_422_UNPROCESSABLE_CONTENT) -> HTTPException:
-    """``{"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}`` with ``code``."""
-    return HTTPException(code, [{"loc": ["body", field], "msg": message, "type": "value_error"}])
+def field_error(
+    field: str, message: str, code: int = status.HTTP_422_UNPROCESSABLE_CONTENT, where: str = "body"
+) -> HTTPException:
+    """``{"detail": [{"loc": [where, field], "msg": message, "type": "value_error"}]}`` with ``code``."""
+    return HTTPException(code, [{"loc": [where, field], "msg": message, "type": "value_error"}])
 
 
 def try_later(code: int, detail: str, retry_after_s: int) -> HTTPException:

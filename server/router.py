@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException, status
 from sqlalchemy.orm import Session
 
 
@@ -39,3 +39,15 @@ def _ends_transaction(endpoint: Callable[..., Any]) -> Callable[..., Any]:
 class Router(APIRouter):
     def add_api_route(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         super().add_api_route(path, _ends_transaction(endpoint), **kwargs)
+
+    def retire(self, paths: tuple[str, ...], method: str, message: str) -> None:
+        """Routes of an earlier version answer 410 Gone with ``message`` (what replaced them): the client is older
+        than the server. Not in the OpenAPI document."""
+
+        def retired() -> None:
+            raise HTTPException(status.HTTP_410_GONE, message)
+
+        for path in paths:
+            self.add_api_route(
+                path, retired, methods=[method], include_in_schema=False, status_code=status.HTTP_410_GONE
+            )

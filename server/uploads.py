@@ -2,8 +2,8 @@
 pace while holding an upload slot, spooling each under its limit, and running the torch-side check in a verify
 worker with its failures mapped onto answers.
 
-One home for what ``routes/results.py`` and ``routes/rounds.py`` both do, so that a log-only upload is received
-exactly like a full one.
+One home for what a job's and a round part's result (``server.results``) both do, so that a log-only upload is
+received exactly like a full one.
 """
 
 from __future__ import annotations

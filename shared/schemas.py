@@ -6,7 +6,7 @@ OpenAPI), the agent parses the server's answers with them. Only pydantic and the
 Naming follows the usual FastAPI layout: ``XCreate`` is what a client sends, ``XPublic`` what the server answers,
 ``XsPublic`` a list (``data`` + ``count``).
 
-Result upload (``POST /v1/jobs/{id}/result``) is ``multipart/form-data`` with three file parts named by
+Result upload (``POST /v1/work/{work}/result``) is ``multipart/form-data`` with three file parts named by
 ``RESULT_PARTS``: ``b_flat`` (a B file, ``shared.b_file``: safetensors holding exactly one float32 tensor
 ``"b_flat"`` of shape [D], the program's ``get_lora_b()``), ``log`` (the training log, JSON Lines,
 ``shared.train_log``) and ``metrics`` (``metrics.json``). A device downloads every file by content
@@ -635,6 +635,17 @@ class LeaseCreate(_Strict):
     cpu: CpuReport | None = Field(default=None, description="the device's CPU where it trains (default: as reported)")
 
 
+# A leased work item's name in the work exchange (``/v1/work/{work}/{heartbeat,fail,result}``): a personal job,
+# ``job-{job id}``, or a device's part in a federated round, ``part-{round client id}``.
+WORK_KINDS = ("job", "part")
+WORK_NAME = r"^(job|part)-[1-9][0-9]{0,9}$"
+
+
+def work_name(job_id: int, client_id: int | None = None) -> str:
+    """``job-{job_id}``, or ``part-{client_id}`` for a part in a round."""
+    return f"job-{job_id}" if client_id is None else f"part-{client_id}"
+
+
 class RoundLeasePublic(BaseModel):
     """A lease on a part of a federated round: train ``spec.steps`` local steps from ``init`` (B_r), upload the log."""
 
@@ -657,9 +668,14 @@ class LeasePublic(BaseModel):
     round: RoundLeasePublic | None = Field(default=None, description="set for a federated round's work")
 
     @property
+    def work(self) -> str:
+        """The work item's name in the work exchange: ``job-{job id}``, or ``part-{round client id}``."""
+        return work_name(self.job_id, self.round and self.round.client_id)
+
+    @property
     def work_path(self) -> str:
-        """Where this lease's heartbeats, result and failure go: the job's, or the round client's."""
-        return f"/v1/round-clients/{self.round.client_id}" if self.round else f"/v1/jobs/{self.job_id}"
+        """Where this lease's heartbeats, result and failure go (``/v1/work/{work}/…``)."""
+        return f"/v1/work/{self.work}"
 
     @property
     def work_key(self) -> str:

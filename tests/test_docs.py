@@ -21,7 +21,7 @@ HOOK = REPO / "docs" / "hooks" / "reference.py"
 README_MAX_BYTES = 15_000
 BUILD_WARN_S = 20.0
 
-DEV_PATH = re.compile(r"/work/|/tmp/|/home/|\.\./shared")
+DEV_PATH = re.compile(r"(?<![\w}.-])(?:/work/|/tmp/|/home/)|\.\./shared")  # a path, not /v1/work/…
 ISSUE_REF = re.compile(r"\bissue\s+#?\d+|(?<![\w&#])#\d{2,}\b", re.IGNORECASE)
 TEXT_SUFFIXES = {".md", ".py", ".yml", ".yaml", ".txt", ".html", ".css", ".js", ".json", ".toml", ".cfg"}
 
@@ -305,7 +305,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_mkdocs_build_strict(site: Path) -> None:
     """The CI check: any warning (a broken link or anchor, a page missing from the nav, a stub without its marker)
     fails the build; the generated references are generated."""
-    for page, text in (("cli", "mobizo jobs submit"), ("rest", "/v1/jobs/{job_id}/result"), ("settings", "MOBIZO_")):
+    for page, text in (("cli", "mobizo jobs submit"), ("rest", "/v1/work/{work}/result"), ("settings", "MOBIZO_")):
         built = (site / "reference" / page / "index.html").read_text(encoding="utf-8")
         assert text in built and "<!-- generated:" not in built, f"reference/{page}.md was not generated"
     assert not (site / "hooks").exists(), "the hook module must not be published"

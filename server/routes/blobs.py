@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import HTTPException, Path, Response, status
+from fastapi import Path, Response
 from fastapi.responses import FileResponse
 
 from server import grants
@@ -64,14 +64,9 @@ RETIRED = (
 )
 
 
-def retired() -> None:
-    """A download route of an earlier version: the agent is older than the server."""
-    raise HTTPException(
-        status.HTTP_410_GONE,
-        "this download route was retired: files are fetched by content from GET /v1/blobs/{sha256}; "
-        "upgrade the device agent",
-    )
-
-
-for _path in RETIRED:
-    router.add_api_route(_path, retired, methods=["GET"], include_in_schema=False, status_code=status.HTTP_410_GONE)
+router.retire(
+    RETIRED,
+    "GET",
+    "this download route was retired: files are fetched by content from GET /v1/blobs/{sha256}; "
+    "upgrade the device agent",
+)

@@ -2,49 +2,34 @@
 
 With no job of its own user ready, an eligible device (``eligible`` not false) may get a part in a federated round
 of a cohort its user is in (``server.federation.lease_round``): the lease then carries ``round``, and its
-heartbeats and upload go to ``/v1/round-clients/{id}/…`` (``routes/rounds.py``). Either way the lease names its
+work is ``part-{round client id}`` in the work exchange (``routes/work.py``). Either way the lease names its
 files by content: the device downloads each from ``GET /v1/blobs/{sha256}`` (``routes/blobs.py``), which grants
 them while the device holds the work.
 
 A lease lasts ``lease_s`` seconds from the last heartbeat. An expired lease returns the job to ``ready`` (the
 sweeper and every lease request apply that), up to ``max_attempts`` leases per job. A heartbeat on a cancelled
 job answers ``cancelled: true``; a heartbeat from a device that lost its lease answers 409. A device that cannot
-finish reports it (``POST /v1/jobs/{id}/fail``) and the job fails with its reason.
+finish reports it (``POST /v1/work/job-{id}/fail``) and the job fails with its reason.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import HTTPException, Response, status
+from fastapi import Response, status
 from sqlalchemy.orm import Session
 
-from server import accounts, federation, jobstate, metrics, queries
-from server.db import read_only
-from server.deps import (
-    CurrentDevice,
-    DeviceId,
-    DeviceJob,
-    EngineDep,
-    ObjectId,
-    ProgramManifestsDep,
-    SessionDep,
-    SettingsDep,
-    StoreDep,
-    revoked,
-)
+from server import accounts, federation, jobstate, metrics
+from server.deps import DeviceId, ProgramManifestsDep, SessionDep, SettingsDep, StoreDep, revoked
 from server.grants import blob_ref, device_manifest
 from server.lru import LRUCache
-from server.responses import errors, field_error, not_found
+from server.responses import errors
 from server.router import Router
 from server.store import ArtifactStore
-from server.tables import Adapter, Job, Round, RoundClient, utcnow
+from server.tables import Adapter, Job, Round, RoundClient
 from shared.manifest import ProgramFile, ProgramManifest
 from shared.schemas import (
     FileRef,
-    HeartbeatCreate,
-    HeartbeatPublic,
-    JobFailureCreate,
     LeaseCreate,
     LeasePublic,
     RoundLeasePublic,
@@ -136,58 +121,4 @@ def lease(
         if client is not None:
             metrics.LEASES.labels("round").inc()
             return _round_lease(session, store, manifests, client, settings.heartbeat_s)
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
-@router.post(
-    "/v1/jobs/{job_id}/heartbeat",
-    response_model=HeartbeatPublic,
-    tags=["leases"],
-    responses=errors(
-        400,
-        401,
-        403,
-        404,
-        409,
-        413,
-        422,
-        e409="this device does not hold the lease",
-        e422="malformed, progress beyond the job's steps, or a loss in a private job's heartbeat",
-    ),
-)
-def heartbeat(
-    job_id: ObjectId, body: HeartbeatCreate, device: DeviceId, engine: EngineDep, settings: SettingsDep
-) -> HeartbeatPublic:
-    """The leased job's progress; extends the lease and says whether to stop."""
-    metrics.HEARTBEATS.labels("job").inc()
-    with engine.begin() as conn:
-        expires = jobstate.heartbeat(conn, job_id, device.id, settings.lease_s, body)
-        accounts.record_seen(conn, device)
-    if expires is not None:
-        return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
-    with read_only(engine) as conn:  # it did not apply: say why
-        job, gone = queries.heartbeat_refusal(conn, job_id, device.id)
-    if gone is not None:
-        raise revoked(device.id)
-    if job is None or job.user_id != device.user_id:
-        raise not_found("job")
-    if job.status == "cancelled" and job.leased_device_id == device.id:
-        return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
-    if jobstate.holds_lease(job, device.id) and body.step > job.spec["steps"]:
-        raise field_error("step", f"must not exceed the job's {job.spec['steps']} steps")
-    if jobstate.holds_lease(job, device.id) and body.loss is not None and job.spec.get("privacy"):
-        raise field_error("loss", "a private job's heartbeat carries no loss: its losses stay on the device")
-    raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device does not hold its lease (expired?)")
-
-
-@router.post(
-    "/v1/jobs/{job_id}/fail",
-    status_code=status.HTTP_204_NO_CONTENT,
-    tags=["leases"],
-    responses=errors(400, 401, 403, 404, 409, 413, 422, e409="this device holds no lease on the job"),
-)
-def fail(job: DeviceJob, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:
-    """Give up a leased job with the device's reason; the job fails with it."""
-    if not jobstate.device_failed(session, job, device, body.error):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device holds no lease on it")
     return Response(status_code=status.HTTP_204_NO_CONTENT)

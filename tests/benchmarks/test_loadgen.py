@@ -51,9 +51,9 @@ def test_keep_alive_answers_close_and_errors() -> None:
         got = []
         async with loadgen.Client(f"http://127.0.0.1:{port}", "tok") as http:
             got.append((await http.post("/v1/leases")).raise_for_status().json())
-            got.append((await http.post("/v1/jobs/7/heartbeat", {"step": 1})).status_code)
+            got.append((await http.post("/v1/work/job-7/heartbeat", {"step": 1})).status_code)
             with pytest.raises(loadgen.HTTPStatusError, match="409"):
-                (await http.post("/v1/jobs/7/heartbeat", {"step": 2})).raise_for_status()
+                (await http.post("/v1/work/job-7/heartbeat", {"step": 2})).raise_for_status()
             got.append((await http.post("/v1/leases")).json())  # after the server closed: a new connection
         server.close()
         await server.wait_closed()
@@ -63,8 +63,8 @@ def test_keep_alive_answers_close_and_errors() -> None:
     assert got == [{"job_id": 7}, 204, {}]
     assert [r["line"] for r in requests] == [
         "POST /v1/leases HTTP/1.1",
-        "POST /v1/jobs/7/heartbeat HTTP/1.1",
-        "POST /v1/jobs/7/heartbeat HTTP/1.1",
+        "POST /v1/work/job-7/heartbeat HTTP/1.1",
+        "POST /v1/work/job-7/heartbeat HTTP/1.1",
         "POST /v1/leases HTTP/1.1",
     ]
     assert all(r["headers"]["authorization"] == "Bearer tok" for r in requests)

@@ -298,13 +298,16 @@ def test_no_request_carries_the_training_text(stack: Stack, local_data: Path, tm
     assert len(texts) == 64 and any(b'name="b_flat"' in body for body in bodies)  # the upload is in there
     leaked = [t for t in texts for body in bodies if t.encode() in body or json.dumps(t)[1:-1].encode() in body]
     assert leaked == []
-    paths = {(r.method, r.url.path.replace(f"/{job_id}/", "/ID/").replace(f"/{first}/", "/ID/")) for r in sent}
+    paths = {
+        (r.method, r.url.path.replace(f"/job-{job_id}/", "/job-ID/").replace(f"/job-{first}/", "/job-ID/"))
+        for r in sent
+    }
     paths = {(method, "/v1/blobs/SHA" if path.startswith("/v1/blobs/") else path) for method, path in paths}
     assert paths == {
         ("POST", "/v1/leases"),
         ("GET", "/v1/blobs/SHA"),
-        ("POST", "/v1/jobs/ID/result"),
-    } | ({("POST", "/v1/jobs/ID/heartbeat")} & paths)
+        ("POST", "/v1/work/job-ID/result"),
+    } | ({("POST", "/v1/work/job-ID/heartbeat")} & paths)
 
 
 def test_a_job_the_device_cannot_run_fails_with_its_reason(stack: Stack, tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def test_leftover_jobs_are_resumed_if_still_ours_and_forgotten_if_not(tmp_path: 
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.path
         calls.append(path)
-        if path == "/v1/jobs/6/heartbeat":
+        if path == "/v1/work/job-6/heartbeat":
             return httpx.Response(409, json={"detail": "this device does not hold its lease"})
         if path.endswith("/heartbeat"):
             running = {"cancelled": False, "status": "running", "expires_at": "2030-01-01T00:00:00Z"}
@@ -51,7 +51,7 @@ def test_leftover_jobs_are_resumed_if_still_ours_and_forgotten_if_not(tmp_path: 
     ctx.job_dir(6).save_lease(LEASE.model_copy(update={"job_id": 6}))
     ctx.job_dir(5).save_lease(LEASE)
     assert serve(ctx, RunOptions(once=True)) == 0
-    assert "/v1/jobs/5/result" in calls and "/v1/leases" not in calls  # the leftover job was the one job
+    assert "/v1/work/job-5/result" in calls and "/v1/leases" not in calls  # the leftover job was the one job
     assert not ctx.job_dir(5).root.exists() and not ctx.job_dir(6).root.exists()
 
 

@@ -135,5 +135,5 @@ def test_metrics_count_the_job_its_lease_upload_and_verification(finished) -> No
     assert samples[("mobizo_verify_duration_seconds_count", ())] == 1
     assert samples[("mobizo_export_duration_seconds_count", (("outcome", "built"),))] == 2  # alice's and bob's
     assert samples[("mobizo_heartbeats_total", (("kind", "job"),))] >= 1
-    route = (("method", "POST"), ("route", "/v1/jobs/{job_id}/result"), ("status", "201"))
+    route = (("method", "POST"), ("route", "/v1/work/{work}/result"), ("status", "201"))
     assert samples[("mobizo_http_requests_total", route)] == 1

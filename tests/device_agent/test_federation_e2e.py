@@ -172,7 +172,7 @@ def test_a_federation_of_real_agents(artifacts: Path, local_data: Path, tiny_mod
         assert len([c for c in first["clients"] if c["status"] == "reported"]) == 2
         assert _time(first["closed_at"]) <= _time(first["deadline_at"]) + timedelta(seconds=SWEEP_SLACK_S)
         late = victim_device.post(
-            f"/v1/round-clients/{victim_part['id']}/result",
+            f"/v1/work/part-{victim_part['id']}/result",
             files={"log": ("log.jsonl", b"{}\n"), "metrics": ("metrics.json", b"{}")},
         )
         assert late.status_code == 409, late.text

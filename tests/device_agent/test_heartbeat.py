@@ -47,7 +47,7 @@ def test_progress_is_sent_with_the_device_token() -> None:
     assert beat.progress(5, float("nan")) > 0  # steps/s since the first progress of this session
     beat.beat()
     assert seen[0] == (
-        "/v1/jobs/7/heartbeat",
+        "/v1/work/job-7/heartbeat",
         "Bearer dev-token",
         {"step": 3, "loss": None, "steps_per_s": None, "paused": False},
     )

@@ -52,7 +52,7 @@ def test_chunked_body_without_content_length_is_counted(live):
 def test_authenticated_json_endpoints_cap_their_bodies_before_the_token_is_checked(live):
     body = json.dumps([0] * (JSON_LIMIT // 2 + 1000)).encode()  # over the limit
     assert len(body) > JSON_LIMIT
-    for path in ("/v1/jobs", "/v1/users", "/v1/leases", "/v1/jobs/1/heartbeat", "/v1/jobs/1/cancel"):
+    for path in ("/v1/jobs", "/v1/users", "/v1/leases", "/v1/work/job-1/heartbeat", "/v1/jobs/1/cancel"):
         answer = send(live.url, "POST", path, {**JSON, "Content-Length": str(len(body))}, [body])
         assert answer.status == 413, path
     under = json.dumps([0] * 1000)

@@ -80,9 +80,9 @@ def private_lease(client, tmp_path):
 
 def test_a_private_jobs_heartbeat_carries_no_loss(client, private_lease) -> None:
     job_id, phone = private_lease["job"]["id"], private_lease["phone"]
-    r = client.post(f"/v1/jobs/{job_id}/heartbeat", json={"step": 1, "loss": 0.7}, headers=phone["headers"])
+    r = client.post(f"/v1/work/job-{job_id}/heartbeat", json={"step": 1, "loss": 0.7}, headers=phone["headers"])
     assert r.status_code == 422 and "loss" in r.text, r.text
-    r = client.post(f"/v1/jobs/{job_id}/heartbeat", json={"step": 1}, headers=phone["headers"])
+    r = client.post(f"/v1/work/job-{job_id}/heartbeat", json={"step": 1}, headers=phone["headers"])
     assert r.status_code == 200, r.text
     with client.app.state.sessionmaker() as session:
         stored = session.get(Job, job_id)

@@ -66,7 +66,7 @@ def test_request_booleans_are_strict(live, people):
             response = http.post("/v1/jobs", json={**JOB, "chat_template": value}, headers=people["user"])
             assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "chat_template"]
             response = http.post(
-                f"/v1/jobs/{people['job']['id']}/heartbeat", json={"step": 1, "paused": value}, headers=device
+                f"/v1/work/job-{people['job']['id']}/heartbeat", json={"step": 1, "paused": value}, headers=device
             )
             assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "paused"]
     assert http.post("/v1/leases", json={"eligible": True}, headers=device).status_code in (200, 204)

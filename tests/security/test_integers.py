@@ -18,9 +18,9 @@ def test_ids_in_paths_answer_422(live, people, value):
         ("post", f"/v1/jobs/{value}/cancel", user, None),
         ("get", f"/v1/adapters/{value}", user, None),
         ("get", f"/v1/adapters/{value}/download", user, None),
-        ("post", f"/v1/jobs/{value}/heartbeat", device, {"step": 1}),
-        ("post", f"/v1/jobs/{value}/fail", device, {"error": "x"}),
-        ("post", f"/v1/jobs/{value}/result", device, None),
+        ("post", f"/v1/work/job-{value}/heartbeat", device, {"step": 1}),
+        ("post", f"/v1/work/job-{value}/fail", device, {"error": "x"}),
+        ("post", f"/v1/work/job-{value}/result", device, None),
     ]
     client = people["client"]
     for method, path, headers, body in calls:
@@ -39,7 +39,7 @@ def test_counts_and_ids_in_queries_and_bodies_answer_422(live, people, value):
         client.post("/v1/jobs", json={**job, "init_adapter_id": value}, headers=user),
         client.post("/v1/devices", json={"code": "ABCD-EFGH-JKLM", "name": "x", "memory_mb": value}),
         client.post("/v1/leases", json={"memory_mb": value}, headers=device),
-        client.post(f"/v1/jobs/{people['job']['id']}/heartbeat", json={"step": value}, headers=device),
+        client.post(f"/v1/work/job-{people['job']['id']}/heartbeat", json={"step": value}, headers=device),
     ]
     assert [r.status_code for r in responses] == [422] * len(responses), [r.text for r in responses]
 

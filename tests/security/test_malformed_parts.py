@@ -85,7 +85,7 @@ def test_log_line_nested_3000_deep_answers_422(world):
 
 
 def test_heartbeat_step_beyond_64_bits_answers_422(world):
-    url = f"/v1/jobs/{world['job']['id']}/heartbeat"
+    url = f"/v1/work/job-{world['job']['id']}/heartbeat"
     for step in (2**63, 2**64, -1):
         response = world["client"].post(url, json={"step": step}, headers=world["phone"]["headers"])
         assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "step"]

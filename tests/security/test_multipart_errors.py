@@ -57,7 +57,7 @@ BODIES = {
 def test_malformed_multipart_answers_422_and_the_job_keeps_its_lease(world):
     """Each variant in turn against the same leased job (one server for all: the cases cost milliseconds)."""
     parts = _valid(world)
-    url = f"/v1/jobs/{world['job']['id']}/result"
+    url = f"/v1/work/job-{world['job']['id']}/result"
     answers = {}
     for case, body in BODIES.items():
         multipart = f"multipart/form-data; boundary={BOUNDARY}"
@@ -79,5 +79,5 @@ def test_malformed_multipart_answers_422_and_the_job_keeps_its_lease(world):
 
 def test_a_multipart_without_boundary_answers_422(world):
     headers = {**world["phone"]["headers"], "Content-Type": "multipart/form-data"}
-    response = world["client"].post(f"/v1/jobs/{world['job']['id']}/result", content=b"--x\r\n", headers=headers)
+    response = world["client"].post(f"/v1/work/job-{world['job']['id']}/result", content=b"--x\r\n", headers=headers)
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "request"]

@@ -32,10 +32,11 @@ def test_every_operation_documents_the_errors_it_can_give(operations):
 
 
 def test_result_upload_documents_429_and_its_multipart_body(operations):
-    (op,) = [op for method, path, op in operations if path == "/v1/jobs/{job_id}/result"]
+    (op,) = [op for method, path, op in operations if path == "/v1/work/{work}/result"]
     assert {"200", "201", "401", "403", "404", "409", "413", "422", "429"} <= set(op["responses"])
     body = op["requestBody"]["content"]["multipart/form-data"]["schema"]
-    assert body["required"] == ["b_flat", "log", "metrics"]
+    assert body["required"] == ["log", "metrics"]  # b_flat only where the item's spec.upload is b
+    assert set(body["properties"]) == {"b_flat", "log", "metrics"}
 
 
 @pytest.mark.parametrize(
@@ -44,7 +45,7 @@ def test_result_upload_documents_429_and_its_multipart_body(operations):
         ("OPTIONS", "/v1/jobs", "GET, HEAD, POST"),
         ("DELETE", "/v1/jobs", "GET, HEAD, POST"),
         ("DELETE", "/v1/jobs/1", "GET, HEAD"),
-        ("GET", "/v1/jobs/1/result", "POST"),
+        ("GET", "/v1/work/job-1/result", "POST"),
         ("PUT", "/healthz", "GET, HEAD"),
     ],
 )

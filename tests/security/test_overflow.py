@@ -32,7 +32,7 @@ MARK = "__NUMBER__"
 
 def test_log_numbers_float32_cannot_hold_answer_422_naming_the_field(world):
     b, _ = fake_training(world["lease"]["spec"], world["lease"]["manifest"]["lora_size"])
-    url = f"/v1/jobs/{world['job']['id']}/result"
+    url = f"/v1/work/job-{world['job']['id']}/result"
     for field, number, place in CASES:
         records = _log_lines(world)
         records[2] = place(records[2], MARK)
@@ -49,7 +49,7 @@ def test_log_numbers_float32_cannot_hold_answer_422_naming_the_field(world):
 
 def test_metrics_numbers_float32_cannot_hold_answer_422(world):
     b, log = fake_training(world["lease"]["spec"], world["lease"]["manifest"]["lora_size"])
-    url = f"/v1/jobs/{world['job']['id']}/result"
+    url = f"/v1/work/job-{world['job']['id']}/result"
     for metrics in (f'{{"losses": [{HUGE_INT}]}}', f'{{"steps": {VERY_LONG_INT}}}', '{"seconds": NaN}'):
         files = {"b_flat": ("b", b_flat_bytes(b)), "log": ("log", log.encode()), "metrics": ("m", metrics.encode())}
         response = world["client"].post(url, files=files, headers=world["phone"]["headers"])

@@ -21,7 +21,7 @@ def _refused(world, device: str, job_id: int):
         "Content-Type": "multipart/form-data; boundary=x",
         "Content-Length": str(100_000),
     }
-    return send(world["url"], "POST", f"/v1/jobs/{job_id}/result", headers, zeros(100_000))
+    return send(world["url"], "POST", f"/v1/work/job-{job_id}/result", headers, zeros(100_000))
 
 
 DELAY_S = 0.5  # the suite's servers pause 50 ms (tests/conftest.py): these tests pace at a pause of their own
@@ -60,6 +60,6 @@ def test_a_body_paced_just_above_the_minimum_rate_is_cut_at_the_longest_upload(t
 
     with leased_world(tmp_path, upload_min_bytes_per_s=100.0, upload_max_body_s=1.5) as world:
         headers = {**world["phone"]["headers"], **multipart}
-        answer = send(world["url"], "POST", f"/v1/jobs/{world['job']['id']}/result", headers, trickle())
+        answer = send(world["url"], "POST", f"/v1/work/job-{world['job']['id']}/result", headers, trickle())
     assert answer.status == 408 and b"within 1.5 s" in answer.body, answer.body
     assert answer.sent < total // 10

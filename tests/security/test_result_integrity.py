@@ -170,7 +170,7 @@ def test_a_log_longer_than_the_job_is_refused_before_any_replay(client, alice): 
 
 def test_heartbeat_progress_beyond_the_job_is_refused(client, alice):  # noqa: F811
     lease = _lease(client, alice["user"], alice["phone"])
-    url = f"/v1/jobs/{lease['job_id']}/heartbeat"
+    url = f"/v1/work/job-{lease['job_id']}/heartbeat"
     steps = lease["spec"]["steps"]
     assert client.post(url, json={"step": steps}, headers=alice["phone"]["headers"]).status_code == 200
     r = client.post(url, json={"step": steps + 1}, headers=alice["phone"]["headers"])

@@ -1,7 +1,7 @@
 """Issue 25 point 2: ``server.limits`` took only ``/v1/jobs/{id}/result`` for an upload, so a round part's log
 (``/v1/round-clients/{id}/result``) fell under the 64 KB JSON cap and a round part of ~200+ steps could never report.
-Now the upload routes are named in one place (``server.limits.UPLOAD_ROUTES``), the routes take their paths from it,
-and each route's cap follows from its parts' limits (``upload_body_limit``).
+Now every work item uploads to one route, named in one place (``server.limits.WORK_UPLOAD``), and its cap follows
+from the item's parts' limits (``upload_body_limit``).
 
 The round part here is 2,000 steps at q = 16: its log (about 2 MB) is written with the project's own log writer
 (``shared.train_log``: the job's seeds and lr, g from the losses) and uploaded over a real loopback socket to the app
@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from server.limits import JSON_LIMIT, UPLOAD_ROUTES, body_limit
+from server.limits import JSON_LIMIT, WORK_UPLOAD, body_limit
 from server.settings import Settings
 from server.verify import expected_lr
 from shared.noise import step_seed
@@ -80,11 +80,10 @@ def test_every_multipart_route_is_an_upload_route_with_the_upload_cap(cohort):
         for operation in operations.values()
         if "multipart/form-data" in operation.get("requestBody", {}).get("content", {})
     }
-    assert multipart == set(UPLOAD_ROUTES)
-    for path in multipart:
-        concrete = path.replace("{job_id}", "7").replace("{client_id}", "7")
-        assert body_limit("POST", concrete, 10**9) == 10**9
-    assert body_limit("POST", "/v1/round-clients/7/heartbeat", 10**9) == JSON_LIMIT
+    assert multipart == {WORK_UPLOAD}
+    for work in ("job-7", "part-7"):
+        assert body_limit("POST", WORK_UPLOAD.format(work=work), 10**9) == 10**9
+    assert body_limit("POST", "/v1/work/part-7/heartbeat", 10**9) == JSON_LIMIT
 
 
 def test_a_round_part_of_2000_steps_at_q16_reports(cohort):
@@ -95,7 +94,7 @@ def test_a_round_part_of_2000_steps_at_q16_reports(cohort):
     log = round_log(lease["spec"])
     assert len(log) > 30 * JSON_LIMIT  # about 2 MB: thirty times the cap it used to fall under
     files = {"log": ("log.jsonl", io.BytesIO(log.encode())), "metrics": ("metrics.json", io.BytesIO(b"{}"))}
-    url = f"/v1/round-clients/{lease['round']['client_id']}/result"
+    url = f"/v1/work/part-{lease['round']['client_id']}/result"
     response = http.post(url, files=files, headers=device)
     assert response.status_code == 201, response.text
     # the K-th report closes the round, unless the round sweeper (every 0.5 s) began closing it first: then the report

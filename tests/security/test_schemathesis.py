@@ -38,13 +38,13 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_status(live, peo
     assert {job["status"] for job in jobs} <= {"queued", "cancelled"}  # nothing was compiled
 
 
-def _fuzz_upload(url: str, route: str, parameters: dict[str, int], authorization: str, tmp_path) -> list[dict]:
+def _fuzz_upload(url: str, route: str, parameters: dict[str, str], authorization: str, tmp_path) -> list[dict]:
     """schemathesis over one upload route with its path parameters fixed (the caller's lease) → the answers it got
     (a HAR log's entries), after asserting it found no server error and no undocumented status."""
     import json
 
     config = tmp_path / "schemathesis.toml"
-    fixed = ", ".join(f"{name} = {value}" for name, value in parameters.items())
+    fixed = ", ".join(f"{name} = {json.dumps(value)}" for name, value in parameters.items())
     config.write_text(f'[[operations]]\ninclude-path = "{route}"\nparameters = {{ {fixed} }}\n')
     har = tmp_path / "upload.har"
     command = [
@@ -70,18 +70,18 @@ def test_schemathesis_over_the_upload_route_of_a_leased_job(world, tmp_path):
     """The personal upload route with its job leased to the caller (``world``'s phone), so that what schemathesis
     sends reaches the parts' checks and the replay rather than stopping at the lease: no server error, no status the
     schema does not document, and the recorded answers show the parts were read (422s naming a part)."""
-    from server.limits import RESULT_UPLOAD
+    from server.limits import WORK_UPLOAD
 
     headers = world["phone"]["headers"]
     entries = _fuzz_upload(
-        world["url"], RESULT_UPLOAD, {"job_id": world["job"]["id"]}, headers["Authorization"], tmp_path
+        world["url"], WORK_UPLOAD, {"work": f"job-{world['job']['id']}"}, headers["Authorization"], tmp_path
     )
     assert _read_parts(entries), sorted({e["response"]["status"] for e in entries})
 
 
 def test_schemathesis_over_the_upload_route_of_a_leased_round_part(tmp_path):
     """The same for a federated round part leased to the caller (a cohort member's device, a round of K = 1)."""
-    from server.limits import ROUND_UPLOAD
+    from server.limits import WORK_UPLOAD
     from server.settings import Settings
     from tests.security.servers import app_server
     from tests.server.factories import (
@@ -107,6 +107,6 @@ def test_schemathesis_over_the_upload_route_of_a_leased_round_part(tmp_path):
         lease = http.post("/v1/leases", json={"eligible": True}, headers=device["headers"]).json()
         client_id = lease["round"]["client_id"]
         entries = _fuzz_upload(
-            url, ROUND_UPLOAD, {"client_id": client_id}, device["headers"]["Authorization"], tmp_path
+            url, WORK_UPLOAD, {"work": f"part-{client_id}"}, device["headers"]["Authorization"], tmp_path
         )
         assert _read_parts(entries), sorted({e["response"]["status"] for e in entries})

@@ -73,7 +73,7 @@ def _open(url: str, device: dict, job_id: int, sent: bytes) -> socket.socket:
     """A connection on which an upload of 100,000 bytes sent its head and ``sent`` of its body, and no more."""
     headers, head = _head(100_000)
     parts = urlsplit(url)
-    request = f"POST /v1/jobs/{job_id}/result HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+    request = f"POST /v1/work/job-{job_id}/result HTTP/1.1\r\nHost: {parts.netloc}\r\n"
     request += "".join(f"{k}: {v}\r\n" for k, v in (headers | device["headers"]).items()) + "\r\n"
     sock = socket.create_connection((parts.hostname, parts.port), timeout=15)
     sock.sendall(request.encode() + head + sent)

@@ -36,7 +36,7 @@ def _files(root: Path) -> list[Path]:
 
 def test_a_big_upload_without_token_answers_401_before_the_body_and_spools_nothing(live, people):
     headers, body = _multipart(BIG_BODY)
-    answer = send(live.url, "POST", f"/v1/jobs/{people['job']['id']}/result", headers, body)
+    answer = send(live.url, "POST", f"/v1/work/job-{people['job']['id']}/result", headers, body)
     assert answer.status == 401 and answer.sent <= UNREAD, answer.sent
     time.sleep(0.5)  # anything the server went on receiving would be on disk by now
     assert _files(live.data_dir / "tmp") == [] and _files(live.system_tmp) == []
@@ -45,7 +45,7 @@ def test_a_big_upload_without_token_answers_401_before_the_body_and_spools_nothi
 def test_upload_with_a_forged_token_answers_401_before_the_body(live, people):
     forged = bearer(f"mbzd_{people['device']['id']}_{'A' * 43}")
     headers, body = _multipart(BIG_BODY)
-    answer = send(live.url, "POST", f"/v1/jobs/{people['job']['id']}/result", headers | forged, body)
+    answer = send(live.url, "POST", f"/v1/work/job-{people['job']['id']}/result", headers | forged, body)
     assert answer.status == 401 and answer.sent <= UNREAD, answer.sent
 
 
@@ -54,7 +54,7 @@ def test_upload_without_a_lease_answers_409_before_the_body(world):
     for device, job_id in ((world["tablet"], world["job"]["id"]), (world["phone"], world["job"]["id"])):
         if device is world["phone"]:  # cancelled: the phone's lease is gone too
             assert world["client"].post(f"/v1/jobs/{job_id}/cancel", headers=world["user"]).status_code == 200
-        answer = send(world["url"], "POST", f"/v1/jobs/{job_id}/result", headers | device["headers"], body)
+        answer = send(world["url"], "POST", f"/v1/work/job-{job_id}/result", headers | device["headers"], body)
         assert answer.status == 409 and answer.sent <= UNREAD, answer.sent
     assert _files(Path(world["app"].state.store.root / "tmp")) == []
 
@@ -70,7 +70,7 @@ def test_malformed_b_after_cancel_answers_409_not_422(world):
 def test_body_over_the_jobs_limit_answers_413_before_it_is_read(world):
     headers, body = _multipart(BIG_BODY)  # the fake job's parts need kilobytes
     answer = send(
-        world["url"], "POST", f"/v1/jobs/{world['job']['id']}/result", headers | world["phone"]["headers"], body
+        world["url"], "POST", f"/v1/work/job-{world['job']['id']}/result", headers | world["phone"]["headers"], body
     )
     assert answer.status == 413 and answer.sent <= UNREAD, answer.sent
 
@@ -86,7 +86,8 @@ def _slow_upload(world: dict, device: dict, job_id: int, started: threading.Even
         yield from body[1:]
 
     return threading.Thread(
-        target=send, args=(world["url"], "POST", f"/v1/jobs/{job_id}/result", headers | device["headers"], trickle())
+        target=send,
+        args=(world["url"], "POST", f"/v1/work/job-{job_id}/result", headers | device["headers"], trickle()),
     )
 
 

@@ -107,7 +107,7 @@ def _lease(user: dict, device: int, spec: dict) -> dict:
 
 def _upload(device: httpx.Client, job_id: int, b: bytes, log: str) -> httpx.Response:
     files = {"b_flat": ("b", b), "log": ("log", log.encode()), "metrics": ("m", json.dumps({"steps": 3}).encode())}
-    return device.post(f"/v1/jobs/{job_id}/result", files=files)
+    return device.post(f"/v1/work/job-{job_id}/result", files=files)
 
 
 def _withheld_upload(url: str, device: httpx.Client, job_id: int) -> tuple[str, int]:
@@ -119,7 +119,7 @@ def _withheld_upload(url: str, device: httpx.Client, job_id: int) -> tuple[str, 
 
     address = urlsplit(url)
     head = (
-        f"POST /v1/jobs/{job_id}/result HTTP/1.1\r\nHost: {address.netloc}\r\n"
+        f"POST /v1/work/job-{job_id}/result HTTP/1.1\r\nHost: {address.netloc}\r\n"
         f"Authorization: {device.headers['authorization']}\r\n"
         "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 1000000\r\n\r\n"
     )

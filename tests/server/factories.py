@@ -208,7 +208,7 @@ def upload(client: TestClient, device: dict, job_id: int, b: bytes, log: str, me
         "log": ("log.jsonl", log.encode()),
         "metrics": ("metrics.json", metrics),
     }
-    return client.post(f"/v1/jobs/{job_id}/result", files=files, headers=device["headers"])
+    return client.post(f"/v1/work/job-{job_id}/result", files=files, headers=device["headers"])
 
 
 def run_out_the_clock(db_url: str, job_id: int) -> None:

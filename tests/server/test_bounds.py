@@ -16,7 +16,7 @@ def test_largest_accepted_integers_are_stored_and_looked_up(client, tmp_path):
     phone = enroll_device(client, user)
     job = submit_job(client, user, device_id=phone["id"])
     assert client.post("/v1/leases", json={"memory_mb": MAX_DB_INT}, headers=phone["headers"]).status_code == 200
-    heartbeat = f"/v1/jobs/{job['id']}/heartbeat"
+    heartbeat = f"/v1/work/job-{job['id']}/heartbeat"
     assert client.post(heartbeat, json={"step": 1}, headers=phone["headers"]).status_code == 200
     assert client.get(f"/v1/jobs/{MAX_DB_INT}", headers=user).status_code == 404
     assert client.get("/v1/jobs", params={"skip": MAX_DB_INT}, headers=user).json()["data"] == []

@@ -332,7 +332,7 @@ def test_a_round_is_replayed_and_closed_by_the_verify_queue(env, storage, tmp_pa
                 init = load(client.get(lease["init"]["url"], headers=device["headers"]).content)["b_flat"]
                 _, log = fake_training(lease["spec"], lease["manifest"]["lora_size"], init, seed=seed)
                 files = {"log": ("log.jsonl", log.encode()), "metrics": ("metrics.json", b"{}")}
-                url = f"/v1/round-clients/{lease['round']['client_id']}/result"
+                url = f"/v1/work/part-{lease['round']['client_id']}/result"
                 reported = client.post(url, files=files, headers=device["headers"])
                 assert reported.status_code == 201, reported.text
             # The K-th report closes the round, unless the app's sweeper found it full first and is closing it in

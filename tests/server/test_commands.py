@@ -87,7 +87,7 @@ def test_user_job_and_adapter_commands(server_url, capsys, tmp_path):
     lease = httpx.post(f"{server_url}/v1/leases", headers=device).json()
     b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
     files = {"b_flat": ("b", b_flat_bytes(b)), "log": ("l", log.encode()), "metrics": ("m", b"{}")}
-    httpx.post(f"{server_url}/v1/jobs/{job['id']}/result", files=files, headers=device).raise_for_status()
+    httpx.post(f"{server_url}/v1/work/job-{job['id']}/result", files=files, headers=device).raise_for_status()
 
     code, out, _ = _run(capsys, "adapters", "list", "--json", *conn)
     assert code == 0 and json.loads(out)["data"][0]["version"] == 1

@@ -194,7 +194,7 @@ def test_metrics_are_the_admins_and_count_what_happened(client: TestClient, tmp_
     assert grew("mobizo_uploads_total", kind="job", outcome="accepted") == 1
     assert grew("mobizo_uploads_total", kind="job", outcome="invalid_or_not_replayed") == 1
     assert grew("mobizo_verify_duration_seconds_count") == 1  # the refused one never reached a replay
-    route = "/v1/jobs/{job_id}/result"
+    route = "/v1/work/{work}/result"
     assert grew("mobizo_http_requests_total", method="POST", route=route, status="201") == 1
 
 

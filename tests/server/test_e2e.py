@@ -117,7 +117,7 @@ def _train_on_device(http, model_dir: Path, lease: dict, workdir: Path) -> tuple
         losses, g = methods["forward"].execute(inputs)
         lines.append(log_line(log_record(step, seed, lr, spec["eps"], g.numpy(), losses.numpy())))
         progress = {"step": step + 1, "loss": float(losses.mean())}
-        beat = _ok(http.post(f"/v1/jobs/{lease['job_id']}/heartbeat", json=progress))
+        beat = _ok(http.post(f"/v1/work/job-{lease['job_id']}/heartbeat", json=progress))
         assert beat["cancelled"] is False
     return methods["get_lora_b"].execute([])[0].numpy().copy(), "".join(lines)
 
@@ -174,7 +174,7 @@ def test_full_flow(server, tiny_model_dir, tmp_path):
         "log": ("log.jsonl", log.encode()),
         "metrics": ("metrics.json", json.dumps({"steps": SPEC["steps"]}).encode()),
     }
-    result = _ok(device.post(f"/v1/jobs/{job['id']}/result", files=files), 201)
+    result = _ok(device.post(f"/v1/work/job-{job['id']}/result", files=files), 201)
     assert result["version"] == 1
     assert _ok(user.get(f"/v1/jobs/{job['id']}"))["status"] == "succeeded"
 
@@ -205,7 +205,7 @@ def test_cached_program_and_cancel_stops_the_device(server, tiny_model_dir):
     device = httpx.Client(base_url=server, headers=bearer(token), timeout=60)
     assert _ok(device.post("/v1/leases"))["job_id"] == job["id"]
     _ok(user.post(f"/v1/jobs/{job['id']}/cancel"))
-    beat = _ok(device.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 1}))
+    beat = _ok(device.post(f"/v1/work/job-{job['id']}/heartbeat", json={"step": 1}))
     assert beat["cancelled"] is True
 
 

@@ -76,7 +76,7 @@ def report(client: TestClient, world: dict, name: str, lease_json: dict, rng_see
     spec, d = lease_json["spec"], lease_json["manifest"]["lora_size"]
     b, log = fake_training(spec, d, init_b(client, world, name, lease_json), seed=rng_seed)
     files = {"log": ("log.jsonl", io.BytesIO(log.encode())), "metrics": ("metrics.json", io.BytesIO(b"{}"))}
-    url = f"/v1/round-clients/{lease_json['round']['client_id']}/result"
+    url = f"/v1/work/part-{lease_json['round']['client_id']}/result"
     return client.post(url, files=files, headers=world["devices"][name]["headers"]), b
 
 
@@ -409,7 +409,7 @@ def test_a_round_log_that_is_not_the_round_part_is_refused(client: TestClient, w
     r, _ = report(client, world, "a", wrong_seed, 0)
     assert r.status_code == 422 and "seed" in r.text
     other = enroll_device(client, world["users"]["b"], "b-2")
-    url = f"/v1/round-clients/{mine['round']['client_id']}/heartbeat"
+    url = f"/v1/work/part-{mine['round']['client_id']}/heartbeat"
     assert client.post(url, json={"step": 1}, headers=other["headers"]).status_code == 404
     assert client.post(url, json={"step": 1}, headers=world["devices"]["a"]["headers"]).json()["cancelled"] is False
 
@@ -424,14 +424,14 @@ def test_a_personal_job_with_upload_log_stores_the_replay(client: TestClient, wo
     files = {"log": ("log.jsonl", log.encode()), "metrics": ("metrics.json", b"{}")}
     with_b = {**files, "b_flat": ("b.safetensors", b_flat_bytes(b))}
     headers = world["devices"]["a"]["headers"]
-    r = client.post(f"/v1/jobs/{job['id']}/result", files=with_b, headers=headers)
+    r = client.post(f"/v1/work/job-{job['id']}/result", files=with_b, headers=headers)
     assert r.status_code == 422 and "log alone" in r.text
-    r = client.post(f"/v1/jobs/{job['id']}/result", files=files, headers=headers)
+    r = client.post(f"/v1/work/job-{job['id']}/result", files=files, headers=headers)
     assert r.status_code == 201, r.text
     adapter = client.get(f"/v1/adapters/{r.json()['adapter_id']}", headers=a).json()
     stored = load((settings.data_dir / "adapters" / f"{adapter['b_sha256']}.safetensors").read_bytes())["b_flat"]
     assert np.array_equal(stored.view(np.int32), b.view(np.int32))
-    assert client.post(f"/v1/jobs/{job['id']}/result", files=files, headers=headers).status_code == 200  # a repeat
+    assert client.post(f"/v1/work/job-{job['id']}/result", files=files, headers=headers).status_code == 200  # a repeat
 
 
 def test_a_revoked_device_frees_its_slot_in_the_round(client: TestClient, world: dict):
@@ -462,7 +462,7 @@ def test_a_round_parts_files_are_granted_to_its_device_while_it_holds_the_part(c
         assert client.get(url, headers=world["devices"]["a"]["headers"]).status_code == 200
         assert client.get(url, headers=world["devices"]["b"]["headers"]).status_code == 404  # a member, not its part
     r = client.post(
-        f"/v1/round-clients/{part['round']['client_id']}/fail",
+        f"/v1/work/part-{part['round']['client_id']}/fail",
         json={"error": "gave up"},
         headers=world["devices"]["a"]["headers"],
     )
@@ -526,7 +526,7 @@ def test_a_private_federated_job_runs_private_parts_and_states_each_members_guar
             spec, d = leases["a"]["spec"], leases["a"]["manifest"]["lora_size"]
             _, open_log = fake_training({**spec, "privacy": None}, d, init_b(client, world, "a", leases["a"]))
             files = {"log": ("log.jsonl", io.BytesIO(open_log.encode())), "metrics": ("m.json", io.BytesIO(b"{}"))}
-            url = f"/v1/round-clients/{leases['a']['round']['client_id']}/result"
+            url = f"/v1/work/part-{leases['a']['round']['client_id']}/result"
             r = client.post(url, files=files, headers=world["devices"]["a"]["headers"])
             assert r.status_code == 422 and "losses" in r.text, r.text
         for i, name in enumerate("ab"):

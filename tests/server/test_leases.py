@@ -114,7 +114,9 @@ def test_heartbeat_records_progress_and_extends_the_lease(client, user):
     job = submit_job(client, user)
     lease = client.post("/v1/leases", headers=phone["headers"]).json()
     r = client.post(
-        f"/v1/jobs/{job['id']}/heartbeat", json={"step": 2, "loss": 0.7, "steps_per_s": 1.5}, headers=phone["headers"]
+        f"/v1/work/job-{job['id']}/heartbeat",
+        json={"step": 2, "loss": 0.7, "steps_per_s": 1.5},
+        headers=phone["headers"],
     )
     assert r.status_code == 200 and r.json()["cancelled"] is False
     assert r.json()["expires_at"] >= lease["expires_at"]
@@ -126,10 +128,10 @@ def test_heartbeat_validation_and_scoping(client, user):
     phone = enroll_device(client, user)
     job = submit_job(client, user)
     client.post("/v1/leases", headers=phone["headers"])
-    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": -1}, headers=phone["headers"])
+    r = client.post(f"/v1/work/job-{job['id']}/heartbeat", json={"step": -1}, headers=phone["headers"])
     assert r.status_code == 422
     bobs_phone = enroll_device(client, create_user(client, "bob"))
-    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 1}, headers=bobs_phone["headers"])
+    r = client.post(f"/v1/work/job-{job['id']}/heartbeat", json={"step": 1}, headers=bobs_phone["headers"])
     assert r.status_code == 404
 
 
@@ -140,9 +142,9 @@ def test_expired_lease_is_released_to_another_device(client, user):
     _expire(client, job["id"])
     second = client.post("/v1/leases", headers=tablet["headers"]).json()
     assert second["job_id"] == job["id"] and second["attempt"] == 2
-    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 5}, headers=phone["headers"])
+    r = client.post(f"/v1/work/job-{job['id']}/heartbeat", json={"step": 5}, headers=phone["headers"])
     assert r.status_code == 409  # the first device lost its lease
-    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 1}, headers=tablet["headers"])
+    r = client.post(f"/v1/work/job-{job['id']}/heartbeat", json={"step": 1}, headers=tablet["headers"])
     assert r.status_code == 200
 
 
@@ -173,7 +175,7 @@ def test_cancelled_job_tells_its_device_to_stop(client, user):
     job = submit_job(client, user)
     client.post("/v1/leases", headers=phone["headers"])
     assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=user).json()["status"] == "cancelled"
-    r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 3}, headers=phone["headers"])
+    r = client.post(f"/v1/work/job-{job['id']}/heartbeat", json={"step": 3}, headers=phone["headers"])
     assert r.status_code == 200 and r.json() == {**r.json(), "cancelled": True, "status": "cancelled"}
     assert client.post("/v1/leases", headers=phone["headers"]).status_code == 204
 
@@ -183,8 +185,8 @@ def test_a_device_that_cannot_finish_fails_the_job_with_its_reason(client, user)
     job = submit_job(client, user)
     client.post("/v1/leases", headers=phone["headers"])
     body = {"error": "train.jsonl line 4: not JSON"}
-    assert client.post(f"/v1/jobs/{job['id']}/fail", json=body, headers=tablet["headers"]).status_code == 409
-    assert client.post(f"/v1/jobs/{job['id']}/fail", json=body, headers=phone["headers"]).status_code == 204
+    assert client.post(f"/v1/work/job-{job['id']}/fail", json=body, headers=tablet["headers"]).status_code == 409
+    assert client.post(f"/v1/work/job-{job['id']}/fail", json=body, headers=phone["headers"]).status_code == 204
     shown = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
     assert shown["status"] == "failed" and shown["error"] == f"device {phone['id']}: train.jsonl line 4: not JSON"
-    assert client.post(f"/v1/jobs/{job['id']}/fail", json=body, headers=phone["headers"]).status_code == 409
+    assert client.post(f"/v1/work/job-{job['id']}/fail", json=body, headers=phone["headers"]).status_code == 409

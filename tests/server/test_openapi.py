@@ -17,9 +17,9 @@ CONTRACT = [
     ("post", "/v1/jobs/{job_id}/cancel"),
     ("post", "/v1/leases"),
     ("get", "/v1/blobs/{sha256}"),
-    ("post", "/v1/jobs/{job_id}/heartbeat"),
-    ("post", "/v1/jobs/{job_id}/fail"),
-    ("post", "/v1/jobs/{job_id}/result"),
+    ("post", "/v1/work/{work}/heartbeat"),
+    ("post", "/v1/work/{work}/fail"),
+    ("post", "/v1/work/{work}/result"),
     ("get", "/v1/adapters"),
     ("get", "/v1/adapters/{adapter_id}"),
     ("get", "/v1/adapters/{adapter_id}/download"),
@@ -50,7 +50,7 @@ def test_bearer_auth_and_shapes_are_documented(schema):
     assert {"JobCreate", "JobPublic", "LeasePublic", "AdapterPublic", "HeartbeatPublic"} <= set(
         schema["components"]["schemas"]
     )
-    result = schema["paths"]["/v1/jobs/{job_id}/result"]["post"]
+    result = schema["paths"]["/v1/work/{work}/result"]["post"]
     assert "multipart/form-data" in result["requestBody"]["content"]
     assert {"200", "201", "409", "413", "422"} <= set(result["responses"])
     assert "204" in schema["paths"]["/v1/leases"]["post"]["responses"]

@@ -145,7 +145,7 @@ def test_bad_metrics_and_missing_parts(client, leased):
     r = upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"], b"[1, 2]")
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "metrics"]
     files = {"b_flat": ("b.safetensors", b_flat_bytes(leased["b"]))}
-    r = client.post(f"/v1/jobs/{leased['job']['id']}/result", files=files, headers=leased["phone"]["headers"])
+    r = client.post(f"/v1/work/job-{leased['job']['id']}/result", files=files, headers=leased["phone"]["headers"])
     assert r.status_code == 422 and "log" in json.dumps(r.json()["detail"])
     _nothing_stored(client, leased)
 
@@ -153,7 +153,7 @@ def test_bad_metrics_and_missing_parts(client, leased):
 def test_request_over_the_body_limit_is_413_before_reading_it(client, leased):
     limit = int(client.app.state.settings.max_upload_mb * 1024 * 1024)
     r = client.post(
-        f"/v1/jobs/{leased['job']['id']}/result",
+        f"/v1/work/job-{leased['job']['id']}/result",
         content=b"x" * 10,
         headers={**leased["phone"]["headers"], "Content-Length": str(limit + 1)},
     )

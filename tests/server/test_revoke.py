@@ -41,9 +41,9 @@ def test_a_revoked_device_is_refused_everywhere_and_its_job_goes_back_to_the_que
     assert (shown["status"], shown["attempts"]) == ("ready", 1)  # released at once; the attempt stays counted
     headers = phone["headers"]
     _refused(client.post("/v1/leases", headers=headers))
-    _refused(client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"step": 1}, headers=headers))
+    _refused(client.post(f"/v1/work/job-{job['id']}/heartbeat", json={"step": 1}, headers=headers))
     _refused(client.get(world["lease"]["program"]["url"], headers=headers))
-    _refused(client.post(f"/v1/jobs/{job['id']}/fail", json={"error": "x"}, headers=headers))
+    _refused(client.post(f"/v1/work/job-{job['id']}/fail", json={"error": "x"}, headers=headers))
     _refused(upload(client, phone, job["id"], b_flat_bytes(world["b"]), world["log"]))
     _refused(client.get("/v1/models", headers=headers))
 
@@ -90,9 +90,9 @@ def test_a_device_revoked_through_one_api_process_is_refused_by_another_at_once(
         devices = [httpx.Client(base_url=url, headers=bearer(enrolled["token"]), timeout=30) for url in (first, second)]
         for device in devices:  # each process now holds the token in its cache
             assert device.post("/v1/leases").status_code == 204
-            assert device.post("/v1/jobs/1/heartbeat", json={"step": 0}).status_code == 404
+            assert device.post("/v1/work/job-1/heartbeat", json={"step": 0}).status_code == 404
         assert user.post(f"/v1/devices/{enrolled['device_id']}/revoke").status_code == 200
         for device in reversed(devices):
             _refused(device.post("/v1/leases"))
-            _refused(device.post("/v1/jobs/1/heartbeat", json={"step": 0}))
+            _refused(device.post("/v1/work/job-1/heartbeat", json={"step": 0}))
             _refused(device.get("/v1/models"))

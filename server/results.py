@@ -1,4 +1,6 @@
-"""``POST /v1/jobs/{id}/result``: the device's trained B, its training log and metrics.
+"""A work item's result (``POST /v1/work/{work}/result``, ``routes/work.py``), checked and recorded: a personal job's
+trained B, training log and metrics (``upload_result``), or a round part's log and metrics (``part_upload``: replayed
+from B_r, the round's aggregation in ``server.federation``).
 
 Multipart parts (``shared.schemas.RESULT_PARTS``): ``b_flat`` (safetensors, one float32 tensor ``b_flat`` [D]),
 ``log`` (JSON Lines, one record per step), ``metrics`` (a JSON object). A job submitted with ``upload: log`` takes
@@ -10,7 +12,8 @@ replays the log from the starting B and compares (422 if it does not reproduce B
 ``replay_tolerance`` for devices running eager torch). Only then are the *replayed* B, the log and the PEFT
 archive published (temporary name, fsync, rename) and the adapter recorded, in the same transaction that marks the
 job succeeded. The same upload again (the same uploaded bytes) answers 200 with the same adapter; a different one
-after success is 409.
+after success is 409. A round part's log goes the same way (``server.uploads``) without B, and is 409 once the round
+closed or the part's lease ran out.
 """
 
 from __future__ import annotations
@@ -23,15 +26,12 @@ from fastapi import HTTPException, Request, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server import jobstate, registry
-from server.deps import CurrentDevice, DeviceJob, SessionDep, SettingsDep, StoreDep, UploadSlotsDep, VerifyPoolDep
-from server.limits import RESULT_UPLOAD, upload_body_limit
+from server import federation, jobstate, registry
+from server.limits import UploadSlots, upload_body_limit
 from server.pool import WorkerPool
-from server.responses import errors
-from server.router import Router
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.tables import Adapter, Device, Job, Model, Program
+from server.tables import Adapter, Device, Job, Model, Program, Round, RoundClient
 from server.uploads import BodyPace, Upload, receive, received_parts, refuse_while_verifying, run_verification
 from server.verify import (
     METRICS_LIMIT,
@@ -40,32 +40,13 @@ from server.verify import (
     base_of,
     exact_replay,
     log_limit,
+    replay_log_only,
     verify_and_package,
 )
 from shared.files import sha256_file
-from shared.schemas import RESULT_PARTS, JobSpec, ResultPublic
+from shared.schemas import RESULT_PARTS, JobSpec, ResultPublic, RoundReportPublic
 
-router = Router(tags=["results"])
-RESULT_BODY = {
-    "required": True,
-    "content": {
-        "multipart/form-data": {
-            "schema": {
-                "type": "object",
-                "required": list(RESULT_PARTS),
-                "properties": {
-                    "b_flat": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "safetensors with one float32 tensor b_flat [D]; absent for upload: log",
-                    },
-                    "log": {"type": "string", "format": "binary", "description": "training log, JSON Lines"},
-                    "metrics": {"type": "string", "format": "binary", "description": "metrics.json"},
-                },
-            }
-        }
-    },
-}
+LOG_PARTS = ("log", "metrics")  # a round part's upload: its log alone
 
 
 def _context(session: Session, job: Job, device: Device) -> dict[str, Any]:
@@ -154,40 +135,14 @@ def _admit(job: Job, device: Device) -> None:
         _lost(job)
 
 
-@router.post(
-    RESULT_UPLOAD,
-    status_code=status.HTTP_201_CREATED,
-    response_model=ResultPublic,
-    responses={
-        200: {"model": ResultPublic, "description": "the same result was uploaded before"},
-        **errors(
-            401,
-            403,
-            404,
-            408,
-            409,
-            413,
-            422,
-            429,
-            503,
-            e409="the job was cancelled, its lease lost, or it holds a different result",
-            e413="the body, or a part, is larger than the job allows",
-            e422="a part is missing or malformed, or the log does not replay to the uploaded B",
-            e429="too many uploads in progress (from this device or user, or in all), or this user's devices already "
-            "have results being verified; retry after Retry-After seconds",
-            e503="verification ran past its timeout or its worker died; retry after Retry-After seconds",
-        ),
-    },
-    openapi_extra={"requestBody": RESULT_BODY},
-)
 def upload_result(
-    job: DeviceJob,
-    device: CurrentDevice,
-    session: SessionDep,
-    settings: SettingsDep,
-    store: StoreDep,
-    pool: VerifyPoolDep,
-    slots: UploadSlotsDep,
+    job: Job,
+    device: Device,
+    session: Session,
+    settings: Settings,
+    store: ArtifactStore,
+    pool: WorkerPool,
+    slots: UploadSlots,
     request: Request,
     response: Response,
 ) -> ResultPublic:
@@ -217,3 +172,55 @@ def upload_result(
             except IntegrityError:
                 session.rollback()
         raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
+
+
+def round_of(session: Session, client: RoundClient) -> tuple[Round, Job]:
+    round_ = session.get_one(Round, client.round_id)
+    return round_, session.get_one(Job, round_.job_id)
+
+
+def _late(client: RoundClient) -> HTTPException:
+    return HTTPException(
+        status.HTTP_409_CONFLICT, f"round client {client.id}: the round closed or its lease ran out (late upload)"
+    )
+
+
+def part_upload(
+    client: RoundClient,
+    session: Session,
+    settings: Settings,
+    store: ArtifactStore,
+    pool: WorkerPool,
+    slots: UploadSlots,
+    request: Request,
+) -> RoundReportPublic:
+    """A round part's result (``POST /v1/work/part-{id}/result``): multipart ``log`` and ``metrics``; the log is
+    checked and replayed from B_r (no B is uploaded)."""
+    round_, job = round_of(session, client)
+    if not jobstate.client_is_open(client, round_):
+        raise _late(client)
+    ctx = federation.replay_context(session, job, client)
+    init = store.adapter_b(round_.b_sha256)
+    spec = federation.client_spec(job, client)  # upload: log, as every round part
+    session.commit()
+    refuse_while_verifying(pool, client.user_id)
+    slot = partial(slots.hold, client.device_id, client.user_id)  # taken when the body starts to arrive
+    limit = upload_body_limit(log_limit(spec), METRICS_LIMIT)
+    with received_parts(request, store, limit, LOG_PARTS, (), BodyPace.of(settings), slot) as (parts, tmp):
+        log_path = receive(store, tmp, spec, 0, parts).log_path
+        outcome = run_verification(
+            pool, settings, client.user_id, replay_log_only, ctx, str(log_path), str(init), str(tmp)
+        )
+        b_sha = store.keep(Path(outcome["b_flat"]), "adapters", ".safetensors")[1]
+        log_sha = store.keep(log_path, "logs", ".jsonl")[1]
+        report = {
+            "log_sha256": log_sha,
+            "b_sha256": b_sha,
+            "mean_loss": outcome["mean_loss"],
+            "replay_s": outcome["replay_s"],
+            "log_bytes": store.log(log_sha).stat().st_size,
+        }
+        if not jobstate.client_reported(session, client, report):
+            raise _late(client)
+    federation.close_if_full(session, store, pool, settings, client)
+    return RoundReportPublic(client_id=client.id, round=round_.index, b_sha256=b_sha)
