@@ -25,7 +25,7 @@ from sqlalchemy import Engine, bindparam, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from server.accounts import seen_is_due
+from server.accounts import record_seen, seen_is_due
 from server.compile_queue import CompileQueue
 from server.db import read_only
 from server.limits import UploadSlots
@@ -35,7 +35,7 @@ from server.responses import not_found
 from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_token, secret_matches
 from server.settings import Settings
 from server.store import ArtifactStore
-from server.tables import Device, DeviceIdentity, Job, User, utcnow
+from server.tables import Device, DeviceIdentity, Job, User
 from shared.manifest import InferenceManifest, ProgramManifest
 from shared.schemas import MAX_DB_INT
 
@@ -153,7 +153,7 @@ def get_current_device(credentials: Credentials, session: SessionDep, settings: 
     device = session.get(Device, device_id)
     valid = secret_matches(secret, None if device is None else device.token_hash)  # the same work for an unknown id
     if valid and device.revoked_at is None and seen_is_due(device.last_seen_at):
-        device.last_seen_at = utcnow()
+        record_seen(session.connection(), DeviceIdentity(device.id, device.user_id))
     session.commit()  # see the module docstring
     if not valid:
         raise _unauthorized("invalid token")

@@ -150,3 +150,31 @@ def test_routes_issue_no_query_of_their_own():
 
 def _is_select(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and getattr(node.func, "id", None) == "select"
+
+
+def _device_writes(tree: ast.AST) -> list[str]:
+    """``update(Device)`` statements and assignments to a ``device`` row's attributes."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "update":
+            if any(getattr(arg, "id", None) == "Device" for arg in node.args):
+                found.append(f"{node.lineno}: update(Device)")
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Attribute) and getattr(t.value, "id", None) == "device":
+                    found.append(f"{node.lineno}: device.{t.attr} =")
+    return found
+
+
+def test_the_device_row_has_one_writer():
+    """What a device reports (backend, memory, CPU) and when it was last heard from are written by
+    ``server.accounts`` alone, whichever route heard it (a lease, a heartbeat, any device request); its revocation
+    by ``server.jobstate.revoke_device``, which releases its leases in the same transaction."""
+    assert _device_writes(ast.parse((SERVER / "accounts.py").read_text())), "the scan no longer sees accounts' writes"
+    writes = {
+        str(path.relative_to(SERVER.parent)): found
+        for path in sorted(SERVER.rglob("*.py"))
+        if path.name != "accounts.py" and (found := _device_writes(ast.parse(path.read_text())))
+    }
+    assert writes.pop("server/jobstate.py", None) is not None, "the scan no longer sees the revocation"
+    assert writes == {}, f"the Device row is written outside server/accounts.py: {writes}"
