@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -112,9 +113,55 @@ def _sweep_rounds(state: Any, stop: threading.Event) -> None:
             log.exception("round sweep failed")
 
 
-def create_app(settings: Settings | None = None, queue_factory: QueueFactory | None = None) -> FastAPI:
-    settings = settings or get_settings()
+def _fill_state(
+    state: Any, settings: Settings, store: ArtifactStore, engine: Engine, sessions: Any, queue: Any
+) -> None:
+    """What the routes find on ``app.state``: the settings, the database, the store, the queues and pools, the
+    caches and the bounds on concurrent work."""
+    state.settings, state.engine, state.sessionmaker = settings, engine, sessions
+    state.read_sessionmaker = make_sessionmaker(read_only_engine(engine))
+    state.store = store
+    state.device_tokens, state.program_manifests = LRUCache(100_000), LRUCache(1_000)
+    state.compile_queue, state.verify_pool = queue, _verify_pool(settings)
+    per = (settings.max_uploads_per_device, settings.max_uploads_per_user)
+    state.upload_slots = UploadSlots(settings.max_uploads, *per)
+    state.sign_in_throttle = SignInThrottle(settings)
+    bounds = Bounds(settings.inference_builds, settings.inference_builds_per_user, settings.inference_builds_per_device)
+    state.inference_builds = InferenceBuilds(store, queue, settings.compile_workers, bounds, settings.compile_paused)
+    state.metrics_registry = app_registry(engine)
 
+
+def _serve_metrics(state: Any, settings: Settings) -> Any:
+    """The Prometheus port's server, or None (no port set, or another API process serves it)."""
+    if settings.metrics_port is None:
+        return None
+    try:
+        return serve_metrics(state.metrics_registry, settings.metrics_port, settings.metrics_host)
+    except OSError as error:  # with --workers N, the first API process to start serves the port
+        log.warning("metrics port %d not served by this process: %s", settings.metrics_port, error)
+        return None
+
+
+def _start_up(state: Any, queue: Any, owns_data_dir: bool) -> None:
+    """Migrate, then, in the one process that starts first (or owns the data dir), recover: unfinished jobs
+    resubmitted, stale spool entries removed, rounds left mid-close closed again."""
+    engine, settings, store = state.engine, state.settings, state.store
+    with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
+        migrate(engine)
+        if not (owns_data_dir or first):
+            log.info("startup: another API process started at the same time and recovered the jobs")
+            return
+        if not owns_data_dir:  # shared data dir: only what no live process can still be using
+            store.clean_tmp(older_than_s=STALE_TMP_S)
+        log.info("startup: resubmitted %d unfinished jobs", queue.recover())
+        if settings.queue == "local":  # one server per database: nobody else can be closing a round
+            with state.sessionmaker() as session:
+                reopened = jobstate.reopen_closing_rounds(session)
+            if reopened:
+                log.info("startup: %d rounds left mid-close will be closed again", reopened)
+
+
+def _lifespan(settings: Settings, queue_factory: QueueFactory | None):
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = ArtifactStore(settings.data_dir, shared_objects(settings.store_url))
@@ -127,46 +174,16 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         engine = make_engine(settings.db_url)
         sessions = make_sessionmaker(engine)
         queue = (queue_factory or _default_queue)(sessions, store, settings)
-        app.state.settings, app.state.engine, app.state.sessionmaker = settings, engine, sessions
-        app.state.read_sessionmaker = make_sessionmaker(read_only_engine(engine))
-        app.state.store = store
-        app.state.device_tokens, app.state.program_manifests = LRUCache(100_000), LRUCache(1_000)
-        app.state.compile_queue, app.state.verify_pool = queue, _verify_pool(settings)
-        app.state.upload_slots = UploadSlots(
-            settings.max_uploads, settings.max_uploads_per_device, settings.max_uploads_per_user
-        )
-        app.state.sign_in_throttle = SignInThrottle(settings)
-        bounds = Bounds(
-            settings.inference_builds, settings.inference_builds_per_user, settings.inference_builds_per_device
-        )
-        app.state.inference_builds = InferenceBuilds(
-            store, queue, settings.compile_workers, bounds, settings.compile_paused
-        )
-        app.state.metrics_registry = app_registry(engine)
-        metrics_server = None
-        if settings.metrics_port is not None:
-            try:
-                metrics_server = serve_metrics(app.state.metrics_registry, settings.metrics_port, settings.metrics_host)
-            except OSError as error:  # with --workers N, the first API process to start serves the port
-                log.warning("metrics port %d not served by this process: %s", settings.metrics_port, error)
-        with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
-            migrate(engine)
-            if lock is not None or first:
-                if lock is None:  # shared data dir: only what no live process can still be using
-                    store.clean_tmp(older_than_s=STALE_TMP_S)
-                log.info("startup: resubmitted %d unfinished jobs", queue.recover())
-                if settings.queue == "local":  # one server per database: nobody else can be closing a round
-                    with sessions() as session:
-                        reopened = jobstate.reopen_closing_rounds(session)
-                    if reopened:
-                        log.info("startup: %d rounds left mid-close will be closed again", reopened)
-            else:
-                log.info("startup: another API process started at the same time and recovered the jobs")
+        _fill_state(app.state, settings, store, engine, sessions, queue)
+        metrics_server = _serve_metrics(app.state, settings)
+        _start_up(app.state, queue, owns_data_dir=lock is not None)
         stop = threading.Event()
-        sweeper = threading.Thread(target=_sweep_leases, args=(sessions, settings, stop), daemon=True)
-        sweeper.start()
-        round_sweeper = threading.Thread(target=_sweep_rounds, args=(app.state, stop), daemon=True)
-        round_sweeper.start()
+        sweepers = [
+            threading.Thread(target=_sweep_leases, args=(app.state.sessionmaker, settings, stop), daemon=True),
+            threading.Thread(target=_sweep_rounds, args=(app.state, stop), daemon=True),
+        ]
+        for sweeper in sweepers:
+            sweeper.start()
         try:
             yield
         finally:
@@ -174,8 +191,8 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
             queue.close()
             app.state.verify_pool.close()
             app.state.inference_builds.close()
-            sweeper.join(timeout=5)
-            round_sweeper.join(timeout=5)
+            for sweeper in sweepers:
+                sweeper.join(timeout=5)
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
@@ -183,11 +200,16 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
             if lock is not None:
                 lock.close()
 
+    return lifespan
+
+
+def create_app(settings: Settings | None = None, queue_factory: QueueFactory | None = None) -> FastAPI:
+    settings = settings or get_settings()
     app = FastAPI(
         title="mobizo",
         summary="On-device LLM personalization: jobs, device programs and the adapter registry",
         version="0.1.0",
-        lifespan=lifespan,
+        lifespan=_lifespan(settings, queue_factory),
     )
     for module in (
         health,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -114,21 +114,26 @@ def line_chart(
         f'text-anchor="middle">{escape(y_label)}</text>'
     )
     for i, s in enumerate(series):
-        color = COLORS[i % len(COLORS)]
-        kept = [(x, y) for x, y in s.points if math.isfinite(y)]
-        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in kept)
-        parts.append(
-            f'<polyline class="series" data-series="{escape(s.name)}" data-points="{len(kept)}" points="{coords}" '
-            f'fill="none" stroke="{color}" stroke-width="1.5"/>'
-        )
-        if len(kept) <= 40:  # a short curve (held-out measurements): every measurement marked
-            parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in kept]
+        parts += _curve(s, COLORS[i % len(COLORS)], sx, sy)
         if len(series) > 1:
             lx = left + 8 + 150 * i
-            parts.append(f'<rect x="{lx}" y="{top + 6}" width="10" height="10" fill="{color}"/>')
+            parts.append(f'<rect x="{lx}" y="{top + 6}" width="10" height="10" fill="{COLORS[i % len(COLORS)]}"/>')
             parts.append(f'<text x="{lx + 14}" y="{top + 15}" class="legend">{escape(s.name)}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _curve(s: Series, color: str, sx: Callable[[float], float], sy: Callable[[float], float]) -> list[str]:
+    """One series' polyline (its finite points) and, for a short curve, a mark at each point."""
+    kept = [(x, y) for x, y in s.points if math.isfinite(y)]
+    coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in kept)
+    parts = [
+        f'<polyline class="series" data-series="{escape(s.name)}" data-points="{len(kept)}" points="{coords}" '
+        f'fill="none" stroke="{color}" stroke-width="1.5"/>'
+    ]
+    if len(kept) <= 40:  # a short curve (held-out measurements): every measurement marked
+        parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in kept]
+    return parts
 
 
 @dataclass(frozen=True)
