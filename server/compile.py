@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +31,17 @@ def program_config(
 
 
 def resolve_config(model_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    """The program config of a job spec with what only the model tells resolved: the chat frame, the objective with
-    its candidates' ids, the answer length (``shared.data.resolve_objective``) and a calibrated job's prior.
-    ``UsageError`` naming the field a job cannot have with this model."""
-    from shared.data import resolve_objective
+    """The program config (as JSON) of a job spec, resolved with its model (``shared.program_config``): the chat
+    frame, the objective with its candidates' ids, the answer length and a calibrated job's prior. ``UsageError``
+    naming the field a job cannot have with this model."""
+    from shared.program_config import resolve_program
     from shared.tasks import get_task, with_chat
 
     chat = resolve_chat(Path(model_dir), spec)
     task = with_chat(get_task(spec["task"] or "custom", spec["template"], spec["verbalizer"]), chat)
-    resolved = resolve_objective(task, _tokenizer(str(model_dir)), spec.get("objective"), spec.get("answer_len"))
-    objective, candidates, answer_len = resolved
-    prior = ()
-    if spec.get("calibrate") and objective == "classification":
-        verbalizer = json.dumps(spec["verbalizer"], sort_keys=True)
-        prior = _prior(str(model_dir), spec["task"] or "custom", spec["template"], verbalizer, chat)
-    return program_config(spec, answer_len, chat, objective, candidates, prior)
+    verbalizer = json.dumps(spec["verbalizer"], sort_keys=True)
+    prior = partial(_prior, str(model_dir), spec["task"] or "custom", spec["template"], verbalizer, chat)
+    return resolve_program(spec, task, _tokenizer(str(model_dir)), chat, prior).model_dump(mode="json")
 
 
 @lru_cache(maxsize=8)

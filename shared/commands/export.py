@@ -94,7 +94,7 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
 
     from shared.data import resolve_objective
     from shared.errors import usage_error
-    from shared.manifest import ProgramConfig
+    from shared.program_config import resolve_program
     from shared.prompts import notice, resolve
     from shared.tasks import chat_frame, get_task, parse_verbalizer, with_chat
 
@@ -105,29 +105,19 @@ def config_from_args(args: argparse.Namespace, tokenizer) -> ProgramConfig:
     if (line := notice(args.task, args.template, template)) is not None:
         print(line, file=sys.stderr)
     task = with_chat(get_task(args.task, template, verbalizer), chat)
-    objective, candidates, answer_len = resolve_objective(task, tokenizer, args.objective, args.answer_len)
+    objective = resolve_objective(task, tokenizer, args.objective, args.answer_len)[0]  # the default rank's key
     rank = args.rank if args.rank is not None else defaults.for_method(defaults.METHOD, args.quantize, objective).rank
-    alpha = args.alpha if args.alpha is not None else defaults.alpha_for(rank)
+    spec = {name: getattr(args, name) for name in ("q", "batch_size", "seq_len", "answer_len", "a_seed", "parallel")}
+    spec |= {name: getattr(args, name) for name in ("quantize", "group_size", "objective", "optimizer")}
+    spec |= {
+        "rank": rank,
+        "alpha": args.alpha if args.alpha is not None else defaults.alpha_for(rank),
+        "targets": tuple(t for t in args.targets.split(",") if t),
+        "program_backend": args.backend,
+        "probe_weights": args.probe_weights,
+    }
     try:
-        return ProgramConfig(
-            q=args.q,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            answer_len=answer_len,
-            rank=rank,
-            alpha=alpha,
-            targets=tuple(t for t in args.targets.split(",") if t),
-            a_seed=args.a_seed,
-            backend=args.backend,
-            parallel=args.parallel,
-            quantize=args.quantize,
-            group_size=args.group_size,
-            chat=chat,
-            objective=objective,
-            candidates=candidates,
-            optimizer=args.optimizer,
-            probe_weights=args.probe_weights,
-        )
+        return resolve_program(spec, task, tokenizer, chat)
     except ValidationError as exc:
         raise usage_error(exc) from None
 
