@@ -3,8 +3,9 @@ and its model to the ``ProgramConfig`` its device program is exported for.
 
 What only the model tells is resolved here and nowhere else: the objective with its candidates' token ids and the
 answer length (``shared.data.resolve_objective``), and a calibrated objective's prior (measured on the base model by
-the caller's ``prior``). The server's compile (``server.compile.resolve_config``), ``mobizo export`` and ``mobizo
-train --program`` all come here, so a job's program and the program a user exports with the same options are one.
+the caller's ``prior``). The server's compile (``server.compile.resolve_config``) and ``mobizo export`` both come
+here, so a job's program and the program a user exports with the same options are one; ``mobizo train`` resolves
+its objective with the same ``resolve_objective`` and maps its run through the same ``ProgramConfig.from_spec``.
 """
 
 from __future__ import annotations
