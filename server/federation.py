@@ -36,7 +36,7 @@ from server.pool import WorkerDied, WorkerPool, WorkTimedOut
 from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import CohortMember, Job, LeasingDevice, Model, Program, Round, RoundClient, User, utcnow
-from server.verify import b_size, base_of, package_adapter
+from server.verify import b_size, base_of, card_of, package_adapter
 from shared.aggregate import next_global_b
 from shared.b_file import b_file_bytes, read_b_file
 from shared.files import atomic_write_bytes
@@ -154,6 +154,7 @@ def _package_context(session: Session, job: Job) -> dict[str, Any]:
         "manifest": program.manifest,
         "d": b_size(program.manifest),
         **base_of(session.get_one(Model, job.model_id)),
+        "card": card_of(job, program.manifest),
     }
 
 

@@ -38,6 +38,7 @@ from server.verify import (
     b_limit,
     b_size,
     base_of,
+    card_of,
     exact_replay,
     log_limit,
     replay_log_only,
@@ -57,6 +58,7 @@ def _context(session: Session, job: Job, device: Device) -> dict[str, Any]:
         "manifest": program.manifest,
         "d": b_size(program.manifest),
         **base_of(session.get_one(Model, job.model_id)),
+        "card": card_of(job, program.manifest, device.backend),
         "exact": exact_replay(device.backend),
     }
 

@@ -318,6 +318,32 @@ def base_of(model) -> dict[str, str]:
     return {"base_model": model.name, "base_sha256": model.sha256}
 
 
+def card_of(job, manifest: dict[str, Any], backend: str | None = None) -> dict[str, Any]:
+    """The archive's card (``shared.adapter.write_card``) of a job (a ``Job`` row) and its program's manifest: the
+    prompt contract it trained with (its spec's template, verbalizer and chat frame; the program's objective and
+    calibration prior) and its provenance (the job, its steps, the device's backend, privacy, federation)."""
+    spec, config = job.spec, manifest["config"]
+    privacy = spec.get("privacy") or {}
+    return {
+        "task": spec.get("task") or "custom",
+        "prompt": {
+            "template": spec.get("template"),
+            "verbalizer": spec.get("verbalizer"),
+            "chat_template": bool(spec.get("chat_template")),
+            "objective": config.get("objective", "lm"),
+            "prior": list(config.get("prior") or []),
+        },
+        "provenance": {
+            "job_id": job.id,
+            "steps": spec.get("steps"),
+            "device_backend": backend,
+            "federated": job.cohort_id is not None,
+            "dp_epsilon": privacy.get("epsilon"),
+            "replay_verified": True,
+        },
+    }
+
+
 def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:
     """Write the PEFT archive (A regenerated from the seed, B from ``b_path``) → path of the zip."""
     from shared.adapter import save_program_adapter
@@ -325,7 +351,7 @@ def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:
     adapter_dir = Path(out_dir) / "adapter"
     manifest = ProgramManifest.model_validate(job["manifest"])
     b = _load_b(b_path, job["d"])
-    save_program_adapter(adapter_dir, manifest, b, job["base_model"], job.get("base_sha256"))
+    save_program_adapter(adapter_dir, manifest, b, job["base_model"], job.get("base_sha256"), job.get("card"))
     archive = Path(out_dir) / "adapter.zip"
     _zip_dir(adapter_dir, archive)
     return str(archive)

@@ -24,6 +24,8 @@ from shared.manifest import ProgramManifest
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 BASE_FILE = "mobizo_base.json"  # {"name": the base's registered name, "sha256": its model_sha256}
+CARD_FILE = "README.md"  # the model card: the hub's front matter, the prompt contract and provenance for people
+CARD_DATA = "mobizo_card.json"  # the same for programs: {"task", "prompt": {...}, "provenance": {...}}
 _PREFIX = "base_model.model."
 
 
@@ -56,9 +58,11 @@ def save_adapter(
     targets: tuple[str, ...],
     base_model: str,
     base_sha256: str | None = None,
+    card: dict | None = None,
 ) -> Path:
     """Write a PEFT adapter directory atomically (``shared.files.atomic_dir``), replacing one already there; with
-    ``base_sha256`` (the base's ``model_sha256``) the base is pinned in ``BASE_FILE``."""
+    ``base_sha256`` (the base's ``model_sha256``) the base is pinned in ``BASE_FILE``; with ``card`` (``task``,
+    ``prompt``, ``provenance``: ``server.verify.card_of``) the card is written beside it (``write_card``)."""
     tensors = {_key(n, "lora_A"): a.detach().float().contiguous().cpu() for n, a in lora_a.items()}
     tensors |= {_key(n, "lora_B"): b.detach().float().contiguous().cpu() for n, b in lora_b.items()}
     with atomic_dir(Path(out_dir)) as tmp:
@@ -66,19 +70,89 @@ def save_adapter(
         (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(rank, alpha, targets, base_model), indent=2))
         if base_sha256 is not None:
             (tmp / BASE_FILE).write_text(json.dumps({"name": base_model, "sha256": base_sha256}, indent=2))
+        if card is not None:
+            write_card(tmp, base_model, card)
     return Path(out_dir)
 
 
+def write_card(adapter_dir: Path, base_model: str, card: dict) -> None:
+    """The adapter's card: ``CARD_DATA`` as given, and ``CARD_FILE``, a model card with the hub's front matter
+    (``base_model``, ``library_name: peft``) saying how to prompt it and where it came from."""
+    prompt, provenance = card["prompt"], card["provenance"]
+    (Path(adapter_dir) / CARD_DATA).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+    template = "the task's own" if prompt["template"] is None else f"`{json.dumps(prompt['template'])}`"
+    verbalizer = "the task's own" if prompt["verbalizer"] is None else f"`{json.dumps(prompt['verbalizer'])}`"
+    lines = [
+        "---",
+        f"base_model: {json.dumps(base_model)}",
+        "library_name: peft",
+        "pipeline_tag: text-generation",
+        "tags: [mobizo, lora, zeroth-order, on-device]",
+        "---",
+        "",
+        f"# A personal {card['task']} adapter of {base_model}",
+        "",
+        "A LoRA adapter (PEFT layout) trained on a user's own device by mobizo: zeroth-order steps through an",
+        "inference engine, only B trained. It was trained on prompts of one shape; prompt it the same way.",
+        "",
+        "## How to prompt it",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| task | {card['task']} |",
+        f"| template | {template} |",
+        f"| verbalizer | {verbalizer} |",
+        f"| chat template | {'yes' if prompt['chat_template'] else 'no'} |",
+        f"| objective | {prompt['objective']} |",
+        f"| calibration prior | {prompt['prior'] or 'none'} |",
+        "",
+        "## Where it came from",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {name.replace('_', ' ')} | {value} |" for name, value in sorted(provenance.items()) if value is not None),
+        "",
+        f"`{CARD_DATA}` holds the same for programs; `mobizo eval --adapter` prompts with it by default.",
+        "",
+    ]
+    (Path(adapter_dir) / CARD_FILE).write_text("\n".join(lines))
+
+
+def adapter_card(adapter_dir: Path) -> dict | None:
+    """The card an adapter directory carries (``CARD_DATA``); None where it carries none."""
+    path = Path(adapter_dir) / CARD_DATA
+    if not path.is_file():
+        return None
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise MobizoError(f"cannot read {path}: {exc}") from exc
+    prompt = card.get("prompt") if isinstance(card, dict) else None
+    if not (isinstance(prompt, dict) and isinstance(card.get("task"), str) and "template" in prompt):
+        raise MobizoError(f"{path}: expected {{'task': ..., 'prompt': {{'template': ...}}, ...}}")
+    return card
+
+
 def save_lora(
-    out_dir: Path, lora: MPLoRA, b_flat: torch.Tensor, base_model: str, base_sha256: str | None = None
+    out_dir: Path,
+    lora: MPLoRA,
+    b_flat: torch.Tensor,
+    base_model: str,
+    base_sha256: str | None = None,
+    card: dict | None = None,
 ) -> Path:
     """Write the adapter of an injected model whose master B is ``b_flat``."""
     a, b = lora.lora_a(), lora.split(b_flat)
-    return save_adapter(out_dir, a, b, lora.rank, lora.alpha, lora.targets, base_model, base_sha256)
+    return save_adapter(out_dir, a, b, lora.rank, lora.alpha, lora.targets, base_model, base_sha256, card)
 
 
 def save_program_adapter(
-    out_dir: Path, manifest: ProgramManifest, b_flat: torch.Tensor, base_model: str, base_sha256: str | None = None
+    out_dir: Path,
+    manifest: ProgramManifest,
+    b_flat: torch.Tensor,
+    base_model: str,
+    base_sha256: str | None = None,
+    card: dict | None = None,
 ) -> Path:
     """Write the adapter of a program (its manifest's LoRA layout): A regenerated from the seed, B from ``b_flat``.
 
@@ -88,7 +162,8 @@ def save_program_adapter(
     lora_a = {m.name: lora_a_init(config.a_seed, m.name, config.rank, m.in_features) for m in manifest.lora}
     shapes = {m.name: (m.out_features, config.rank) for m in manifest.lora}
     lora_b = unflatten_b(torch.as_tensor(b_flat, dtype=torch.float32), shapes)
-    return save_adapter(out_dir, lora_a, lora_b, config.rank, config.alpha, config.targets, base_model, base_sha256)
+    layout = (config.rank, config.alpha, config.targets)
+    return save_adapter(out_dir, lora_a, lora_b, *layout, base_model, base_sha256, card)
 
 
 def adapter_base(adapter_dir: Path) -> dict | None:

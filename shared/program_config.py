@@ -1,5 +1,5 @@
-"""A job's program contract resolved once: from a spec (a job's, ``mobizo export``'s options, ``mobizo train``'s run)
-and its model to the ``ProgramConfig`` its device program is exported for.
+"""A job's program contract resolved once: from a spec (a job's, or ``mobizo export``'s options) and its model to
+the ``ProgramConfig`` its device program is exported for.
 
 What only the model tells is resolved here and nowhere else: the objective with its candidates' token ids and the
 answer length (``shared.data.resolve_objective``), and a calibrated objective's prior (measured on the base model by

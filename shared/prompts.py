@@ -184,13 +184,23 @@ def write_model_prompt(model_dir: Path, task_name: str, entry: dict[str, Any]) -
 
 
 def resolve(
-    model_dir: Path, task_name: str, template: str | None, verbalizer: dict | None, chat: bool, choice: str = "model"
+    model_dir: Path,
+    task_name: str,
+    template: str | None,
+    verbalizer: dict | None,
+    chat: bool,
+    choice: str = "model",
+    trained: dict | None = None,
 ) -> tuple[str | None, dict | None, bool]:
-    """(template, verbalizer, chat) a run reads ``task_name`` through: what it gave, or, for a built-in task given
-    no template, verbalizer or chat frame, the model's chosen prompt where it has one (``choice`` "builtin": the
-    task's own)."""
+    """(template, verbalizer, chat) a run reads ``task_name`` through: what it gave (``choice`` "builtin": the
+    task's own); else, for an adapter's run, the prompt it was trained with (``trained``: its card's ``task`` and
+    ``prompt``, ``shared.adapter.adapter_card``) when it was trained on this task; else, for a built-in task, the
+    model's chosen prompt where it has one."""
     if choice == "builtin" or template is not None or verbalizer is not None or chat or task_name == "custom":
         return template, verbalizer, chat
+    if trained is not None and trained["task"] == task_name:
+        prompt = trained["prompt"]
+        return prompt["template"], prompt["verbalizer"], bool(prompt["chat_template"])
     prompt = model_prompt(model_dir, task_name)
     return (template, verbalizer, chat) if prompt is None else (prompt.template, prompt.verbalizer, prompt.chat)
 

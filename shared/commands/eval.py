@@ -105,18 +105,22 @@ def run(args: argparse.Namespace) -> ExitCode:
     check_numbers(args)
     import torch
 
+    from shared.adapter import CARD_DATA, adapter_card
     from shared.data import load_examples
     from shared.evaluate import evaluate
     from shared.hf_models import load_model, model_chat_frame
     from shared.prompts import notice, resolve
     from shared.tasks import get_task, with_chat
 
-    template, verbalizer, chat = resolve(
-        Path(args.model), args.task, args.template, parse_verbalizer(args.verbalizer), args.chat_template, args.prompt
-    )
-    task = get_task(args.task, template, verbalizer)
-    if (line := notice(args.task, args.template, template)) is not None:
+    given = (args.template, parse_verbalizer(args.verbalizer), args.chat_template)
+    card = None if args.adapter is None else adapter_card(Path(args.adapter))
+    template, verbalizer, chat = resolve(Path(args.model), args.task, *given, args.prompt, card)
+    if card is not None and card["task"] == args.task and given == (None, None, False) and args.prompt != "builtin":
+        used = "the task's own" if template is None else repr(template)
+        print(f"{args.task}: the prompt the adapter was trained with ({CARD_DATA}): {used}", file=sys.stderr)
+    elif (line := notice(args.task, args.template, template)) is not None:
         print(line, file=sys.stderr)
+    task = get_task(args.task, template, verbalizer)
     if chat:
         task = with_chat(task, model_chat_frame(Path(args.model)))
     if args.calibrate and task.kind != "classification":

@@ -10,8 +10,10 @@ the job fails with the reason); a late upload answers 409; a cohort's adapters a
 from __future__ import annotations
 
 import io
+import json
 import re
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -201,7 +203,11 @@ def test_rounds_are_the_aggregate_of_replayed_logs_bit_for_bit(client: TestClien
     # members see and download the cohort's adapters; a non-member and a user who left get 404
     last = listed[-1]["adapter_id"]
     assert {x["id"] for x in client.get("/v1/adapters", headers=a).json()["data"]} == {r["adapter_id"] for r in listed}
-    assert client.get(f"/v1/adapters/{last}/download", headers=a).status_code == 200
+    archive = client.get(f"/v1/adapters/{last}/download", headers=a)
+    assert archive.status_code == 200
+    with zipfile.ZipFile(io.BytesIO(archive.content)) as zf:  # the cohort's adapter carries its card too
+        card = json.loads(zf.read("mobizo_card.json"))
+    assert card["provenance"]["federated"] is True and card["provenance"]["device_backend"] is None
     for outsider in ("n", "b"):
         headers = world["users"][outsider]
         assert client.get(f"/v1/adapters/{last}", headers=headers).status_code == 404

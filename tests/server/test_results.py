@@ -53,10 +53,27 @@ def test_archive_holds_a_peft_adapter_with_the_uploaded_b(client, leased):
     r = client.get("/v1/adapters/1/download", headers=leased["user"])
     assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
-        assert sorted(zf.namelist()) == ["adapter_config.json", "adapter_model.safetensors", "mobizo_base.json"]
+        names = ["README.md", "adapter_config.json", "adapter_model.safetensors", "mobizo_base.json"]
+        assert sorted(zf.namelist()) == [*names, "mobizo_card.json"]
         config = json.loads(zf.read("adapter_config.json"))
         tensors = load(zf.read("adapter_model.safetensors"))
         pinned = json.loads(zf.read("mobizo_base.json"))
+        card, readme = json.loads(zf.read("mobizo_card.json")), zf.read("README.md").decode()
+    job = client.get(f"/v1/jobs/{leased['job']['id']}", headers=leased["user"]).json()
+    assert (
+        card["task"] == job["task"]
+        and card["prompt"]["objective"] == leased["lease"]["manifest"]["config"]["objective"]
+    )
+    assert card["provenance"] | {"steps": None} == {
+        "job_id": job["id"],
+        "steps": None,
+        "device_backend": "executorch",
+        "federated": False,
+        "dp_epsilon": None,
+        "replay_verified": True,
+    }
+    assert card["provenance"]["steps"] == leased["lease"]["spec"]["steps"]
+    assert readme.startswith('---\nbase_model: "tiny"\nlibrary_name: peft\n')
     assert config["peft_type"] == "LORA" and config["r"] == 2 and config["target_modules"] == ["q_proj", "v_proj"]
     (model,) = client.get("/v1/models", headers=leased["user"]).json()["data"]
     assert pinned == {"name": model["name"], "sha256": model["sha256"]} and config["base_model_name_or_path"] == "tiny"

@@ -1,0 +1,100 @@
+"""An adapter carries its card: how it was prompted in training (``mobizo_card.json``, for programs) and a model
+card (``README.md`` with the hub's front matter) for people; ``mobizo eval --adapter`` prompts with the card's
+prompt unless told otherwise. (The server writes the card into every archive: tests/server/test_results.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mobizo.cli import main
+from shared.adapter import CARD_DATA, CARD_FILE, adapter_card, save_lora
+from shared.errors import MobizoError
+from shared.hf_models import load_model
+from shared.lora import inject_lora
+from shared.model_files import model_sha256
+from shared.tasks import task_data_dir
+
+REWORDED = {"template": "Review: {sentence}\nVerdict:", "verbalizer": {"0": " bad", "1": " good"}}
+
+
+def _card(template: str | None, verbalizer: dict | None) -> dict:
+    prompt = {"template": template, "verbalizer": verbalizer, "chat_template": False, "objective": "classification"}
+    provenance = {"job_id": 7, "steps": 200, "device_backend": "executorch", "dp_epsilon": None}
+    return {"task": "sst2", "prompt": prompt | {"prior": []}, "provenance": provenance | {"replay_verified": True}}
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pinned adapter of the tiny model trained (here: B drawn) on a reworded SST-2 prompt, with its card."""
+    model, _ = load_model(tiny_model_dir)
+    lora = inject_lora(model, ("q_proj", "v_proj"), rank=2, alpha=4.0)
+    torch.manual_seed(1)
+    b = torch.randn(lora.size)
+    folder = tmp_path_factory.mktemp("card") / "adapter"
+    card = _card(REWORDED["template"], REWORDED["verbalizer"])
+    return save_lora(folder, lora, b, "tiny", model_sha256(tiny_model_dir), card=card)
+
+
+def test_the_card_says_how_to_prompt_it_and_where_it_came_from(adapter: Path) -> None:
+    card = adapter_card(adapter)
+    assert card == _card(REWORDED["template"], REWORDED["verbalizer"])
+    text = (adapter / CARD_FILE).read_text()
+    front, body = text.split("---\n")[1], text.split("---\n", 2)[2]
+    assert 'base_model: "tiny"' in front and "library_name: peft" in front
+    assert json.dumps(REWORDED["template"]) in body and "| job id | 7 |" in body and "dp epsilon" not in body
+
+
+def _eval(model: Path, adapter: Path, *extra: str) -> list[str]:
+    data = task_data_dir() / "sst2" / "validation.jsonl"
+    return ["eval", "--model", str(model), "--adapter", str(adapter), "--task", "sst2", "--data", str(data)] + [
+        "--limit",
+        "16",
+        "--json",
+        *extra,
+    ]
+
+
+def test_eval_prompts_with_the_cards_prompt_unless_told(tiny_model_dir: Path, adapter: Path, capsys) -> None:
+    explicit = ("--template", REWORDED["template"], "--verbalizer", json.dumps(REWORDED["verbalizer"]))
+    assert main(_eval(tiny_model_dir, adapter, *explicit)) == 0
+    told = json.loads(capsys.readouterr().out)
+    assert main(_eval(tiny_model_dir, adapter)) == 0
+    captured = capsys.readouterr()
+    by_card = json.loads(captured.out)
+    assert CARD_DATA in captured.err and "the prompt the adapter was trained with" in captured.err
+    assert by_card == told
+    assert main(_eval(tiny_model_dir, adapter, "--prompt", "builtin")) == 0
+    assert json.loads(capsys.readouterr().out) != told  # the task's own prompt reads otherwise
+    assert (
+        main(
+            _eval(
+                tiny_model_dir,
+                adapter,
+                "--template",
+                "{sentence} It was",
+                "--verbalizer",
+                '{"0": " bad", "1": " good"}',
+            )
+        )
+        == 0
+    )
+    assert CARD_DATA not in capsys.readouterr().err  # what the user gives wins
+
+
+def test_a_card_of_the_tasks_own_prompt_reads_the_task_as_built(tiny_model_dir: Path, adapter: Path, tmp_path) -> None:
+    builtin = Path(shutil.copytree(adapter, tmp_path / "builtin"))
+    (builtin / CARD_DATA).write_text(json.dumps(_card(None, None)))
+    assert main(_eval(tiny_model_dir, builtin)) == 0
+    assert main(_eval(tiny_model_dir, builtin, "--prompt", "builtin")) == 0
+
+
+def test_a_malformed_card_is_an_error_naming_the_file(adapter: Path, tmp_path: Path) -> None:
+    broken = Path(shutil.copytree(adapter, tmp_path / "broken"))
+    (broken / CARD_DATA).write_text('{"task": "sst2"}')
+    with pytest.raises(MobizoError, match=CARD_DATA):
+        adapter_card(broken)
