@@ -94,7 +94,13 @@ def test_user_job_and_adapter_commands(server_url, capsys, tmp_path):
     code, out, _ = _run(capsys, "adapters", "download", "1", "--out", str(tmp_path / "adapter"), *conn)
     assert code == 0
     files = sorted(p.name for p in (tmp_path / "adapter").iterdir())
-    assert files == ["adapter_config.json", "adapter_model.safetensors", "mobizo_base.json"]
+    assert files == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "mobizo_base.json",
+        "mobizo_card.json",
+    ]
 
     code, out, _ = _run(capsys, "jobs", "show", str(job["id"]), *conn)
     assert json.loads(out)["status"] == "succeeded"
