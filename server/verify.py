@@ -322,26 +322,22 @@ def card_of(job, manifest: dict[str, Any], backend: str | None = None) -> dict[s
     """The archive's card (``shared.adapter.write_card``) of a job (a ``Job`` row) and its program's manifest: the
     prompt contract it trained with (its spec's template, verbalizer and chat frame; the program's objective and
     calibration prior) and its provenance (the job, its steps, the device's backend, privacy, federation)."""
+    from shared.adapter import make_card
+
     spec, config = job.spec, manifest["config"]
-    privacy = spec.get("privacy") or {}
-    return {
-        "task": spec.get("task") or "custom",
-        "prompt": {
-            "template": spec.get("template"),
-            "verbalizer": spec.get("verbalizer"),
-            "chat_template": bool(spec.get("chat_template")),
-            "objective": config.get("objective", "lm"),
-            "prior": list(config.get("prior") or []),
-        },
-        "provenance": {
-            "job_id": job.id,
-            "steps": spec.get("steps"),
-            "device_backend": backend,
-            "federated": job.cohort_id is not None,
-            "dp_epsilon": privacy.get("epsilon"),
-            "replay_verified": True,
-        },
-    }
+    prompt = (spec.get("template"), spec.get("verbalizer"), spec.get("chat_template"))
+    return make_card(
+        spec.get("task") or "custom",
+        *prompt,
+        config.get("objective", "lm"),
+        config.get("prior"),
+        job_id=job.id,
+        steps=spec.get("steps"),
+        device_backend=backend,
+        federated=job.cohort_id is not None,
+        dp_epsilon=(spec.get("privacy") or {}).get("epsilon"),
+        replay_verified=True,
+    )
 
 
 def package_adapter(job: dict[str, Any], b_path: str, out_dir: str) -> str:

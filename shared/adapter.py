@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -73,6 +74,23 @@ def save_adapter(
         if card is not None:
             write_card(tmp, base_model, card)
     return Path(out_dir)
+
+
+def make_card(
+    task: str,
+    template: str | None,
+    verbalizer: dict | None,
+    chat_template: bool,
+    objective: str,
+    prior: tuple[float, ...] | list[float] | None,
+    **provenance: Any,
+) -> dict:
+    """An adapter's card (``CARD_DATA``): the prompt it trained with (template and verbalizer None: the task's own)
+    and where it came from (``provenance``: a job, its steps, the device, privacy; None values are left out of
+    ``README.md``)."""
+    prompt = {"template": template, "verbalizer": verbalizer, "chat_template": bool(chat_template)}
+    prompt |= {"objective": objective, "prior": list(prior or [])}
+    return {"task": task, "prompt": prompt, "provenance": provenance}
 
 
 def write_card(adapter_dir: Path, base_model: str, card: dict) -> None:

@@ -685,10 +685,13 @@ def _write_outputs(run: _Run, history: dict[str, list], metrics: dict[str, Any])
     out = Path(run.config.out)
     out.mkdir(parents=True, exist_ok=True)
     if run.lora is not None:
+        from shared.adapter import make_card
         from shared.model_files import model_sha256
 
-        model = Path(run.config.model)
-        save_lora(out / ADAPTER_DIR, run.lora, run.step.b.cpu(), str(model), model_sha256(model))
+        config, model = run.config, Path(run.config.model)
+        prompt = (config.template, config.verbalizer, config.chat_template, run.objective, run.prior)
+        card = make_card(config.task, *prompt, method=config.method, steps=config.steps, dp_epsilon=config.dp_epsilon)
+        save_lora(out / ADAPTER_DIR, run.lora, run.step.b.cpu(), str(model), model_sha256(model), card)
     elif (out / ADAPTER_DIR).is_dir():
         shutil.rmtree(out / ADAPTER_DIR)  # an earlier run's adapter would pass for this run's
     if history["log"]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,16 @@ def test_a_malformed_card_is_an_error_naming_the_file(adapter: Path, tmp_path: P
     (broken / CARD_DATA).write_text('{"task": "sst2"}')
     with pytest.raises(MobizoError, match=CARD_DATA):
         adapter_card(broken)
+
+
+def test_mobizo_train_writes_the_card_of_its_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from shared.train import TrainConfig, train
+
+    sst2 = task_data_dir() / "sst2" / "train.jsonl"
+    template, verbalizer = REWORDED["template"], REWORDED["verbalizer"]
+    config = TrainConfig(tiny_model_dir, "sst2", sst2, tmp_path, steps=1, batch_size=2, q=1, limit_train=4)
+    train(replace(config, template=template, verbalizer=verbalizer), progress=False)
+    (card,) = [adapter_card(p.parent) for p in tmp_path.rglob(CARD_DATA)]
+    assert card["task"] == "sst2" and card["prompt"]["template"] == template
+    assert card["prompt"]["verbalizer"] == verbalizer and card["prompt"]["chat_template"] is False
+    assert card["provenance"] == {"method": "mobizo", "steps": 1, "dp_epsilon": None}
