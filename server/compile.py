@@ -16,20 +16,6 @@ from pathlib import Path
 from typing import Any
 
 
-def program_config(
-    spec: dict[str, Any],
-    answer_len: int,
-    chat: tuple[str, str] | None = None,
-    objective: str = "lm",
-    candidates: tuple[int, ...] = (),
-    prior: tuple[float, ...] = (),
-) -> dict[str, Any]:
-    """The program config (as JSON) of a job spec (``JobCreate`` as JSON); ``ValueError`` if it does not fit."""
-    from shared.manifest import ProgramConfig
-
-    return ProgramConfig.from_spec(spec, answer_len, chat, objective, candidates, prior).model_dump(mode="json")
-
-
 def resolve_config(model_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """The program config (as JSON) of a job spec, resolved with its model (``shared.program_config``): the chat
     frame, the objective with its candidates' ids, the answer length and a calibrated job's prior. ``UsageError``

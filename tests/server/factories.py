@@ -14,7 +14,6 @@ from safetensors.numpy import save, save_file
 from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate
-from server.compile import program_config
 from server.compile_queue import export_inference
 from server.settings import Settings
 from server.store import ArtifactStore
@@ -25,6 +24,15 @@ from tests.utils.manifests import fake_manifest
 ADMIN_TOKEN = "admin-secret-for-tests"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 HIDDEN, LAYERS = 8, 2
+
+
+def program_config(spec: dict[str, Any], answer_len: int, **resolved: Any) -> dict[str, Any]:
+    """The program config (as JSON) a server compiles for ``spec`` with ``answer_len`` and what the model resolves
+    (``chat``, ``objective``, ``candidates``, ``prior``) given: ``ProgramConfig.from_spec``, as
+    ``server.compile.resolve_config`` ends."""
+    from shared.manifest import ProgramConfig
+
+    return ProgramConfig.from_spec(spec, answer_len, **resolved).model_dump(mode="json")
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -10,9 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.compile import program_config
 from server.compile_queue import LocalCompileQueue
-from tests.server.factories import create_user, make_fake_model, register_model, submit_job
+from tests.server.factories import create_user, make_fake_model, program_config, register_model, submit_job
 from tests.utils.manifests import fake_manifest
 
 

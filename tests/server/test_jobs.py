@@ -150,9 +150,10 @@ def test_list_is_newest_first_and_paginated(client, user):
 def test_the_schedule_and_quantization_of_a_job_spec_are_part_of_its_program() -> None:
     """``parallel`` and ``quantize`` travel from the job spec into the program config, hence its key: two jobs
     differing only there share no program; a spec stored before the fields existed gets the defaults."""
-    from server.compile import program_config, program_key
+    from server.compile import program_key
     from shared import defaults
     from shared.schemas import HyperParams
+    from tests.server.factories import program_config
 
     base = HyperParams(q=2, batch_size=4).model_dump(mode="json")
     configs = {p: program_config(base | {"parallel": p}, answer_len=1) for p in ("both", "outer", "inner", "none")}
