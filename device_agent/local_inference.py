@@ -21,7 +21,7 @@ from shared import defaults
 from shared.b_file import read_b_file
 from shared.manifest import InferenceConfig, InferenceManifest
 from shared.retry import RetryPolicy, call_with_retry
-from shared.schemas import blob_url
+from shared.schemas import AdapterPublic, blob_url
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Fetched:
     ptd: Path
     tokenizer: Path
     b: np.ndarray | None
+    adapter: AdapterPublic | None = None  # the adapter B comes from, with how it must be prompted
 
 
 class LocalModels:
@@ -61,7 +62,7 @@ class LocalModels:
         url = blob_url(found.b_sha256)
         path = self.cache.fetch(self.api.http, url, found.b_sha256, ".b.safetensors", None, self.policy)
         fetched = self._program(found.model, found.rank, found.alpha, found.targets, found.a_seed, None)
-        return replace(fetched, b=read_b_file(path, fetched.manifest.lora_size))
+        return replace(fetched, b=read_b_file(path, fetched.manifest.lora_size), adapter=found)
 
     def base(self, model: str) -> Fetched:
         """The base model (B = 0) through the program of the default LoRA layout."""

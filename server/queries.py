@@ -20,6 +20,7 @@ from server.tables import (
     Device,
     Job,
     Model,
+    Program,
     Round,
     RoundClient,
     User,
@@ -81,12 +82,14 @@ def jobs_of(session: Session, user_id: int | None, skip: int, limit: int) -> tup
 def adapters_of(
     session: Session, user_id: int, model: str | None, task: str | None, skip: int, limit: int
 ) -> tuple[list[Row[Any]], int]:
-    """The adapters the user may see (``registry.visible_to``), newest first, as (adapter, model name, its job's
-    spec or None), optionally of one model or task → (page, total)."""
+    """The adapters the user may see (``registry.visible_to``), newest first, as (adapter, model name, its job,
+    the job's program; None for a round's adapter), optionally of one model or task → (page, total). The job and
+    program rows are loaded with the page so that ``registry.adapter_public`` finds them in the session."""
     query = (
-        select(Adapter, Model.name, Job.spec)
+        select(Adapter, Model.name, Job, Program)
         .join(Model, Model.id == Adapter.model_id)
         .outerjoin(Job, Job.id == Adapter.job_id)
+        .outerjoin(Program, Program.id == Job.program_id)
         .where(registry.visible_to(user_id))
     )
     if model is not None:

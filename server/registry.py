@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from server.tables import Adapter, CohortMember, Job, Model, Round
+from server.tables import Adapter, CohortMember, Job, Model, Program, Round
+from server.verify import adapter_prompt
 from shared.schemas import AdapterPrivacy, AdapterPublic
 
 
@@ -134,16 +135,15 @@ def adapter_privacy(spec: dict[str, Any] | None, rounds: int = 1) -> AdapterPriv
     )
 
 
-def adapter_public(
-    session: Session, adapter: Adapter, model_name: str, job_spec: dict[str, Any] | None = None
-) -> AdapterPublic:
-    """An adapter as the REST answers show it (to its user, the cohort's members, and the user's devices);
-    ``job_spec``: its job's, when the caller joined it in (else read here)."""
+def _manifest(session: Session, job: Job) -> dict[str, Any]:
+    return session.get_one(Program, job.program_id).manifest
+
+
+def adapter_public(session: Session, adapter: Adapter, model_name: str) -> AdapterPublic:
+    """An adapter as the REST answers show it (to its user, the cohort's members, and the user's devices)."""
     round_ = None if adapter.round_id is None else session.get_one(Round, adapter.round_id)
-    job_id, rounds = adapter.job_id if round_ is None else round_.job_id, 1
-    if job_id is not None and (job_spec is None or round_ is not None):
-        job = session.get_one(Job, job_id)
-        job_spec, rounds = job.spec, (job.federation or {}).get("rounds", 1)
+    job_id = adapter.job_id if round_ is None else round_.job_id
+    job = None if job_id is None else session.get_one(Job, job_id)
     return AdapterPublic(
         id=adapter.id,
         model=model_name,
@@ -161,7 +161,8 @@ def adapter_public(
         base_sha256=session.get_one(Model, adapter.model_id).sha256,
         metrics=adapter.metrics,
         held_out=adapter.held_out,
-        privacy=adapter_privacy(job_spec, rounds),
+        privacy=None if job is None else adapter_privacy(job.spec, (job.federation or {}).get("rounds", 1)),
+        prompt=None if job is None or job.program_id is None else adapter_prompt(job, _manifest(session, job)),
         created_at=adapter.created_at,
     )
 

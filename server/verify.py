@@ -28,7 +28,7 @@ from shared import defaults
 from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import DataError
 from shared.manifest import ProgramManifest
-from shared.schemas import MAX_LOSS, JobSpec, UploadMetrics
+from shared.schemas import MAX_LOSS, AdapterPrompt, JobSpec, UploadMetrics
 from shared.train_log import step_losses
 
 METRICS_LIMIT = 1 << 20
@@ -318,19 +318,35 @@ def base_of(model) -> dict[str, str]:
     return {"base_model": model.name, "base_sha256": model.sha256}
 
 
+def adapter_prompt(job, manifest: dict[str, Any]) -> AdapterPrompt:
+    """How a job's adapter must be prompted: its spec's template and verbalizer; its program's chat frame,
+    objective and calibration prior."""
+    spec, config = job.spec, manifest["config"]
+    chat = config.get("chat")
+    return AdapterPrompt(
+        task=spec.get("task") or "custom",
+        template=spec.get("template"),
+        verbalizer=spec.get("verbalizer"),
+        chat=None if chat is None else list(chat),
+        objective=config.get("objective", "lm"),
+        prior=list(config.get("prior") or []),
+    )
+
+
 def card_of(job, manifest: dict[str, Any], backend: str | None = None) -> dict[str, Any]:
     """The archive's card (``shared.adapter.write_card``) of a job (a ``Job`` row) and its program's manifest: the
     prompt contract it trained with (its spec's template, verbalizer and chat frame; the program's objective and
     calibration prior) and its provenance (the job, its steps, the device's backend, privacy, federation)."""
     from shared.adapter import make_card
 
-    spec, config = job.spec, manifest["config"]
-    prompt = (spec.get("template"), spec.get("verbalizer"), spec.get("chat_template"))
+    spec, prompt = job.spec, adapter_prompt(job, manifest)
     return make_card(
-        spec.get("task") or "custom",
-        *prompt,
-        config.get("objective", "lm"),
-        config.get("prior"),
+        prompt.task,
+        prompt.template,
+        prompt.verbalizer,
+        prompt.chat is not None,
+        prompt.objective,
+        prompt.prior,
         job_id=job.id,
         steps=spec.get("steps"),
         device_backend=backend,

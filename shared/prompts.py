@@ -183,8 +183,27 @@ def write_model_prompt(model_dir: Path, task_name: str, entry: dict[str, Any]) -
     return atomic_write_bytes(Path(model_dir) / PROMPTS_FILE, (json.dumps(found, indent=2) + "\n").encode())
 
 
+def trained_prompt(
+    task_name: str, template: str | None, verbalizer: dict | None, chat: bool, choice: str, trained: dict | None
+) -> dict | None:
+    """The prompt an adapter was trained with (``trained``: its card, ``shared.adapter.make_card``), when a run of
+    ``task_name`` reads through it: the run gave no prompt of its own nor asked for the task's (``choice``
+    builtin), and the adapter was trained on this task."""
+    if trained is None or choice == "builtin" or template is not None or verbalizer is not None or chat:
+        return None
+    return trained["prompt"] if trained["task"] == task_name else None
+
+
+def trained_line(prompt: dict) -> str:
+    """What a run says on stderr when it reads a task through an adapter's trained prompt."""
+    used = "the task's own" if prompt["template"] is None else repr(prompt["template"])
+    frame = ", in the model's chat frame" if prompt["chat_template"] else ""
+    calibrated = ", calibrated by its prior" if prompt.get("prior") else ""
+    return f"the prompt the adapter was trained with: {used}{frame}{calibrated}"
+
+
 def resolve(
-    model_dir: Path,
+    model_dir: Path | None,
     task_name: str,
     template: str | None,
     verbalizer: dict | None,
@@ -193,15 +212,13 @@ def resolve(
     trained: dict | None = None,
 ) -> tuple[str | None, dict | None, bool]:
     """(template, verbalizer, chat) a run reads ``task_name`` through: what it gave (``choice`` "builtin": the
-    task's own); else, for an adapter's run, the prompt it was trained with (``trained``: its card's ``task`` and
-    ``prompt``, ``shared.adapter.adapter_card``) when it was trained on this task; else, for a built-in task, the
-    model's chosen prompt where it has one."""
+    task's own); else, for an adapter's run, the prompt it was trained with (``trained_prompt``); else, for a
+    built-in task, the model's chosen prompt where it has one (``model_dir`` None: none)."""
     if choice == "builtin" or template is not None or verbalizer is not None or chat or task_name == "custom":
         return template, verbalizer, chat
-    if trained is not None and trained["task"] == task_name:
-        prompt = trained["prompt"]
+    if (prompt := trained_prompt(task_name, template, verbalizer, chat, choice, trained)) is not None:
         return prompt["template"], prompt["verbalizer"], bool(prompt["chat_template"])
-    prompt = model_prompt(model_dir, task_name)
+    prompt = None if model_dir is None else model_prompt(model_dir, task_name)
     return (template, verbalizer, chat) if prompt is None else (prompt.template, prompt.verbalizer, prompt.chat)
 
 

@@ -809,6 +809,22 @@ class AdapterPrivacy(BaseModel):
     sampling_rate: float
 
 
+class AdapterPrompt(BaseModel):
+    """How an adapter must be prompted: the contract of its card (``shared.adapter.make_card``), with the chat frame
+    itself, so a device that holds no tokenizer configuration frames its prompts as training did."""
+
+    task: str = Field(description="the task it was trained on (a built-in task's name, or custom)")
+    template: str | None = Field(description="the prompt, with {field} placeholders; None: the task's own")
+    verbalizer: dict[str, str] | None = Field(description="label -> answer text; None: the task's own")
+    chat: list[str] | None = Field(
+        description="the model's chat template around one user message (before, after the prompt); None: plain"
+    )
+    objective: str = Field(description="the loss it trained: classification or lm")
+    prior: list[float] = Field(
+        description="the content-free prior divided out of the answers' scores (contextual calibration); empty: none"
+    )
+
+
 class AdapterPublic(BaseModel):
     id: int
     model: str
@@ -830,6 +846,9 @@ class AdapterPublic(BaseModel):
     metrics: dict[str, Any]
     held_out: HeldOut | None = Field(default=None, description="accuracy and loss on the device's held-out data")
     privacy: AdapterPrivacy | None = Field(default=None, description="a private job's guarantee; None: not private")
+    prompt: AdapterPrompt | None = Field(
+        default=None, description="how it must be prompted (its card's contract); None: an adapter without a job"
+    )
     created_at: datetime
 
 

@@ -57,7 +57,7 @@ def run_local(args: argparse.Namespace) -> ExitCode:
         fetched = models.adapter(args.adapter_id) if args.adapter_id is not None else models.base(args.model)
         if args.action == "generate":
             return _generate(args, models, fetched)
-        return _evaluate(args, models.session(fetched), load_tokenizer_file(fetched.tokenizer))
+        return _evaluate(args, models.session(fetched), load_tokenizer_file(fetched.tokenizer), fetched.adapter)
 
 
 def _generate(args: argparse.Namespace, models, fetched) -> ExitCode:
@@ -82,17 +82,37 @@ def _generate(args: argparse.Namespace, models, fetched) -> ExitCode:
     return ExitCode.OK
 
 
-def _evaluate(args: argparse.Namespace, session, tokenizer) -> ExitCode:
+def _card(adapter) -> dict | None:
+    """An adapter's prompt contract as a card (``shared.adapter.make_card``'s ``task`` and ``prompt``)."""
+    if adapter is None or adapter.prompt is None:
+        return None
+    prompt = adapter.prompt.model_dump()
+    return {"task": prompt["task"], "prompt": prompt | {"chat_template": prompt["chat"] is not None}}
+
+
+def _evaluate(args: argparse.Namespace, session, tokenizer, adapter) -> ExitCode:
+    """Score the task's local data through the program, read through the adapter's trained prompt unless told
+    otherwise (``shared.prompts.trained_prompt``)."""
     from device_agent.local_inference import ProgramAsModel
     from shared.commands.eval import summary
     from shared.data import load_examples
     from shared.evaluate import evaluate
-    from shared.tasks import get_task, parse_verbalizer
+    from shared.prompts import trained_line, trained_prompt
+    from shared.tasks import get_task, parse_verbalizer, with_chat
 
-    task = get_task(args.task, args.template, parse_verbalizer(args.verbalizer))
+    template, verbalizer = args.template, parse_verbalizer(args.verbalizer)
+    trained = trained_prompt(args.task, template, verbalizer, False, args.prompt, _card(adapter))
+    frame = prior = None
+    if trained is not None:
+        print(f"{args.task}: {trained_line(trained)} (--prompt builtin: the task's own)", file=sys.stderr)
+        template, verbalizer, frame = trained["template"], trained["verbalizer"], trained["chat"]
+        prior = tuple(trained["prior"]) or None
+    task = with_chat(get_task(args.task, template, verbalizer), frame)
     rendered = load_examples(task, args.data, args.limit)
     context = session.max_context
     max_len = min(args.seq_len or context, context)
-    metrics = evaluate(ProgramAsModel(session), tokenizer, task, rendered, args.batch_size, max_len)
+    metrics = evaluate(
+        ProgramAsModel(session), tokenizer, task, rendered, args.batch_size, max_len, False, None, prior
+    )
     print(json.dumps(metrics) if args.json else summary(task.name, metrics))
     return ExitCode.OK

@@ -24,6 +24,12 @@ ALLOW_OTHER_BASE_HELP = (
 )
 
 
+AGENT_PROMPT_HELP = (
+    "adapter (default): read the task through the prompt the adapter was trained with (its template, verbalizer, "
+    "chat frame and calibration prior) when it was trained on this task; builtin: the task's own"
+)
+
+
 def add_adapter_arguments(parser: argparse.ArgumentParser) -> None:
     """--adapter and --allow-other-base (also ``mobizo generate``)."""
     parser.add_argument("--adapter", metavar="DIR", help="PEFT adapter folder to apply to the model")
@@ -47,11 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
     if model:
         parser.add_argument("--calibrate", action="store_true", help=CALIBRATE_HELP)
         parser.add_argument("--prompt", choices=("model", "builtin"), default="model", help=BUILTIN_HELP)
-    parser.add_argument(
-        "--chat-template",
-        action="store_true",
-        help="put each prompt inside the model's chat template (instruct models)",
-    )
+    else:
+        parser.add_argument("--prompt", choices=("adapter", "builtin"), default="adapter", help=AGENT_PROMPT_HELP)
+    if model:  # a device holds no chat template of its own: it frames prompts as its adapter was trained
+        parser.add_argument(
+            "--chat-template",
+            action="store_true",
+            help="put each prompt inside the model's chat template (instruct models)",
+        )
     parser.add_argument(
         "--seq-len", type=int, metavar="N", help="maximum tokens per row: prompts are cut from the left to fit N"
     )
@@ -109,15 +118,15 @@ def run(args: argparse.Namespace) -> ExitCode:
     from shared.data import load_examples
     from shared.evaluate import evaluate
     from shared.hf_models import load_model, model_chat_frame
-    from shared.prompts import notice, resolve
+    from shared.prompts import notice, resolve, trained_line, trained_prompt
     from shared.tasks import get_task, with_chat
 
     given = (args.template, parse_verbalizer(args.verbalizer), args.chat_template)
     card = None if args.adapter is None else adapter_card(Path(args.adapter))
     template, verbalizer, chat = resolve(Path(args.model), args.task, *given, args.prompt, card)
-    if card is not None and card["task"] == args.task and given == (None, None, False) and args.prompt != "builtin":
-        used = "the task's own" if template is None else repr(template)
-        print(f"{args.task}: the prompt the adapter was trained with ({CARD_DATA}): {used}", file=sys.stderr)
+    trained = trained_prompt(args.task, *given, args.prompt, card)
+    if trained is not None:
+        print(f"{args.task}: {trained_line(trained)} ({CARD_DATA}; --prompt builtin: the task's own)", file=sys.stderr)
     elif (line := notice(args.task, args.template, template)) is not None:
         print(line, file=sys.stderr)
     task = get_task(args.task, template, verbalizer)
@@ -128,8 +137,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     rendered = load_examples(task, args.data, args.limit)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model, tokenizer = load_model(Path(args.model), args.dtype, device)
-    prior = None
-    if args.calibrate:
+    prior = None if trained is None else tuple(trained["prior"]) or None  # the prior it was trained to divide out
+    if args.calibrate and prior is None:
         from shared.evaluate import measure_prior
 
         prior = measure_prior(model, tokenizer, task, args.seq_len)  # the base model's, before the adapter

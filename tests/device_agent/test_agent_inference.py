@@ -22,6 +22,9 @@ from tests.utils.tolerance import loss_rtol
 
 pytestmark = pytest.mark.slow
 
+TEMPLATE = "Review: {sentence} It was"  # not the task's own: the adapter's card carries it
+ANSWERS = {"0": " terrible", "1": " great"}  # the task's own
+
 
 @pytest.fixture(scope="module")
 def trained(
@@ -33,7 +36,7 @@ def trained(
     pte, manifest, _, _ = tiny_inference  # the program the device asks for: its default context, the jobs' LoRA
     seed_server_inference(live_server[1], tiny_model_dir, pte, manifest)
     stack = Stack(*live_server, tmp, tiny_model_dir)
-    job_id = stack.submit(steps=10)
+    job_id = stack.submit(steps=10, template=TEMPLATE, verbalizer=ANSWERS)  # the task's answers: its program
     agent = Agent(stack.enroll(), tmp / "work", local_data, tmp / "agent.log", ["--poll-s", "0.2"])
     assert agent.start().wait() == 0, agent.tail()
     adapter_id = stack.adapter(job_id)["id"]
@@ -60,8 +63,11 @@ def test_agent_eval_agrees_with_mobizo_eval(trained, tiny_model_dir, capsys):
     (tests/utils/tolerance.py) relative to the loss."""
     stack, agent, adapter_id, adapter_dir, data = trained
     flags = ["--task", "sst2", "--data", str(data), "--limit", "24", "--json"]
+    shown = stack.user.get(f"/v1/adapters/{adapter_id}").raise_for_status().json()
+    assert shown["prompt"]["template"] == TEMPLATE and shown["prompt"]["objective"] == "classification"
     device = _agent(agent, "eval", "--adapter-id", str(adapter_id), *flags)
     assert device.returncode == 0, device.stderr
+    assert f"the prompt the adapter was trained with: {TEMPLATE!r}" in device.stderr  # the card's, by default
     assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(adapter_dir), *flags]) == 0
     host = json.loads(capsys.readouterr().out.splitlines()[-1])
     got = json.loads(device.stdout.splitlines()[-1])
@@ -72,6 +78,9 @@ def test_agent_eval_agrees_with_mobizo_eval(trained, tiny_model_dir, capsys):
     assert abs(got["loss"] - host["loss"]) <= atol
     cached = sorted(p.suffix for p in (agent.work / "cache").iterdir())
     assert cached.count(".ptd") == 1  # the training program's weights file serves inference too
+    builtin = _agent(agent, "eval", "--adapter-id", str(adapter_id), *flags, "--prompt", "builtin")
+    assert builtin.returncode == 0 and "trained with" not in builtin.stderr, builtin.stderr
+    assert json.loads(builtin.stdout.splitlines()[-1])["loss"] != got["loss"]  # another prompt, another loss
 
 
 def test_agent_generate_agrees_with_mobizo_generate_where_decisive(trained, tiny_model_dir, capsys):

@@ -77,7 +77,18 @@ def test_archive_holds_a_peft_adapter_with_the_uploaded_b(client, leased):
     assert config["peft_type"] == "LORA" and config["r"] == 2 and config["target_modules"] == ["q_proj", "v_proj"]
     (model,) = client.get("/v1/models", headers=leased["user"]).json()["data"]
     assert pinned == {"name": model["name"], "sha256": model["sha256"]} and config["base_model_name_or_path"] == "tiny"
-    assert client.get("/v1/adapters/1", headers=leased["user"]).json()["base_sha256"] == model["sha256"]
+    shown = client.get("/v1/adapters/1", headers=leased["user"]).json()
+    assert shown["base_sha256"] == model["sha256"]
+    config_of = leased["lease"]["manifest"]["config"]
+    assert shown["prompt"] == {  # the card's contract, with the chat frame itself
+        "task": card["task"],
+        "template": card["prompt"]["template"],
+        "verbalizer": card["prompt"]["verbalizer"],
+        "chat": config_of.get("chat"),
+        "objective": card["prompt"]["objective"],
+        "prior": card["prompt"]["prior"],
+    }
+    assert client.get("/v1/adapters", headers=leased["user"]).json()["data"] == [shown]  # the list shows the same
     first = leased["lease"]["manifest"]["lora"][0]
     b0 = tensors[f"base_model.model.{first['name']}.lora_B.weight"]
     np.testing.assert_array_equal(b0.reshape(-1), leased["b"][: b0.size])

@@ -94,6 +94,24 @@ def test_a_card_of_the_tasks_own_prompt_reads_the_task_as_built(tiny_model_dir: 
     assert main(_eval(tiny_model_dir, builtin, "--prompt", "builtin")) == 0
 
 
+def test_eval_divides_out_the_prior_the_adapter_trained_with(tiny_model_dir: Path, adapter: Path, tmp_path, capsys):
+    """A calibrated adapter's card carries its prior; eval divides it out of the answers' scores (a prior that all
+    but rules out one answer makes every prediction the other), and the task's own prompt drops it."""
+    labels = [json.loads(line)["label"] for line in (task_data_dir() / "sst2" / "validation.jsonl").open()][:16]
+    for prior, chosen in (([0.0, -50.0], 1), ([-50.0, 0.0], 0)):
+        calibrated = Path(shutil.copytree(adapter, tmp_path / f"calibrated-{chosen}"))
+        card = _card(REWORDED["template"], REWORDED["verbalizer"])
+        card["prompt"]["prior"] = prior
+        (calibrated / CARD_DATA).write_text(json.dumps(card))
+        assert main(_eval(tiny_model_dir, calibrated)) == 0
+        captured = capsys.readouterr()
+        scored = json.loads(captured.out)
+        assert "calibrated by its prior" in captured.err and scored["prior"] == prior
+        assert scored["accuracy"] == labels.count(chosen) / len(labels)
+        assert main(_eval(tiny_model_dir, calibrated, "--prompt", "builtin")) == 0
+        assert "prior" not in json.loads(capsys.readouterr().out)
+
+
 def test_a_malformed_card_is_an_error_naming_the_file(adapter: Path, tmp_path: Path) -> None:
     broken = Path(shutil.copytree(adapter, tmp_path / "broken"))
     (broken / CARD_DATA).write_text('{"task": "sst2"}')
