@@ -111,8 +111,6 @@ def _evaluate(args: argparse.Namespace, session, tokenizer, adapter) -> ExitCode
     rendered = load_examples(task, args.data, args.limit)
     context = session.max_context
     max_len = min(args.seq_len or context, context)
-    metrics = evaluate(
-        ProgramAsModel(session), tokenizer, task, rendered, args.batch_size, max_len, False, None, prior
-    )
+    metrics = evaluate(ProgramAsModel(session), tokenizer, task, rendered, args.batch_size, max_len, False, None, prior)
     print(json.dumps(metrics) if args.json else summary(task.name, metrics))
     return ExitCode.OK
