@@ -93,8 +93,7 @@ def _sweep_leases(sessions: sessionmaker[Session], settings: Settings, stop: thr
     while not stop.wait(interval):
         try:
             with sessions() as session:
-                jobstate.expire_leases(session, settings.max_attempts)
-                session.commit()
+                jobstate.sweep_leases(session, settings.max_attempts)
         except Exception:  # a database hiccup must not kill the sweeper
             log.exception("lease sweep failed")
 

@@ -273,6 +273,12 @@ def expire_leases(session: Session, max_attempts: int, user_id: int | None = Non
     session.connection().execute(_EXPIRE_ALL if user_id is None else _EXPIRE_USER, values)
 
 
+def sweep_leases(session: Session, max_attempts: int) -> None:
+    """The lease sweeper's transition: every expired lease ends (``expire_leases``), in one transaction."""
+    expire_leases(session, max_attempts)
+    session.commit()
+
+
 def fits_memory(free_mb: int | None):
     """SQL condition: the job's program needs at most ``free_mb`` (no report, or no estimate: it fits)."""
     if free_mb is None:

@@ -67,18 +67,16 @@ def user_adapter(session: Session, user_id: int, adapter_id: int) -> Adapter:
 
 
 def caller_device(session: Session, user: User | None, device_id: int) -> Device:
-    """The device if it is the user's (the admin, ``user`` None: any); 404 otherwise. Ends the read transaction."""
+    """The device if it is the user's (the admin, ``user`` None: any); 404 otherwise."""
     device = session.get(Device, device_id)
-    session.commit()
     if device is None or (user is not None and device.user_id != user.id):
         raise not_found("device")
     return device
 
 
 def archive_response(session: Session, store: ArtifactStore, adapter: Adapter, if_none_match: str | None = None):
-    """The adapter's PEFT archive as a download named ``<model>-<task>-v<version>.zip``. Ends the read transaction."""
+    """The adapter's PEFT archive as a download named ``<model>-<task>-v<version>.zip``."""
     model_name = session.get_one(Model, adapter.model_id).name
-    session.commit()
     filename = f"{model_name}-{adapter.task}-v{adapter.version}.zip"
     sha256 = adapter.archive_sha256
     return serve_file(store.archive(sha256), sha256, filename, if_none_match, "application/zip")
