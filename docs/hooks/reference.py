@@ -30,6 +30,7 @@ MARKERS: dict[str, str] = {
     "reference/cli.md": "<!-- generated: cli -->",
     "reference/rest.md": "<!-- generated: rest -->",
     "reference/settings.md": "<!-- generated: settings -->",
+    "guide/jobs.md": "<!-- generated: defaults -->",
 }
 
 # Environment variables that change what the code reports as a default (``--server``, ``--token``): the pages show
@@ -639,12 +640,63 @@ def settings_markdown() -> str:
     return "\n\n".join(part for part in parts if part) + "\n"
 
 
+# --- A job's defaults (shared.defaults) -----------------------------------------------------------------------------
+
+
+def _number(value: float) -> str:
+    """A default as people write it: 2e-2, 1e-6, 0.5, 4."""
+    if value == 0 or 1e-3 < abs(value) < 1e3 and float(value).is_integer():
+        return f"{value:g}"
+    mantissa, exponent = f"{value:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}" if abs(value) < 1e-1 else f"{value:g}"
+
+
+def defaults_markdown() -> str:
+    """What a run takes for what it is not told (``shared.defaults``): per objective and method, then the rest."""
+    from shared import defaults
+
+    def schedule(name: str) -> str:
+        return f"{name} to {_number(defaults.LR_FLOOR)}" if name != "constant" else name
+
+    def row(objective: str, methods: tuple[str, ...], d: Any, adapter: bool = True, eps: bool = True) -> list[str]:
+        rank = f"{d.rank} ({_number(defaults.alpha_for(d.rank))})" if adapter else "(no adapter)"
+        cells = [_number(d.lr), schedule(d.lr_schedule), _number(d.eps) if eps else "(unused)", str(d.steps), rank]
+        return [objective, ", ".join(_code(m) for m in methods), *cells]
+
+    zo = defaults.ZO_LORA_METHODS
+    rows = [
+        row("classification", zo, defaults.for_method(zo[0], objective="classification")),
+        row("lm", zo, defaults.for_method(zo[0], objective="lm")),
+        row("any", ("fo-lora",), defaults.for_method("fo-lora"), eps=False),
+        row("any", ("mezo",), defaults.for_method("mezo"), adapter=False),
+    ]
+    header = ["objective", "method", "lr", "schedule", "eps", "steps", "rank (alpha)"]
+    quantized = ", ".join(f"{_code(q)}: eps {_number(e)}" for q, e in defaults.QUANTIZED_EPS.items())
+    other = [
+        ["q (queries per step)", f"{defaults.Q} for {_code(defaults.METHOD)}, 1 for the other methods"],
+        ["batch size", f"{defaults.BATCH_SIZE}, in length buckets of {defaults.BUCKET} batches"],
+        ["targets", ", ".join(_code(t) for t in defaults.TARGETS)],
+        ["seq_len (a program's rows)", str(defaults.SEQ_LEN)],
+        ["seed, A seed", f"{defaults.SEED}, {defaults.A_SEED}"],
+        ["backend, parallel", f"{_code(defaults.PROGRAM_BACKEND)}, {_code(defaults.PARALLEL)}"],
+        [
+            "quantize (group size)",
+            f"{_code(defaults.QUANTIZE)} ({defaults.GROUP_SIZE}); {quantized} for {', '.join(zo)}",
+        ],
+        ["warm-up steps, decay floor", f"{defaults.WARMUP_STEPS}, {_number(defaults.LR_FLOOR)}"],
+        ["held-out examples", str(defaults.EVAL_EXAMPLES)],
+    ]
+    alpha = f"Without `--alpha`, alpha is {_number(defaults.SCALING)} × rank."
+    return "\n\n".join([_table(header, rows), alpha, _table(["setting", "default"], other)]) + "\n"
+
+
 # --- The hook -------------------------------------------------------------------------------------------------------
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "reference/cli.md": cli_markdown,
     "reference/rest.md": rest_markdown,
     "reference/settings.md": settings_markdown,
+    "guide/jobs.md": defaults_markdown,
 }
 
 
