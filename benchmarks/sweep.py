@@ -61,6 +61,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "q-8-lr-4e-2": {"q": 8, "lr": 4e-2},
     "q-16-lr-8e-2": {"q": 16, "lr": 8e-2},
     "curvature": {"probe_weights": "curvature"},  # 1.5-SPSA's probe weights: a clean path per query, 1.5x the paths
+    # the reference: first-order LoRA-FA on the same coordinates and prompt (eager only: backpropagation)
+    "fo-lora-lr-1.6e-1": {"method": "fo-lora", "lr": 1.6e-1, "rank": 4, "lr_schedule": "cosine"},
+    "fo-lora-rank-16-constant": {"method": "fo-lora", "lr": 1.6e-1},  # fo-lora's own rank and schedule
     # around the earlier defaults (built-in prompt, lr 4e-2, no buckets)
     "earlier-defaults": EARLIER,
     **{
@@ -120,6 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    eager = [v for v in args.variants.split(",") if VARIANTS[v].get("method", defaults.METHOD) != defaults.METHOD]
+    if args.runner == "program" and eager:
+        parser.error(f"--variants: {', '.join(eager)} train eagerly (backpropagation has no device program)")
     return args
 
 
