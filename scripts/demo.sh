@@ -8,6 +8,8 @@
 #
 # Everything is written under runs/demo/ (override with MOBIZO_DEMO_DIR); MOBIZO_DEMO_STEPS (SmolLM2 200, a job's
 # default; tiny 150) and MOBIZO_DEMO_EVAL_LIMIT (SmolLM2 all 872 validation examples; tiny 400) shorten it.
+# MOBIZO_DEMO_PICTURE=FILE also measures the device's held-out slice every 25 steps and writes the dashboard's page
+# of the job to FILE (scripts/dashboard_picture.py; Chromium from scripts/browser.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
@@ -61,6 +63,8 @@ CODE=$(mobizo enroll-code --json | json '["code"]')
 printf '%s\n' "$CODE" | mobizo agent enroll --server "$MOBIZO_SERVER" --name demo-device --config "$WORK/agent.json"
 
 say "the user: submit an SST-2 job (q=4 queries x E=4 examples, $STEPS steps)"
+PICTURE=${MOBIZO_DEMO_PICTURE:-}
+[ -n "$PICTURE" ] && RATE+=(--eval-every 25)  # the held-out curve the picture shows
 JOB=$(mobizo jobs submit --model demo-model --task sst2 --steps "$STEPS" ${RATE[@]+"${RATE[@]}"} \
       --seq-len 64 | json '["id"]')
 mobizo jobs show "$JOB"
@@ -77,6 +81,11 @@ mobizo jobs show "$JOB"
 mobizo jobs show "$JOB" | python -c "import json, sys; h = json.load(sys.stdin)['held_out']
 print(f\"on the device's own held-out data ({h['n']} examples, never uploaded): accuracy {h['before']['accuracy']:.3f} \"
       f\"-> {h['after']['accuracy']:.3f}, loss {h['before']['loss']:.3f} -> {h['after']['loss']:.3f}\")"
+
+if [ -n "$PICTURE" ]; then
+  say "the user's dashboard: the job's page -> $PICTURE"
+  python scripts/dashboard_picture.py --server "$MOBIZO_SERVER" --job "$JOB" --out "$PICTURE"
+fi
 
 say "the user downloads the adapter (PEFT format) and compares it with the base model"
 mobizo adapters list

@@ -49,7 +49,7 @@ class ArtifactStore:
     def __init__(self, root: Path, shared: SharedObjects | None = None) -> None:
         self.root = private_dir(Path(root).resolve())
         self.shared = shared
-        for sub in ("programs", "blobs", "adapters", "logs", "archives", "rounds", "tmp"):
+        for sub in ("programs", "blobs", "adapters", "logs", "archives", "merged", "rounds", "tmp"):
             private_dir(self.root / sub)
 
     @property
@@ -110,6 +110,10 @@ class ArtifactStore:
 
     def archive(self, sha256: str) -> Path:
         return self._here(f"archives/{sha256}.zip")
+
+    def merged(self, name: str) -> Path:
+        """A merged download (``server.merged``): ``<sha256>.zip``, or the pointer ``<archive sha256>-<dtype>.json``."""
+        return self._here(f"merged/{Path(name).name}")
 
     def round_record(self, sha256: str) -> Path:
         """A federated round's account (``server.federation``): B_r, its clients in order, their logs, B_{r+1}."""

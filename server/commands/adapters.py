@@ -1,5 +1,6 @@
-"""``mobizo adapters list|download``: your trained adapters; download unpacks a PEFT adapter directory (``adapters
-merge`` is ``shared.commands.adapters``)."""
+"""``mobizo adapters list|download``: your trained adapters; download unpacks a PEFT adapter directory, or with
+``--merged`` the server's merge of it into its base (``adapters merge``, on this machine:
+``shared.commands.adapters``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import argparse
 from pathlib import Path
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
-from shared.errors import ExitCode
+from shared.backends import MERGE_DTYPES
+from shared.errors import ExitCode, UsageError
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +25,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     download.add_argument("adapter_id", type=int)
     download.add_argument("--out", type=Path, required=True, help="directory to create (adapter_config.json, ...)")
     download.add_argument("--zip", action="store_true", help="write the archive to --out as a .zip file instead")
+    download.add_argument(
+        "--merged",
+        action="store_true",
+        help="the base model with the adapter folded in, a plain Hugging Face model folder (built by the server)",
+    )
+    download.add_argument("--dtype", choices=MERGE_DTYPES, default=MERGE_DTYPES[0], help="--merged: its weights' dtype")
     add_connection_args(download)
 
 
@@ -52,12 +60,15 @@ def run(args: argparse.Namespace) -> ExitCode:
             columns = ["id", "model", "task", "version", "job_id", "cohort_id", "parent_adapter_id", "created_at"]
             print_table(adapters["data"], columns)
         return ExitCode.OK
+    if args.dtype != MERGE_DTYPES[0] and not args.merged:
+        raise UsageError("dtype", "applies to --merged downloads")
     out = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
+    path = f"/v1/adapters/{args.adapter_id}/" + (f"merged?dtype={args.dtype}" if args.merged else "download")
     if args.zip:
-        client.download(f"/v1/adapters/{args.adapter_id}/download", out)
+        client.download(path, out)
     else:
-        archive = client.download(f"/v1/adapters/{args.adapter_id}/download", out.parent / f".{out.name}.zip")
+        archive = client.download(path, out.parent / f".{out.name}.zip")
         try:
             _unpack(archive, out)
         finally:

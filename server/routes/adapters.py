@@ -7,12 +7,14 @@ from fastapi import Query, Response
 from fastapi.responses import FileResponse
 
 from server import queries
-from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
+from server.deps import CurrentUser, ObjectId, ReadSessionDep, SessionDep, StoreDep
+from server.merged import merged_archive
 from server.registry import adapter_public as public
-from server.responses import FILE_RESPONSE, RANGE_ERRORS, IfNoneMatch, errors
+from server.responses import FILE_RESPONSE, RANGE_ERRORS, IfNoneMatch, errors, field_error, serve_file
 from server.router import Router
 from server.tables import Model
 from server.views import archive_response, user_adapter
+from shared.backends import MERGE_DTYPES
 from shared.schemas import MAX_DB_INT, AdapterPublic, AdaptersPublic
 
 router = Router(prefix="/v1/adapters", tags=["adapters"])
@@ -57,3 +59,32 @@ def download(
 ) -> Response:
     """A zip that unpacks to a PEFT adapter directory: ``PeftModel.from_pretrained(base, that_dir)``."""
     return archive_response(session, store, user_adapter(session, user.id, adapter_id), if_none_match)
+
+
+@router.get(
+    "/{adapter_id}/merged",
+    response_class=FileResponse,
+    responses={
+        **FILE_RESPONSE,
+        200: {"content": {"application/zip": {}}, "description": "a zipped Hugging Face model folder"},
+        **errors(400, 401, 403, 404, 416, 422, 429, **RANGE_ERRORS, e429="another merge is being built here"),
+    },
+)
+def merged(
+    adapter_id: ObjectId,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    store: StoreDep,
+    dtype: str = Query(MERGE_DTYPES[0], description=f"the merged weights' dtype: {', '.join(MERGE_DTYPES)}"),
+    if_none_match: str | None = IfNoneMatch,
+) -> Response:
+    """The base model with the adapter folded in (``W + (alpha / r) B A``), a zip of a plain Hugging Face folder
+    (safetensors, config, tokenizer) for runtimes without LoRA: ``AutoModelForCausalLM.from_pretrained(that_dir)``.
+    Built on the first request per dtype (one at a time per server process), then served from the store."""
+    if dtype not in MERGE_DTYPES:
+        raise field_error("dtype", f"choose one of {', '.join(MERGE_DTYPES)}", where="query")
+    adapter = user_adapter(session, user.id, adapter_id)
+    model = session.get_one(Model, adapter.model_id)
+    path, sha256 = merged_archive(store, model.path, adapter.archive_sha256, dtype)
+    filename = f"{model.name}-{adapter.task}-v{adapter.version}-merged-{dtype}.zip"
+    return serve_file(path, sha256, filename, if_none_match, "application/zip")

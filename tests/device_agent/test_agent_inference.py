@@ -134,3 +134,36 @@ def test_adb_backend_generates_what_the_python_runtime_generates(trained, runner
     assert here.returncode == 0 and phone.returncode == 0, here.stderr + phone.stderr
     tokens = [[json.loads(x).get("token") for x in run.stdout.splitlines()[:-1]] for run in (here, phone)]
     assert tokens[0] == tokens[1] and len(tokens[0]) > 0
+
+
+def test_the_merged_download_is_the_adapter_folded_into_its_base(trained, tiny_model_dir, tmp_path, capsys):
+    """``GET /v1/adapters/{id}/merged``: a zip of a plain model folder whose weights are bit for bit what
+    ``mobizo adapters merge`` folds on the host from the downloaded adapter (whose logits that command's own test
+    checks against PEFT); built once, then served by its ETag; a dtype it does not write is a 422 naming it."""
+    import io
+    import zipfile
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    stack, _, adapter_id, adapter_dir, _ = trained
+    key = stack.user.headers["authorization"].split()[1]
+    cli = ["adapters", "download", str(adapter_id), "--merged", "--server", stack.url, "--token", key]
+    assert main([*cli, "--out", str(tmp_path / "served")]) == 0  # mobizo's own client: fetched and unpacked
+    r = stack.user.get(f"/v1/adapters/{adapter_id}/merged")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/zip", r.text
+    with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
+        assert sorted(zf.namelist()) == sorted(p.name for p in (tmp_path / "served").iterdir())
+    host = tmp_path / "host"
+    assert (
+        main(["adapters", "merge", "--model", str(tiny_model_dir), "--adapter", str(adapter_dir), "--out", str(host)])
+        == 0
+    )
+    capsys.readouterr()
+    served, folded = load_file(tmp_path / "served" / "model.safetensors"), load_file(host / "model.safetensors")
+    assert served.keys() == folded.keys() and all(torch.equal(served[k], folded[k]) for k in folded)
+    AutoModelForCausalLM.from_pretrained(tmp_path / "served", local_files_only=True)  # a plain model: it loads
+    again = stack.user.get(f"/v1/adapters/{adapter_id}/merged", headers={"If-None-Match": r.headers["etag"]})
+    assert again.status_code == 304  # found in the store, not merged again
+    wrong = stack.user.get(f"/v1/adapters/{adapter_id}/merged", params={"dtype": "int8"})
+    assert wrong.status_code == 422 and wrong.json()["detail"][0]["loc"] == ["query", "dtype"]
