@@ -167,3 +167,32 @@ def test_the_merged_download_is_the_adapter_folded_into_its_base(trained, tiny_m
     assert again.status_code == 304  # found in the store, not merged again
     wrong = stack.user.get(f"/v1/adapters/{adapter_id}/merged", params={"dtype": "int8"})
     assert wrong.status_code == 422 and wrong.json()["detail"][0]["loc"] == ["query", "dtype"]
+
+
+def test_the_merged_model_runs_on_the_device_with_no_adapter(trained, tmp_path, capsys):
+    """The merged folder registered as a model of its own: the device's inference program of that model, at B = 0,
+    scores as the base's program with the adapter's B does (accuracy equal, loss within the float32 bound)."""
+    from transformers import AutoConfig
+
+    from tests.server.factories import ADMIN_TOKEN
+
+    stack, agent, adapter_id, _, data = trained
+    key = stack.user.headers["authorization"].split()[1]
+    out = tmp_path / "merged"
+    cli = ["adapters", "download", str(adapter_id), "--merged", "--server", stack.url, "--token", key]
+    assert main([*cli, "--out", str(out)]) == 0
+    capsys.readouterr()
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    registered = stack.user.post("/v1/models", json={"name": "tiny-merged", "path": str(out)}, headers=admin)
+    assert registered.status_code == 201, registered.text
+    flags = ["--task", "sst2", "--data", str(data), "--limit", "24", "--json", "--template", TEMPLATE]
+    flags += ["--verbalizer", json.dumps(ANSWERS)]
+    with_adapter = _agent(agent, "eval", "--adapter-id", str(adapter_id), *flags)
+    folded = _agent(agent, "eval", "--model", "tiny-merged", *flags)
+    assert with_adapter.returncode == 0 and folded.returncode == 0, folded.stderr
+    want, got = (json.loads(run.stdout.splitlines()[-1]) for run in (with_adapter, folded))
+    assert got["n"] == want["n"] == 24 and got["accuracy"] == want["accuracy"]
+    bound = loss_rtol(AutoConfig.from_pretrained(out)) * want["loss"]
+    assert abs(got["loss"] - want["loss"]) <= bound
+    base = _agent(agent, "eval", "--model", "tiny", *flags)  # the base alone, to show the adapter moved the loss
+    assert abs(json.loads(base.stdout.splitlines()[-1])["loss"] - want["loss"]) > 10 * bound, base.stderr
