@@ -297,6 +297,26 @@ def test_the_jobs_defaults_table_is_rendered_from_shared_defaults(reference: Mod
     )
 
 
+SETTING_IN_PROSE = re.compile(r"`MOBIZO_([A-Z0-9_]+)` \((\d+(?:\.\d+)?)( KiB/s| s| h)?\)")
+
+
+def test_a_setting_quoted_with_its_default_in_prose_quotes_the_codes_default() -> None:
+    """``MOBIZO_X`` (N) in a page or the README: N (in its unit) is ``Settings.x``'s default, so prose that names a
+    setting's default cannot drift from the code (the settings reference is generated from it)."""
+    from server.settings import Settings
+
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    quoted = [(page, m) for page in pages for m in SETTING_IN_PROSE.finditer(page.read_text(encoding="utf-8"))]
+    assert len(quoted) >= 10  # the pattern still finds the guides' quotes
+    wrong = []
+    for page, m in quoted:
+        field = Settings.model_fields[m[1].lower()]
+        value = float(m[2]) * (1024 if m[3] == " KiB/s" else 1)
+        if field.default != value:
+            wrong.append(f"{page.relative_to(REPO)}: {m[0]} but the default is {field.default}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_nav_has_a_page_per_benchmark_script_and_every_page_exists() -> None:
     from mkdocs.utils.yaml import yaml_load
 
