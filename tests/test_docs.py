@@ -317,6 +317,16 @@ def test_a_setting_quoted_with_its_default_in_prose_quotes_the_codes_default() -
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_server_guides_body_caps_are_the_codes() -> None:
+    from server.limits import ENROLL_LIMIT, JSON_LIMIT
+    from server.settings import Settings
+
+    text = (REPO / "docs" / "guide" / "server.md").read_text(encoding="utf-8")
+    caps = f"{JSON_LIMIT // 1024} KB for JSON requests, {ENROLL_LIMIT // 1024} KB for `POST /v1/devices`"
+    assert caps in text
+    assert f"`MOBIZO_MAX_UPLOAD_MB`, {Settings.model_fields['max_upload_mb'].default:g})" in text
+
+
 def test_nav_has_a_page_per_benchmark_script_and_every_page_exists() -> None:
     from mkdocs.utils.yaml import yaml_load
 
