@@ -299,3 +299,36 @@ def test_a_merged_download_is_refused_for_others_and_while_another_merge_runs(cl
         merged._MERGING.release()
     assert busy.status_code == 429 and int(busy.headers["retry-after"]) == merged.RETRY_AFTER_S
     assert list((client.app.state.store.root / "merged").iterdir()) == []
+
+
+def test_listing_adapters_costs_the_same_statements_however_many_there_are(client, leased):
+    """Each adapter's answer holds its job's prompt contract (from the job's program): the list loads the page's
+    jobs and programs with it, so its SQL statements do not grow with the page."""
+    from sqlalchemy import event
+
+    user, phone = leased["user"], leased["phone"]
+    assert upload(client, phone, leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"]).status_code == 201
+    engine = client.app.state.engine
+    statements: list[str] = []
+
+    def count(*args) -> None:
+        statements.append(args[2])
+
+    def listed() -> int:
+        statements.clear()
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            shown = client.get("/v1/adapters", headers=user).json()
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+        assert all(a["prompt"]["objective"] for a in shown["data"])
+        return len(statements)
+
+    one = listed()
+    for task in ("rte", "boolq"):
+        job = submit_job(client, user, task=task)
+        lease = client.post("/v1/leases", headers=phone["headers"]).json()
+        b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
+        assert upload(client, phone, job["id"], b_flat_bytes(b), log).status_code == 201
+    assert client.get("/v1/adapters", headers=user).json()["count"] == 3
+    assert listed() == one
