@@ -292,8 +292,7 @@ def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Se
     died); close an open round that is full (K reports: one whose closing was stopped, or left by a stopped
     server); at each open round's deadline close it with at least M reports, else reopen it once, else fail it
     (and its job) with the reason."""
-    jobstate.expire_round_clients(session)
-    session.commit()
+    jobstate.sweep_round_clients(session)
     stale = jobstate.reopen_stale_closes(session, stale_close_after(settings))
     if stale:
         log.warning("%d rounds left mid-close (a stopped API process) will be closed again", stale)

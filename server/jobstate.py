@@ -458,6 +458,13 @@ def expire_round_clients(session: Session, now: datetime | None = None) -> None:
     )
 
 
+def sweep_round_clients(session: Session) -> None:
+    """The round sweeper's transition: every client whose lease ran out frees its slot (``expire_round_clients``),
+    in one transaction."""
+    expire_round_clients(session)
+    session.commit()
+
+
 class CloseTakenOver(Exception):
     """The round is no longer closing under this attempt: it was given up as stale and another close took it."""
 
