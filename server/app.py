@@ -178,8 +178,10 @@ def _lifespan(settings: Settings, queue_factory: QueueFactory | None):
         _start_up(app.state, queue, owns_data_dir=lock is not None)
         stop = threading.Event()
         sweepers = [
-            threading.Thread(target=_sweep_leases, args=(app.state.sessionmaker, settings, stop), daemon=True),
-            threading.Thread(target=_sweep_rounds, args=(app.state, stop), daemon=True),
+            threading.Thread(
+                target=_sweep_leases, args=(app.state.sessionmaker, settings, stop), name="lease-sweeper", daemon=True
+            ),
+            threading.Thread(target=_sweep_rounds, args=(app.state, stop), name="round-sweeper", daemon=True),
         ]
         for sweeper in sweepers:
             sweeper.start()

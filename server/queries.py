@@ -82,11 +82,11 @@ def jobs_of(session: Session, user_id: int | None, skip: int, limit: int) -> tup
 def adapters_of(
     session: Session, user_id: int, model: str | None, task: str | None, skip: int, limit: int
 ) -> tuple[list[Row[Any]], int]:
-    """The adapters the user may see (``registry.visible_to``), newest first, as (adapter, model name, its job; None
-    for a round's adapter), optionally of one model or task → (page, total). The jobs' programs are loaded with the
-    page, each once, so that ``registry.adapter_public`` finds them in the session."""
+    """The adapters the user may see (``registry.visible_to``), newest first, as (adapter, its model, its job and the
+    job's program; None for a round's adapter), optionally of one model or task → (page, total). The rows hold what
+    ``registry.adapter_public`` reads, each program loaded once, so building the answers queries nothing per row."""
     query = (
-        select(Adapter, Model.name, Job)
+        select(Adapter, Model, Job)
         .join(Model, Model.id == Adapter.model_id)
         .outerjoin(Job, Job.id == Adapter.job_id)
         .where(registry.visible_to(user_id))
@@ -97,10 +97,9 @@ def adapters_of(
         query = query.where(Adapter.task == task)
     count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = list(session.execute(query.order_by(Adapter.id.desc()).offset(skip).limit(limit)).all())
-    programs = {job.program_id for _, _, job in rows if job is not None and job.program_id is not None}
-    if programs:
-        session.scalars(select(Program).where(Program.id.in_(programs))).all()
-    return rows, count
+    wanted = {job.program_id for _, _, job in rows if job is not None and job.program_id is not None}
+    programs = {p.id: p for p in session.scalars(select(Program).where(Program.id.in_(wanted)))} if wanted else {}
+    return [(a, m, job, job and programs.get(job.program_id)) for a, m, job in rows], count
 
 
 def rounds_of(session: Session, job_id: int) -> list[tuple[Round, list[RoundClient]]]:

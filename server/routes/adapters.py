@@ -31,7 +31,7 @@ def list_adapters(
 ) -> AdaptersPublic:
     """The adapters the caller may see, newest first."""
     rows, count = queries.adapters_of(session, user.id, model, task, skip, limit)
-    return AdaptersPublic(data=[public(session, adapter, name) for adapter, name, *_ in rows], count=count)
+    return AdaptersPublic(data=[public(session, adapter, model.name) for adapter, model, *_ in rows], count=count)
 
 
 @router.get("/{adapter_id}", response_model=AdapterPublic, responses=errors(401, 403, 404, 422))

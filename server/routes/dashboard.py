@@ -250,9 +250,9 @@ def adapters(request: Request, viewer: CurrentViewer, session: ReadSessionDep) -
     _need_user(viewer)
     rows, _ = queries.adapters_of(session, viewer.user.id, None, None, 0, 1000)
     lineages: dict[tuple, list] = defaultdict(list)
-    for adapter, model_name, *_ in sorted(rows, key=lambda row: row[0].id):
-        shown = adapter_public(session, adapter, model_name)
-        lineages[(model_name, adapter.task, adapter.cohort_id)].append(shown)
+    for adapter, model, *_ in sorted(rows, key=lambda row: row[0].id):
+        shown = adapter_public(session, adapter, model.name)
+        lineages[(model.name, adapter.task, adapter.cohort_id)].append(shown)
     shown = [
         {
             "model": model,
