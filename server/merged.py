@@ -20,7 +20,7 @@ from server.responses import try_later
 from server.store import ArtifactStore
 from shared.files import atomic_write_bytes
 
-RETRY_AFTER_S = 30  # about one merge of a small model on two cores
+RETRY_AFTER_S = 30  # a guess at one merge of a small model; not measured (a client retries on it)
 _MERGING = threading.Lock()
 
 
