@@ -1,5 +1,6 @@
 """The one export pipeline of every ExecuTorch program the project builds: a training step (``shared.program``),
-the inference program (``shared.inference_program``) and the benchmarks' plain forward.
+the inference program (``shared.inference_program``), the first-order peer (``shared.fo_program``, traced forward
+and backward) and the benchmarks' plain forward.
 
     trace   torch.export each method (``Methods``: its example inputs and dynamic shapes) through ``MethodModule``
             and mark the frozen constants (base weights, A) for the external ``.ptd`` (``weights_tag``)
@@ -122,24 +123,48 @@ def edge_config():
     return EdgeCompileConfig(_check_ir_validity=False)
 
 
-def trace(module: nn.Module, methods: Methods, backend: str, weights_tag: WeightsTag, tag_computed: bool) -> dict:
+def trace(
+    module: nn.Module, methods: Methods, backend: str, weights_tag: WeightsTag, tag_computed: bool, joint: bool = False
+) -> dict:
     """trace + tag: each method ``torch.export``-ed through ``MethodModule``; for XNNPACK its frozen constants are
-    tagged (``tag_frozen``) so that what XNNPACK takes lands in the .ptd too."""
+    tagged (``tag_frozen``) so that what XNNPACK takes lands in the .ptd too. ``joint``: each method's graph also
+    computes the gradient of its first output (the loss) with respect to the module's trainable parameters and
+    returns it after its own outputs: the program ExecuTorch's training extension runs (``shared.fo_program``)."""
+    from torch.export.experimental import _export_forward_backward
+
     programs = {}
-    with torch.no_grad():
+    with torch.set_grad_enabled(joint):
         for method, (args, dynamic) in methods.items():
             # MethodModule takes *args, so its dynamic shapes nest once more than the unlifted module's.
             exported = torch.export.export(
                 MethodModule(module, method), args, dynamic_shapes=(dynamic,) if dynamic else None, strict=False
             )
+            if joint:
+                exported = _export_forward_backward(exported)
+                _plain_empties(exported)
             if backend == "xnnpack":
                 tag_frozen(exported, weights_tag, tag_computed)
             programs[method] = exported
     return programs
 
 
-def _xnnpack_partitioner():
+def _plain_empties(exported) -> None:
+    """A backward graph allocates some gradients with ``aten.empty_permuted``, which ExecuTorch has no kernel for;
+    with the identity permutation (the only one seen) it is ``aten.empty``. Another permutation is refused."""
+    for node in exported.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.empty_permuted.default:
+            size, layout = node.args
+            if list(layout) != list(range(len(layout))):
+                raise NotImplementedError(f"aten.empty_permuted with the layout {list(layout)}: no ExecuTorch kernel")
+            node.target, node.args = torch.ops.aten.empty.memory_format, (size,)
+    exported.graph_module.recompile()
+
+
+def _xnnpack_partitioner(joint: bool = False):
     """XNNPACK's partitioner, answering the edge stage's "which ops must not be decomposed" for what a program holds.
+    ``joint``: also the matmuls of weights that are not constants (``force_non_static_weights_for_f32_linear``, as
+    ExecuTorch's own LoRA fine-tuning example lowers): a backward pass's products of gradients, which portable
+    kernels would otherwise run (a SmolLM2 first-order step: 10 s).
 
     XNNPACK keeps ``aten.linear`` whole where it can take the node (``check_op_support``: a constant weight, shapes
     it supports). Given that check, ``to_edge_transform_and_lower`` decomposes each method three times: once to
@@ -172,7 +197,7 @@ def _xnnpack_partitioner():
             # what it checks.
             return super(XnnpackPartitioner, self).partition(exported_program)
 
-    return WholeMethodPartitioner()
+    return WholeMethodPartitioner(force_non_static_weights_for_f32_linear=True) if joint else WholeMethodPartitioner()
 
 
 def inferred_sizes(graph_module: torch.fx.GraphModule):
@@ -205,17 +230,19 @@ def to_edge(
     quantize: str = "none",
     memory_mb: int | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    joint: bool = False,
 ):
     """lower: to the edge dialect, XNNPACK taking what it supports (``bookkeeping``: the context the stage runs in;
     the benchmark passes ``contextlib.nullcontext`` to measure what ``less_bookkeeping`` saves; ``quantize``: how the
     base's weights are quantized, ``memory_mb``: the memory the export may use, None: what the machine has; both
-    size the export for ``lowering_processes``; ``progress`` is told where the methods are lowered).
+    size the export for ``lowering_processes``; ``progress`` is told where the methods are lowered; ``joint``: forward
+    and backward graphs, ``_xnnpack_partitioner``).
 
     Each method is decomposed once (``_decomposed_once``) where XNNPACK's partitioner needs no per-node check;
     otherwise ExecuTorch's ``to_edge_transform_and_lower`` decides, node by node, what to keep whole."""
     from executorch.exir import to_edge_transform_and_lower
 
-    partitioner = [_xnnpack_partitioner()] if backend == "xnnpack" else []
+    partitioner = [_xnnpack_partitioner(joint)] if backend == "xnnpack" else []
     passes = [inferred_sizes] if backend == "xnnpack" else []
     with bookkeeping():
         kept = _kept_whole(programs, partitioner)
@@ -540,6 +567,7 @@ def lower(
     zero_buffers: Iterable[str] = (),
     progress: Callable[[str], None] = lambda _: None,
     memory_mb: int | None = None,
+    joint: bool = False,
 ):
     """trace → to_edge → emit: the ExecuTorch program manager of ``module``'s ``methods``.
 
@@ -547,15 +575,16 @@ def lower(
     they are, the values computed from frozen constants alone are tagged too: ``tag_frozen``); ``zero_buffers``
     (name substrings) are mutable buffers that start from zeros rather than whatever memory the runtime hands out;
     ``progress`` is told when each stage ends; ``memory_mb``: the memory the export may use (None: what the machine
-    has), which with ``quantize`` decides whether a second process lowers (``lowering_processes``)."""
+    has), which with ``quantize`` decides whether a second process lowers (``lowering_processes``); ``joint``: forward
+    and backward (``trace``)."""
     import time
 
     started = time.perf_counter()
-    programs = trace(module, methods, backend, weights_tag, tag_computed=quantize != "none")
+    programs = trace(module, methods, backend, weights_tag, tag_computed=quantize != "none", joint=joint)
     nodes = sum(len(program.graph.nodes) for program in programs.values())
     progress(f"  traced {len(programs)} methods ({nodes:,} nodes) in {time.perf_counter() - started:.0f} s")
     started = time.perf_counter()
-    edge = to_edge(programs, backend, quantize=quantize, memory_mb=memory_mb, progress=progress)
+    edge = to_edge(programs, backend, quantize=quantize, memory_mb=memory_mb, progress=progress, joint=joint)
     progress(f"  lowered to {backend} in {time.perf_counter() - started:.0f} s")
     started = time.perf_counter()
     manager = emit(edge, weights_tag, zero_buffers)

@@ -404,14 +404,15 @@ def program_config(
 ):
     """The device program that takes a LoRA run's step: ``config``'s q, batch and adapter, its objective resolved
     (``shared.data.resolve_objective``); ``mezo-lora`` is the one-query program whose two paths run one after the
-    other (``parallel`` none). ``UsageError`` naming the field a program cannot have."""
-    if config.method not in ("mobizo", "mezo-lora"):
-        raise UsageError("method", f"{config.method} has no device program (mobizo and mezo-lora have)")
+    other (``parallel`` none), and so is ``fo-lora``'s config (its program, ``shared.fo_program``, takes the batch's
+    rows once, forward and backward). ``UsageError`` naming the field a program cannot have."""
+    if config.method not in ("mobizo", "mezo-lora", "fo-lora"):
+        raise UsageError("method", f"{config.method} has no device program (mobizo, mezo-lora and fo-lora have)")
     if config.seq_len is None:
         raise UsageError("seq_len", "a program has a longest row: give seq_len")
     if answer_len is None:
         raise UsageError("answer_len", "the task's answers come from the data: a program needs their length")
-    one_query = config.method == "mezo-lora"
+    one_query = config.method in ("mezo-lora", "fo-lora")
     spec = {name: getattr(config, name) for name in ("batch_size", "seq_len", "rank", "alpha", "targets", "a_seed")}
     spec |= {"q": 1 if one_query else config.q, "parallel": "none" if one_query else config.parallel}
     spec |= {"program_backend": defaults.PROGRAM_BACKEND, "quantize": None, "group_size": None}

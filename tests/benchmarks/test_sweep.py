@@ -83,12 +83,6 @@ def test_an_unknown_variant_is_named(capsys) -> None:
     assert "--variants: unknown rank-9" in capsys.readouterr().err
 
 
-def test_a_first_order_variant_is_refused_through_the_program(capsys) -> None:
-    with pytest.raises(SystemExit):
-        main(["--model", "m", "--out", "o", "--variants", "defaults,fo-lora-lr-1.6e-1", "--runner", "program"])
-    assert "--variants: fo-lora-lr-1.6e-1 train eagerly" in capsys.readouterr().err
-
-
 def test_the_device_seconds_table_reads_each_run_at_the_budget() -> None:
     """A run's figure at the budget is its last evaluation within it; the row gives the seeds' means of that, of the
     last and of each seed's best, and the gain at the budget over step 0."""

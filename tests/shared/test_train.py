@@ -374,7 +374,7 @@ def test_runs_without_lr_eps_steps_use_their_method_defaults(tiny_model_dir, tmp
 def test_a_runs_device_program_is_resolved_from_its_config(tmp_path: Path) -> None:
     """``program_config``: the program that takes a run's step (``--runner program``), built by the one rule for a
     job's program (``ProgramConfig.from_spec``); mezo-lora is the one-query program with its paths one after the
-    other; what has no program is refused naming the field."""
+    other, and so is fo-lora's config; what has no program (mezo) is refused naming the field."""
     from dataclasses import replace
 
     from shared.errors import UsageError
@@ -385,7 +385,10 @@ def test_a_runs_device_program_is_resolved_from_its_config(tmp_path: Path) -> No
     assert program_config(run, "classification", (392, 373), 1) == TINY_Q4
     mezo = program_config(replace(run, method="mezo-lora", q=1), "lm", (), 2)
     assert (mezo.q, mezo.parallel, mezo.objective, mezo.answer_len) == (1, "none", "lm", 2)
-    for change, field in (({"method": "fo-lora", "q": 1}, "method"), ({"seq_len": None}, "seq_len")):
+    # fo-lora's (shared.fo_program): the batch's rows once, the same adapter and objective
+    first_order = program_config(replace(run, method="fo-lora", q=1), "classification", (392, 373), 1)
+    assert first_order == TINY_Q4.model_copy(update={"q": 1, "parallel": "none"})
+    for change, field in (({"method": "mezo", "q": 1}, "method"), ({"seq_len": None}, "seq_len")):
         with pytest.raises(UsageError) as refused:
             program_config(replace(run, **change), "classification", (392, 373), 1)
         assert refused.value.field == field
