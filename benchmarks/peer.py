@@ -103,7 +103,8 @@ def _step_inputs(config, rows: int, vocab: int):
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (rows, config.seq_len), generator=gen)
-    targets = torch.tensor(config.candidates or (3,))[torch.randint(0, len(config.candidates or (3,)), (rows, 1))]
+    answers = torch.tensor(config.candidates or (3,))
+    targets = answers[torch.randint(0, len(answers), (rows, 1), generator=gen)]
     return ids, torch.ones_like(ids), targets.repeat(1, config.answer_len)
 
 
