@@ -73,15 +73,12 @@ def export_first_order(
 
     from shared.files import atomic_write_bytes
     from shared.hf_models import load_model
-    from shared.lora import inject_lora
     from shared.manifest import manifest_path
-    from shared.quantize import quantize_base
+    from shared.program import adapted_base
 
     started = time.perf_counter()
     model, tokenizer = load_model(Path(model_dir), "float32")
-    model.config.use_cache = False
-    lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
-    quantize_base(model, cfg.quantize, cfg.group_size)
+    lora = adapted_base(model, cfg)  # the zeroth-order program's layout, A and base weights
     module = FirstOrderLoRA(model, lora, cfg)
     progress(f"exporting the first-order program: {cfg.batch_size} rows, seq {cfg.seq_len}, backend {cfg.backend}")
     manager = lowering.lower(

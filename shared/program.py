@@ -167,15 +167,23 @@ class MobileMPLoRA(nn.Module):
         return methods
 
 
-def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor | None = None) -> MobileMPLoRA:
-    """Inject MP-LoRA into ``model`` (in place), quantize its base linears as ``cfg`` says, wrap it as the step
-    module."""
+def adapted_base(model: nn.Module, cfg: ProgramConfig) -> MPLoRA:
+    """``model`` as a program of ``cfg`` runs it (in place): no KV cache, MP-LoRA of ``cfg``'s layout injected, the
+    base linears quantized as ``cfg`` says → the LoRA. Every training program kind starts here (this module's step,
+    ``shared.fo_program``'s first-order peer)."""
     from shared.lora import inject_lora
     from shared.quantize import quantize_base
 
     model.config.use_cache = False
     lora = inject_lora(model, cfg.targets, cfg.rank, cfg.alpha, cfg.a_seed)
     quantize_base(model, cfg.quantize, cfg.group_size)
+    return lora
+
+
+def build_step_module(model: nn.Module, cfg: ProgramConfig, init_b: torch.Tensor | None = None) -> MobileMPLoRA:
+    """Inject MP-LoRA into ``model`` (in place), quantize its base linears as ``cfg`` says (``adapted_base``), wrap
+    it as the step module."""
+    lora = adapted_base(model, cfg)
     return MobileMPLoRA(
         model,
         lora,
