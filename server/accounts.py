@@ -3,9 +3,10 @@ the dashboard's signed-in browsers. With
 ``server.jobstate`` (jobs and rounds) this is the server's state layer: routes call these functions and write
 nothing themselves (``tests/server/test_structure.py``).
 
-Transaction rule: each function here is one transaction and commits it, so a route's write is all or nothing; the
-two that are steps of a device's lease request (``as_reported``, ``record_seen``) say so and leave the commit to
-the lease, which writes the device's report and its lease together. A name taken by a concurrent request is a
+Transaction rule (``server.jobstate``'s): each function here opens its unit of work (``server.db.begin_write``) and
+commits it, so a route's write is all or nothing; the steps of a device's lease or heartbeat (``as_reported``,
+``record_seen``, ``claim_privacy_ledger``) say so and leave the commit to their caller, which writes them with the
+lease, the heartbeat or the job. A name taken by a concurrent request is a
 ``Taken`` (the unique index decides, not a read before the insert), which routes answer with 409.
 """
 
@@ -18,6 +19,7 @@ from sqlalchemy import Connection, bindparam, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from server.db import begin_write
 from server.tables import (
     Cohort,
     CohortMember,
@@ -41,6 +43,7 @@ class Taken(Exception):
 
 def _insert(session: Session, row: Any) -> Any:
     """Add ``row`` and commit; ``Taken`` when a unique name is in use (also by a request that raced this one)."""
+    begin_write(session)
     session.add(row)
     try:
         session.commit()
@@ -62,6 +65,7 @@ def enroll_device(session: Session, code_hash: str, token_hash: str, **device: A
     """A new device of the code's user, the code marked used in the same transaction (commits); None (nothing
     written, rolled back) when the code is unknown, expired or used. One conditional UPDATE takes the code, so a
     code enrolls exactly one device."""
+    begin_write(session)
     now = utcnow()
     user_id = session.scalar(
         update(EnrollmentCode)
@@ -92,7 +96,8 @@ def as_reported(
     """The device with the backend, free memory and CPU it reports now (stored when they changed), else as stored;
     a step of the lease's transaction (the caller commits). Its revocation time comes back as well, for the caller
     to refuse a revoked device: ``(device, revoked_at)``."""
-    conn = session.connection()
+    begin_write(session)
+    conn = session.connection()  # the unit's
     stored = conn.execute(
         select(Device.backend, Device.memory_mb, Device.cpu_arch, Device.cpu_features, Device.revoked_at).where(
             Device.id == device.id
@@ -118,12 +123,21 @@ _SEEN = (
 )  # built once
 
 
-def record_seen(conn: Connection, device: DeviceIdentity) -> None:
+def record_seen(session: Session | Connection, device: DeviceIdentity) -> None:
     """``last_seen_at`` of the device, if it is over 30 s old, in the caller's write transaction (a step of a
-    lease or a heartbeat: the caller commits): one UPDATE that mostly changes nothing, instead of reading the row
-    first."""
+    lease or a heartbeat: the caller commits; ``session`` a session, or the connection of a transaction begun on
+    the engine): one UPDATE that mostly changes nothing, instead of reading the row first."""
+    if isinstance(session, Session):
+        begin_write(session)
+        session = session.connection()
     now = utcnow()
-    conn.execute(_SEEN, {"device": device.id, "due": now - LAST_SEEN_EVERY, "now": now})
+    session.execute(_SEEN, {"device": device.id, "due": now - LAST_SEEN_EVERY, "now": now})
+
+
+def heard_from(session: Session, device: DeviceIdentity) -> None:
+    """A device request's own transition when ``seen_is_due``: ``record_seen``, committed."""
+    record_seen(session, device)
+    session.commit()
 
 
 def seen_is_due(last_seen_at: datetime | None) -> bool:
@@ -134,6 +148,7 @@ def seen_is_due(last_seen_at: datetime | None) -> bool:
 
 def set_privacy_budget(session: Session, owner: User | Cohort, epsilon: float, delta: float) -> None:
     """The budget a user's private jobs, or a cohort's private federated jobs, spend from (``server.privacy``)."""
+    begin_write(session)
     owner.privacy_epsilon, owner.privacy_delta = epsilon, delta
     session.commit()
 
@@ -142,6 +157,7 @@ def claim_privacy_ledger(session: Session, owner: User | Cohort, version: int) -
     """Bump the ledger version of a user or a cohort if it is still ``version`` (the one the ledger was read at);
     False when a racing private submit bumped it first (its job is then part of the ledger). The caller commits,
     with the job."""
+    begin_write(session)
     table = type(owner)
     bump = update(table).where(table.id == owner.id, table.privacy_version == version)
     return session.execute(bump.values(privacy_version=version + 1)).rowcount == 1
@@ -163,6 +179,7 @@ def membership(session: Session, cohort_id: int, user_id: int) -> CohortMember |
 
 def join_cohort(session: Session, cohort_id: int, user_id: int) -> None:
     """Opt the user in (again); already in: nothing changes. Two joins racing: the unique index keeps one row."""
+    begin_write(session)
     row = membership(session, cohort_id, user_id)
     if row is None:
         try:
@@ -177,6 +194,7 @@ def join_cohort(session: Session, cohort_id: int, user_id: int) -> None:
 
 def leave_cohort(session: Session, cohort_id: int, user_id: int) -> None:
     """Opt the user out; not in: nothing changes."""
+    begin_write(session)
     session.execute(
         update(CohortMember)
         .where(CohortMember.cohort_id == cohort_id, CohortMember.user_id == user_id, CohortMember.left_at.is_(None))
@@ -199,6 +217,7 @@ def open_web_session(
     valid for ``ttl``. In the same transaction expired rows of anyone are removed, and the user's (or the admin's)
     sessions past their newest ``keep``, this one included, so that signing in again and again adds no rows.
     Commits."""
+    begin_write(session)
     now = utcnow()
     session.execute(delete(WebSession).where(WebSession.expires_at < now))
     row = WebSession(
@@ -221,5 +240,6 @@ def open_web_session(
 
 def close_web_session(session: Session, token_hash: str) -> None:
     """Sign out: the cookie's session is gone, whoever holds a copy of the cookie. Commits."""
+    begin_write(session)
     session.execute(delete(WebSession).where(WebSession.token_hash == token_hash))
     session.commit()

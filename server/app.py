@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server import federation, jobstate, ui
 from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
-from server.db import make_engine, make_sessionmaker, migrate, read_only_engine, startup_lock
+from server.db import make_engine, make_sessionmaker, migrate, startup_lock
 from server.inference_builds import Bounds, InferenceBuilds
 from server.limits import BodyLimits, RefusedUploads, UploadSlots
 from server.lru import LRUCache
@@ -118,7 +118,6 @@ def _fill_state(
     """What the routes find on ``app.state``: the settings, the database, the store, the queues and pools, the
     caches and the bounds on concurrent work."""
     state.settings, state.engine, state.sessionmaker = settings, engine, sessions
-    state.read_sessionmaker = make_sessionmaker(read_only_engine(engine))
     state.store = store
     state.device_tokens, state.program_manifests = LRUCache(100_000), LRUCache(1_000)
     state.compile_queue, state.verify_pool = queue, _verify_pool(settings)

@@ -1,10 +1,14 @@
 """Engine, sessions and migrations, for SQLite (the embedded default) and PostgreSQL.
 
-SQLite transactions start with ``BEGIN IMMEDIATE``: a deferred transaction that reads and then writes can fail at
-once with "database is locked" when another connection wrote in between (busy_timeout does not help there), so
-every transaction takes the write lock up front and waits its turn. The exception is a connection from
-``read_only()``, which never writes: it reads in autocommit, so reads (a device's token check on every
-heartbeat) do not queue for the write lock (WAL lets them read beside a writer).
+Two kinds of work on one session (``make_sessionmaker``). A session *reads* by default, in autocommit: each
+statement is its own snapshot, no transaction is held, and on SQLite no write lock is taken (WAL lets readers read
+beside the writer), so a request that reads and then waits (on a thread, a body, a worker) holds up no one. It
+*writes* only inside a unit of work that a transition of the state layer (``server.jobstate``,
+``server.accounts``) opens with ``begin_write`` and ends with its commit: a real transaction, which on SQLite starts
+``BEGIN IMMEDIATE`` (a deferred transaction that reads and then writes can fail at once with "database is locked"
+when another connection wrote in between; busy_timeout does not help there). A write statement on a reading
+connection is refused (``WriteOutsideTransition``), so a write that bypasses the state layer fails loudly in the
+tests instead of committing half a change.
 
 Within one process, writers queue on a Python lock (``_WriterTurns``) before ``BEGIN IMMEDIATE``: SQLite's own
 busy handler polls with sleeps of up to 100 ms, so under load a waiting writer slept long after the lock was free
@@ -25,7 +29,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from shared.files import PRIVATE_FILE
 
@@ -78,12 +82,55 @@ class _WriterTurns:
 def read_only_engine(engine: Engine) -> Engine:
     """``engine`` for reads only, in autocommit: each statement is its own snapshot. On SQLite its connections never
     take the write lock; on PostgreSQL they spare the BEGIN and ROLLBACK round trips a one-statement read would
-    otherwise cost. The dashboard's pages read through it (``server.deps.ReadSessionDep``), so that drawing a page
+    otherwise cost. Sessions read through it (``make_sessionmaker``), so that a request holding what it read
     holds up no writer."""
     options: dict[str, Any] = {_READ_ONLY: True}
     if engine.dialect.name == "postgresql":  # SQLite's driver is in autocommit already (see _sqlite_pragmas)
         options["isolation_level"] = "AUTOCOMMIT"
     return engine.execution_options(**options)
+
+
+class WriteOutsideTransition(RuntimeError):
+    """A write statement on a reading connection: writes belong in a transition of the state layer."""
+
+
+def _refuse_writes_on_reads(conn: Connection, clause: Any, *_: Any) -> None:
+    if getattr(clause, "is_dml", False) and conn.get_execution_options().get(_READ_ONLY):
+        raise WriteOutsideTransition(
+            f"{type(clause).__name__} outside a unit of work: writes are transitions of the state layer, which "
+            "open one with server.db.begin_write"
+        )
+
+
+_WRITING = "mobizo_writing"
+
+
+def _write_options(engine: Engine) -> dict[str, Any]:
+    if engine.dialect.name == "postgresql":
+        return {_READ_ONLY: False, "isolation_level": "READ COMMITTED"}
+    return {_READ_ONLY: False}  # SQLite: the begin event takes the writer turn and issues BEGIN IMMEDIATE
+
+
+def writing(session: Session) -> bool:
+    """Whether ``session`` is inside a unit of work (``begin_write``)."""
+    return bool(session.info.get(_WRITING))
+
+
+def begin_write(session: Session) -> None:
+    """Open ``session``'s unit of work: the read it was in ends, what it loaded is expired (read again inside, as
+    the transaction sees it), and a write transaction begins; the caller's commit (or rollback) ends it. Inside a
+    unit already, nothing: a step joins its caller's transaction. Called first by every writer of the state layer."""
+    if writing(session):
+        return
+    session.rollback()  # a read in autocommit: nothing to undo
+    session.expire_all()
+    session.connection(execution_options=_write_options(session.get_bind()))
+    session.info[_WRITING] = True
+
+
+def _unit_ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:
+        session.info.pop(_WRITING, None)
 
 
 def read_only(engine: Engine) -> Connection:
@@ -117,12 +164,17 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "begin", turns.begin)
         event.listen(engine, "commit", turns.end)
         event.listen(engine, "rollback", turns.end)
-        return engine
-    return create_engine(url, pool_pre_ping=True, **pool)
+    else:
+        engine = create_engine(url, pool_pre_ping=True, **pool)
+    event.listen(engine, "before_execute", _refuse_writes_on_reads)
+    return engine
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+    """Sessions that read in autocommit and write in the units of work the state layer opens (``begin_write``)."""
+    sessions = sessionmaker(read_only_engine(engine), expire_on_commit=False)
+    event.listen(sessions, "after_transaction_end", _unit_ended)
+    return sessions
 
 
 def migrate(engine: Engine) -> None:

@@ -8,10 +8,10 @@ transaction they run anyway.
 Routes declare only what they need: ``session: SessionDep``, ``user: CurrentUser``, ``device: CurrentDevice``,
 ``_: AdminDep``. A bad or missing token is 401; a valid token of the wrong kind is 403.
 
-The auth dependencies end their transaction before returning. FastAPI runs each sync dependency and the route in
-separate thread-pool calls; a transaction left open between them would hold SQLite's write lock while waiting for
-a free thread, and under load every thread can be waiting for that lock: a deadlock until busy_timeout. Plain
-getters are ``async`` so that they need no thread at all.
+A request's session reads in autocommit (``server.db``): FastAPI runs each sync dependency and the route in
+separate thread-pool calls, and what a dependency read holds no transaction (on SQLite, no write lock) while
+the route waits for a thread. Writes are the state layer's transitions, each its own unit of work (a device
+heard from: ``accounts.heard_from``). Plain getters are ``async`` so that they need no thread at all.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from sqlalchemy import Engine, bindparam, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from server.accounts import record_seen, seen_is_due
+from server.accounts import heard_from, seen_is_due
 from server.compile_queue import CompileQueue
 from server.db import read_only
 from server.limits import UploadSlots
@@ -43,18 +43,12 @@ _bearer = HTTPBearer(auto_error=False, description="admin token, user API key or
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
-    """A session per request, opened and closed on the event loop: neither does I/O here, because every sync
-    endpoint and dependency ends its own transaction (``server.router``, the auth dependencies), so the close has
-    nothing to roll back except after an error. As a sync generator it cost two thread-pool hops per request,
-    more than the work."""
+    """A session per request, opened and closed on the event loop: neither does I/O here. It reads in autocommit
+    (``server.db``), so however long the request takes with what it read (a dashboard page drawing its charts, an
+    upload arriving), no writer waits on it; it writes only in the state layer's transitions, which commit
+    themselves (``server.router`` refuses an endpoint that leaves one open). As a sync generator it cost two
+    thread-pool hops per request, more than the work."""
     with request.app.state.sessionmaker() as session:
-        yield session
-
-
-async def get_read_session(request: Request) -> AsyncIterator[Session]:
-    """A session that only reads (``server.db.read_only_engine``): it holds no transaction, so however long the
-    request takes with what it read (a dashboard page drawing its charts), no writer waits on it."""
-    with request.app.state.read_sessionmaker() as session:
         yield session
 
 
@@ -88,7 +82,6 @@ async def get_upload_slots(request: Request) -> UploadSlots:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
-ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
@@ -133,7 +126,6 @@ def get_current_user(credentials: Credentials, session: SessionDep, settings: Se
     if parsed is None or parsed[0] != USER_KEY:
         raise _wrong_kind(token, settings, "user API key")
     user = session.get(User, parsed[1])
-    session.commit()  # see the module docstring
     if not secret_matches(parsed[2], None if user is None else user.key_hash):  # the same work for an unknown id
         raise _unauthorized("invalid token")
     return user
@@ -153,8 +145,7 @@ def get_current_device(credentials: Credentials, session: SessionDep, settings: 
     device = session.get(Device, device_id)
     valid = secret_matches(secret, None if device is None else device.token_hash)  # the same work for an unknown id
     if valid and device.revoked_at is None and seen_is_due(device.last_seen_at):
-        record_seen(session.connection(), DeviceIdentity(device.id, device.user_id))
-    session.commit()  # see the module docstring
+        heard_from(session, DeviceIdentity(device.id, device.user_id))
     if not valid:
         raise _unauthorized("invalid token")
     if device.revoked_at is not None:
@@ -231,7 +222,6 @@ AnyAuth = Annotated[None, Depends(require_any)]
 def device_job(session: Session, job_id: int, device: Device) -> Job:
     """The job ``job_id`` if it belongs to the device's user; 404 for anyone else's."""
     job = session.get(Job, job_id)
-    session.commit()  # see the module docstring
     if job is None or job.user_id != device.user_id:
         raise not_found("job")
     return job

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import and_, func, or_, select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from server import jobstate, metrics, privacy, registry
@@ -89,48 +89,30 @@ def _candidates(session: Session, device: LeasingDevice) -> list[Job]:
     )
 
 
-def _slots_taken(session: Session, round_id: int) -> int:
-    return session.scalar(
-        select(func.count(RoundClient.id)).where(
-            RoundClient.round_id == round_id, RoundClient.status.in_(("leased", "reported"))
-        )
-    )
-
-
 def lease_round(
     session: Session, store: ArtifactStore, device: LeasingDevice, lease_s: int, settings: Settings
 ) -> RoundClient | None:
-    """Round work for the device, or None: the open round of the oldest federated job it can join (its user is a
-    member, has no part in that round yet, fewer than K clients hold or finished a part, and for a private job the
-    part fits the user's privacy budget: ``server.privacy.claim_part``). Committed."""
+    """Round work for the device, or None: a part in the open round of the oldest federated job it can join, each
+    job tried in one transition (``jobstate.take_round_part``: a free slot of K, no part of its user's yet, and for
+    a private job room in the user's privacy budget, ``server.privacy.claim_part``). Committed."""
     for job in _candidates(session, device):
         fed = federation(job)
-        if job.status == "ready":
-            round_ = jobstate.open_first_round(session, job, store_b(store, np.zeros(_d(session, job), np.float32)))
-        else:
-            round_ = jobstate.open_round(session, job.id)
-        if round_ is None or _slots_taken(session, round_.id) >= fed.clients_per_round:
-            continue
-        mine = select(RoundClient.id).where(RoundClient.round_id == round_.id, RoundClient.user_id == device.user_id)
-        if session.scalar(mine) is not None:
-            continue
-        if job.private and not _room_for_part(session, device, job, settings):
-            continue
-        slot = session.scalar(select(func.count(RoundClient.id)).where(RoundClient.round_id == round_.id))
-        seed = client_seed(job.spec["seed"], round_.index, slot)
-        try:
-            client = jobstate.lease_round_client(session, round_, device, seed, lease_s, fed.round_timeout_s)
-            session.commit()
-        except IntegrityError:  # another device of the same user took the round's part meanwhile
-            session.rollback()
-            continue
-        return client
-    session.commit()
+        first_b = store_b(store, np.zeros(_d(session, job), np.float32)) if job.status == "ready" else None
+        room = None
+        if job.private:
+            spec = job.spec
+
+            def room(s: Session, spec: dict = spec) -> bool:
+                return privacy.claim_part(s, s.get_one(User, device.user_id), settings, spec)
+
+        def seed(index: int, slot: int, job_seed: int = job.spec["seed"]) -> int:
+            return client_seed(job_seed, index, slot)
+
+        part = jobstate.RoundPart(fed.clients_per_round, fed.round_timeout_s, lease_s, seed, room)
+        client = jobstate.take_round_part(session, job, device, part, first_b)
+        if client is not None:
+            return client
     return None
-
-
-def _room_for_part(session: Session, device: LeasingDevice, job: Job, settings: Settings) -> bool:
-    return privacy.claim_part(session, session.get_one(User, device.user_id), settings, job.spec)
 
 
 def client_spec(job: Job, client: RoundClient) -> JobSpec:
@@ -229,8 +211,7 @@ def _aggregate_and_publish(
     closing_at: datetime,
 ) -> None:
     fed, ctx = federation(job), _package_context(session, job)
-    clients = reported_clients(session, round_.id)
-    session.commit()  # no transaction (on SQLite: no write lock) while aggregating and packaging
+    clients = reported_clients(session, round_.id)  # read in autocommit: no write lock while aggregating
     start = time.perf_counter()
     b_r = read_b_file(store.adapter_b(round_.b_sha256), ctx["d"])
     client_bs = [read_b_file(store.adapter_b(c.b_sha256), ctx["d"]) for c in clients]
@@ -261,10 +242,7 @@ def _aggregate_and_publish(
         "replay_s": [c.replay_s for c in clients],
     }
     files = registry.StoredFiles(b_next_sha, b_next_sha, record_sha, archive_sha, archive_size)
-    adapter = registry.add_cohort_version(session, job, round_, files, metrics)
-    stats = {"mean_loss": mean_loss, "aggregate_s": aggregate_s}
-    jobstate.finish_close(session, round_, closing_at, adapter.id, stats, b_next_sha, m_next_sha)
-    session.commit()
+    jobstate.finish_close(session, round_, closing_at, files, metrics, m_next_sha)
 
 
 def close_if_full(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings, client: RoundClient):
@@ -273,7 +251,6 @@ def close_if_full(session: Session, store: ArtifactStore, pool: WorkerPool, sett
     session.refresh(round_)
     job = session.get_one(Job, round_.job_id)
     reported = len(reported_clients(session, round_.id))
-    session.commit()
     if round_.status == "open" and reported >= federation(job).clients_per_round:
         close_round(session, store, pool, settings, round_.id)
 
@@ -299,7 +276,6 @@ def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Se
     for round_ in list(session.scalars(select(Round).where(Round.status == "open"))):
         job = session.get_one(Job, round_.job_id)
         full = len(reported_clients(session, round_.id)) >= federation(job).clients_per_round
-        session.commit()
         if full:
             close_round(session, store, pool, settings, round_.id)
     due = list(
@@ -313,7 +289,6 @@ def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Se
         job = session.get_one(Job, round_.job_id)
         fed = federation(job)
         reported = len(reported_clients(session, round_.id))
-        session.commit()
         if reported >= fed.min_reports:
             close_round(session, store, pool, settings, round_.id)
         elif not round_.reopened:

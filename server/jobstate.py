@@ -15,12 +15,13 @@ its rounds, each of which goes
 and each client's part in a round goes leased → reported (its log replayed), or leased → expired (its lease ran
 out: the slot is free again). This module writes those statuses too.
 
-Transaction rule (``server.accounts``'s too): a transition is one transaction and its function commits it, so a
-route's write is all or nothing. The few functions that are a step of a larger transaction say "the caller
-commits" and are composed by one caller each: a result's ``succeed`` with its adapter version, a lease's
-``expire_leases`` and the round work of ``federation.lease_round`` (``open_first_round``, ``lease_round_client``,
-``expire_round_clients``), a round's ``finish_close`` with its adapter, a compiled program's ``program_row`` with the
-job or inference program naming it, and ``heartbeat``, one UPDATE in the request's own transaction
+Transaction rule (``server.accounts``'s too): a transition is one unit of work, which its function opens
+(``server.db.begin_write``: the session's read ends, a write transaction begins) and commits, so a route's write is
+all or nothing and nothing else in ``server/`` commits. Where a write depends on what was read (a lease, a round
+part), the reads are inside the unit. The few functions that are a step of a larger transaction say "the caller
+commits" and join their caller's unit: ``succeed`` in ``accept_result`` (with the adapter version), a lease's
+``expire_leases`` before ``lease_next``, the round work of ``take_round_part`` (``open_first_round``,
+``lease_round_client``), ``expire_round_clients`` in the sweep, and a compiled program's ``program_row``
 (``tests/server/test_structure.py`` holds every writer here to it).
 
 Transitions that race (a heartbeat against the sweeper, a result against a cancel) are conditional UPDATEs
@@ -34,11 +35,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Boolean, Connection, Update, and_, bindparam, case, exists, or_, select, true, update
+from sqlalchemy import Boolean, Engine, Update, and_, bindparam, case, exists, func, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.tables import Adapter, Device, Job, LeasingDevice, Model, Program, Round, RoundClient, utcnow
+from server import accounts, registry
+from server.db import begin_write
+from server.tables import (
+    Adapter,
+    Device,
+    DeviceIdentity,
+    Job,
+    LeasingDevice,
+    Model,
+    Program,
+    Round,
+    RoundClient,
+    utcnow,
+)
 from shared.manifest import ProgramManifest
 from shared.schemas import TERMINAL_STATUSES, HeartbeatCreate, JobCreate, JobSpec
 
@@ -52,6 +66,7 @@ def submit(session: Session, charge: Callable[[Session], bool] | None = None, **
     that submit left. None if it lost every try."""
     for _ in range(SUBMIT_ATTEMPTS):
         if charge is None or charge(session):
+            begin_write(session)  # joins the charge's unit (its ledger claim) if it opened one
             job = Job(**columns, status="queued")
             session.add(job)
             session.commit()
@@ -79,6 +94,7 @@ class CompileInput:
 
 def requeue_unfinished(session: Session) -> list[int]:
     """compiling → queued for jobs a previous run left mid-compile → the ids of every queued job, oldest first."""
+    begin_write(session)
     ids = list(session.scalars(select(Job.id).where(Job.status.in_(("queued", "compiling"))).order_by(Job.id)))
     session.execute(update(Job).where(Job.id.in_(ids)).values(status="queued"))
     session.commit()
@@ -97,6 +113,7 @@ def start_compiling(session: Session, job_id: int, resume: bool = False) -> Comp
     ``resume``: also take a job already ``compiling``, for a task the broker redelivered because the worker that
     had it died mid-export (a duplicate delivery that is not a redelivery leaves such a job to its live worker).
     """
+    begin_write(session)
     statuses = ("queued", "compiling") if resume else ("queued",)
     moved = session.execute(
         update(Job).where(Job.id == job_id, Job.status.in_(statuses)).values(status="compiling", updated_at=utcnow())
@@ -113,6 +130,7 @@ def start_compiling(session: Session, job_id: int, resume: bool = False) -> Comp
 def program_row(session: Session, model_id: int, key: str, manifest: dict[str, Any], kind: str = "training") -> Program:
     """The Program row of ``key`` (a training or an inference program), inserted on first sight; flushed (the caller
     commits)."""
+    begin_write(session)
     existing = session.scalar(select(Program).where(Program.key == key))
     if existing is not None:
         return existing
@@ -132,8 +150,15 @@ def program_row(session: Session, model_id: int, key: str, manifest: dict[str, A
     return program
 
 
+def add_inference_program(session: Session, model_id: int, key: str, manifest: dict[str, Any]) -> None:
+    """A built inference program's row (``program_row``), committed: its files are granted to devices."""
+    program_row(session, model_id, key, manifest, kind="inference")
+    session.commit()
+
+
 def finish_compiling(session: Session, job_id: int, built: dict[str, Any]) -> None:
     """compiling → ready with its program (``built``: key, manifest, answer_len); a cancelled job stays so."""
+    begin_write(session)
     job = session.get_one(Job, job_id)
     program = program_row(session, job.model_id, built["key"], built["manifest"])
     session.flush()
@@ -147,6 +172,7 @@ def finish_compiling(session: Session, job_id: int, built: dict[str, Any]) -> No
 
 def fail(session: Session, job_id: int, error: str, from_statuses: tuple[str, ...]) -> bool:
     """→ failed with ``error`` if the job is still in one of ``from_statuses``."""
+    begin_write(session)
     moved = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_(from_statuses))
@@ -158,6 +184,7 @@ def fail(session: Session, job_id: int, error: str, from_statuses: tuple[str, ..
 
 def device_failed(session: Session, job: Job, device: Device, error: str) -> bool:
     """running → failed with the device's reason, if the device holds the job's lease."""
+    begin_write(session)
     moved = session.execute(
         update(Job)
         .where(Job.id == job.id, Job.status == "running", Job.leased_device_id == device.id)
@@ -170,6 +197,7 @@ def device_failed(session: Session, job: Job, device: Device, error: str) -> boo
 
 def succeed(session: Session, job: Job, device: Device, steps: int) -> bool:
     """running → succeeded if the device still holds the lease; the caller commits, together with the adapter."""
+    begin_write(session)
     moved = session.execute(
         update(Job)
         .where(Job.id == job.id, Job.status == "running", Job.leased_device_id == device.id)
@@ -178,8 +206,44 @@ def succeed(session: Session, job: Job, device: Device, steps: int) -> bool:
     return bool(moved)
 
 
+class VersionTaken(Exception):
+    """Every try at recording a result lost its adapter version number to a concurrent result."""
+
+
+ACCEPT_ATTEMPTS = 3  # a concurrent result of the same (user, model, task) may take the version number
+
+
+def accept_result(
+    session: Session,
+    job: Job,
+    device: Device,
+    files: registry.StoredFiles,
+    metrics: dict[str, Any],
+    publish: Callable[[], None],
+) -> Adapter | None:
+    """A verified result: running → succeeded and the job's next adapter version (``files``, ``metrics``) in one
+    transaction, the files published (``publish``) before it commits, so a recorded adapter always has them. None
+    (nothing written) when the device no longer holds the lease. Tried again when a concurrent result took the
+    version number; ``VersionTaken`` after ``ACCEPT_ATTEMPTS``."""
+    spec = device_spec(job).model_dump(mode="json")
+    for _ in range(ACCEPT_ATTEMPTS):
+        begin_write(session)
+        if not succeed(session, job, device, spec["steps"]):
+            session.rollback()
+            return None
+        try:
+            adapter = registry.add_version(session, job, spec, files, metrics)
+            publish()
+            session.commit()
+            return adapter
+        except IntegrityError:
+            session.rollback()
+    raise VersionTaken(f"job {job.id}: could not allocate an adapter version")
+
+
 def cancel(session: Session, job: Job) -> bool:
     """→ cancelled unless the job already finished; the leased device learns it from its next heartbeat."""
+    begin_write(session)
     moved = session.execute(
         update(Job)
         .where(Job.id == job.id, Job.status.not_in(TERMINAL_STATUSES))
@@ -227,6 +291,7 @@ def revoke_device(session: Session, device_id: int) -> bool:
 
     Every device route reads the row (or, for a heartbeat, tests it in its UPDATE), so the token is refused from
     the next request on, by every API process: the processes' token caches hold only what never changes."""
+    begin_write(session)
     now = utcnow()
     revoked = session.execute(
         update(Device).where(Device.id == device_id, Device.revoked_at.is_(None)).values(revoked_at=now)
@@ -268,6 +333,7 @@ def expire_leases(session: Session, max_attempts: int, user_id: int | None = Non
     """Running jobs whose lease ran out go back to ready, or fail after ``max_attempts`` leases, in one statement
     (the caller commits); only ``user_id``'s jobs when given (a lease request: no other user's job could be handed to
     the device)."""
+    begin_write(session)
     values = {"now": now or utcnow(), "max_attempts": max_attempts, "user": user_id}
     values["exhausted"] = f"lease expired {max_attempts} times without a result"
     session.connection().execute(_EXPIRE_ALL if user_id is None else _EXPIRE_USER, values)
@@ -275,6 +341,7 @@ def expire_leases(session: Session, max_attempts: int, user_id: int | None = Non
 
 def sweep_leases(session: Session, max_attempts: int) -> None:
     """The lease sweeper's transition: every expired lease ends (``expire_leases``), in one transaction."""
+    begin_write(session)
     expire_leases(session, max_attempts)
     session.commit()
 
@@ -296,6 +363,7 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
     ``FOR UPDATE SKIP LOCKED`` lets concurrent lease requests on PostgreSQL each take a different job instead of
     queueing on the same row; SQLite ignores it and needs nothing more, its transactions taking the write lock.
     """
+    begin_write(session)
     job = session.scalars(
         select(Job)
         .where(
@@ -341,18 +409,21 @@ _HEARTBEAT = (
 
 
 def heartbeat(
-    conn: Connection, job_id: int, device_id: int, lease_s: int, progress: HeartbeatCreate
+    engine: Engine, job_id: int, device: DeviceIdentity, lease_s: int, progress: HeartbeatCreate
 ) -> datetime | None:
     """Extend the device's lease and record progress → the new expiry; None when the update did not apply: the
     job is not running under this device's unexpired lease, ``progress.step`` is beyond its steps, or a private
-    job's heartbeat carries a loss (the caller
-    reads the job to say which). One conditional UPDATE, so the check and the write cannot be split by another
-    request, and a heartbeat costs one statement, in the request's transaction on ``conn`` (the caller commits)."""
+    job's heartbeat carries a loss (the caller reads the job to say which). One conditional UPDATE, so the check
+    and the write cannot be split by another request, and with the device's ``last_seen_at`` a heartbeat costs
+    two statements in one transaction on a connection of its own (no session: the hot path)."""
     now = utcnow()
     expires = now + timedelta(seconds=lease_s)
-    values = {"job_id": job_id, "holder": device_id, "now": now, "expires": expires, "step": progress.step}
+    values = {"job_id": job_id, "holder": device.id, "now": now, "expires": expires, "step": progress.step}
     values |= {"loss": progress.loss, "no_loss": progress.loss is None, "steps_per_s": progress.steps_per_s}
-    return expires if conn.execute(_HEARTBEAT, values).rowcount else None
+    with engine.begin() as conn:
+        moved = conn.execute(_HEARTBEAT, values).rowcount
+        accounts.record_seen(conn, device)
+    return expires if moved else None
 
 
 # --- federated rounds ----------------------------------------------------------------------------------------------
@@ -361,6 +432,7 @@ def heartbeat(
 def open_first_round(session: Session, job: Job, b_sha256: str) -> Round | None:
     """ready → running with round 0 open from ``b_sha256`` (B_0); the open round if another request did it first.
     Flushed (the caller commits, with the lease)."""
+    begin_write(session)
     moved = session.execute(
         update(Job).where(Job.id == job.id, Job.status == "ready").values(status="running", updated_at=utcnow())
     ).rowcount
@@ -372,6 +444,7 @@ def open_first_round(session: Session, job: Job, b_sha256: str) -> Round | None:
 
 def open_round(session: Session, job_id: int) -> Round | None:
     """The job's open round, locked for the caller's transaction (PostgreSQL; SQLite's writer lock does it)."""
+    begin_write(session)
     return session.scalars(
         select(Round).where(Round.job_id == job_id, Round.status == "open").with_for_update()
     ).first()
@@ -382,6 +455,7 @@ def lease_round_client(
 ) -> RoundClient:
     """A new client of an open round on ``device``; the first one starts the round's clock (flushed; the caller
     commits)."""
+    begin_write(session)
     now = utcnow()
     if round_.deadline_at is None:
         round_.deadline_at = now + timedelta(seconds=timeout_s)
@@ -399,6 +473,54 @@ def lease_round_client(
     return client
 
 
+@dataclass(frozen=True)
+class RoundPart:
+    """What taking a part in a job's round depends on: K (``clients``), the round's timeout, the lease, the client's
+    seed from (round index, slot), and for a private job its ledger claim (``room``; it writes the claim in the
+    caller's transaction and answers whether the part fits)."""
+
+    clients: int
+    timeout_s: float
+    lease_s: int
+    seed: Callable[[int, int], int]
+    room: Callable[[Session], bool] | None = None
+
+
+def take_round_part(
+    session: Session, job: Job, device: LeasingDevice, part: RoundPart, first_b: str | None
+) -> RoundClient | None:
+    """A part in the job's open round for the device, in one transaction (round 0 opened from ``first_b``, B_0,
+    while the job is still ready) → its client; None when the round is full (K clients hold or finished a part),
+    the device's user has a part in it already, a private job's part does not fit (``part.room``), or another
+    device of the same user took the part meanwhile."""
+    begin_write(session)
+    round_ = open_first_round(session, job, first_b) if first_b is not None else open_round(session, job.id)
+    if round_ is None or _has_no_slot_for(session, round_.id, device.user_id, part.clients):
+        session.commit()  # round 0 stays open
+        return None
+    if part.room is not None and not part.room(session):
+        session.commit()
+        return None
+    slot = session.scalar(select(func.count(RoundClient.id)).where(RoundClient.round_id == round_.id))
+    try:
+        seed = part.seed(round_.index, slot)
+        client = lease_round_client(session, round_, device, seed, part.lease_s, part.timeout_s)
+        session.commit()
+    except IntegrityError:  # another device of the same user took the round's part meanwhile
+        session.rollback()
+        return None
+    return client
+
+
+def _has_no_slot_for(session: Session, round_id: int, user_id: int, clients: int) -> bool:
+    """The round is full (``clients`` hold or finished a part), or the user has a part in it already."""
+    taken = select(func.count(RoundClient.id)).where(
+        RoundClient.round_id == round_id, RoundClient.status.in_(("leased", "reported"))
+    )
+    mine = select(RoundClient.id).where(RoundClient.round_id == round_id, RoundClient.user_id == user_id)
+    return session.scalar(taken) >= clients or session.scalar(mine) is not None
+
+
 def _client_is_live(client_id: int):
     """SQL condition: the client holds an unexpired lease in a round that is still open."""
     open_rounds = select(Round.id).where(Round.status == "open")
@@ -410,8 +532,12 @@ def _client_is_live(client_id: int):
     )
 
 
-def client_heartbeat(session: Session, client: RoundClient, lease_s: int, step: int) -> datetime | None:
-    """Extend a round client's lease → the new expiry; None when its lease or its round is over."""
+def client_heartbeat(
+    session: Session, client: RoundClient, device: DeviceIdentity, lease_s: int, step: int
+) -> datetime | None:
+    """Extend a round client's lease → the new expiry; None when its lease or its round is over. The device's
+    ``last_seen_at`` in the same transaction."""
+    begin_write(session)
     expires = utcnow() + timedelta(seconds=lease_s)
     moved = session.execute(
         update(RoundClient)
@@ -419,6 +545,7 @@ def client_heartbeat(session: Session, client: RoundClient, lease_s: int, step: 
         .values(lease_expires_at=expires, progress_step=step)
         .execution_options(synchronize_session=False)
     ).rowcount
+    accounts.record_seen(session, device)
     session.commit()
     return expires if moved else None
 
@@ -426,6 +553,7 @@ def client_heartbeat(session: Session, client: RoundClient, lease_s: int, step: 
 def client_reported(session: Session, client: RoundClient, report: dict[str, Any]) -> bool:
     """leased → reported with its replayed B (``report``: log_sha256, b_sha256, mean_loss, replay_s, log_bytes), if
     its lease and its round are still open: a straggler's late report changes nothing (the caller answers 409)."""
+    begin_write(session)
     moved = session.execute(
         update(RoundClient)
         .where(_client_is_live(client.id))
@@ -438,6 +566,7 @@ def client_reported(session: Session, client: RoundClient, report: dict[str, Any
 
 def client_gave_up(session: Session, client: RoundClient) -> bool:
     """leased → expired at the device's request: its slot in the round is free again."""
+    begin_write(session)
     moved = session.execute(
         update(RoundClient)
         .where(_client_is_live(client.id))
@@ -450,6 +579,7 @@ def client_gave_up(session: Session, client: RoundClient) -> bool:
 
 def expire_round_clients(session: Session, now: datetime | None = None) -> None:
     """Clients whose lease ran out (killed, or gone quiet) free their slot: leased → expired (the caller commits)."""
+    begin_write(session)
     now = now or utcnow()
     session.execute(
         update(RoundClient)
@@ -461,6 +591,7 @@ def expire_round_clients(session: Session, now: datetime | None = None) -> None:
 def sweep_round_clients(session: Session) -> None:
     """The round sweeper's transition: every client whose lease ran out frees its slot (``expire_round_clients``),
     in one transaction."""
+    begin_write(session)
     expire_round_clients(session)
     session.commit()
 
@@ -472,6 +603,7 @@ class CloseTakenOver(Exception):
 def begin_close(session: Session, round_id: int) -> datetime | None:
     """open → closing → the attempt's stamp (``closing_at``), or None when another request or sweep is closing the
     round: only one aggregates it. The later transitions of the close name the stamp."""
+    begin_write(session)
     now = utcnow()
     moved = session.execute(
         update(Round).where(Round.id == round_id, Round.status == "open").values(status="closing", closing_at=now)
@@ -488,29 +620,33 @@ def finish_close(
     session: Session,
     round_: Round,
     closing_at: datetime,
-    adapter_id: int,
-    stats: dict[str, Any],
-    next_b: str,
+    files: registry.StoredFiles,
+    metrics: dict[str, Any],
     next_momentum: str | None = None,
 ) -> None:
-    """closing → closed with its published adapter; the next round opens from ``next_b`` (B_{r+1}) and
-    ``next_momentum`` (m_{r+1}, server-side momentum), or after the last round the job succeeds. Leased clients left
-    behind are stragglers: expired. The caller commits; raises ``CloseTakenOver`` (the caller rolls back) when this
-    attempt no longer holds the round."""
+    """closing → closed with its adapter, the cohort's next version (``files``: B_{r+1} and the round's record;
+    ``metrics``); the next round opens from B_{r+1} and ``next_momentum`` (m_{r+1}, server-side momentum), or
+    after the last round the job succeeds. Leased clients left behind are stragglers: expired. Commits; raises
+    ``CloseTakenOver`` (nothing written) when this attempt no longer holds the round."""
+    begin_write(session)
+    job = session.get_one(Job, round_.job_id)
+    adapter = registry.add_cohort_version(session, job, round_, files, metrics)
     now = utcnow()
+    stats = {"mean_loss": metrics["mean_loss"], "aggregate_s": metrics["aggregate_s"]}
     moved = session.execute(
         update(Round)
         .where(_closing(round_, closing_at))
-        .values(status="closed", adapter_id=adapter_id, closed_at=now, **stats)
+        .values(status="closed", adapter_id=adapter.id, closed_at=now, **stats)
     ).rowcount
     if not moved:
+        session.rollback()
         raise CloseTakenOver(f"round {round_.index} of job {round_.job_id} was taken over by another close")
+    next_b = files.b_sha256
     session.execute(
         update(RoundClient)
         .where(RoundClient.round_id == round_.id, RoundClient.status == "leased")
         .values(status="expired", lease_expires_at=None)
     )
-    job = session.get_one(Job, round_.job_id)
     if round_.index + 1 < job.federation["rounds"]:
         session.add(
             Round(job_id=job.id, index=round_.index + 1, status="open", b_sha256=next_b, momentum_sha256=next_momentum)
@@ -521,12 +657,14 @@ def finish_close(
             .where(Job.id == job.id, Job.status == "running")
             .values(status="succeeded", progress_step=job.spec["steps"], updated_at=now)
         )
+    session.commit()
 
 
 def retry_close(session: Session, round_: Round, closing_at: datetime) -> None:
     """closing → open: aggregation stopped on a failure that says nothing about the round (its worker died or
     timed out, the database hiccuped); the sweeper closes it again, as it closes any open round that is full or
     past its deadline."""
+    begin_write(session)
     session.execute(update(Round).where(_closing(round_, closing_at)).values(status="open", closing_at=None))
     session.commit()
 
@@ -534,6 +672,7 @@ def retry_close(session: Session, round_: Round, closing_at: datetime) -> None:
 def reopen_closing_rounds(session: Session) -> int:
     """closing → open for rounds a stopped server left mid-close (at the start of the one server of a data dir:
     nobody else can be closing them) → how many; the sweeper closes them again."""
+    begin_write(session)
     moved = session.execute(
         update(Round).where(Round.status == "closing").values(status="open", closing_at=None)
     ).rowcount
@@ -545,6 +684,7 @@ def reopen_stale_closes(session: Session, older_than: timedelta) -> int:
     """closing → open for closes that began more than ``older_than`` ago (longer than any close may take: the
     process running it died) → how many. With several API processes this is how a round left mid-close gets
     closed again; should the old closer still be alive, its attempt no longer holds the round."""
+    begin_write(session)
     stale = or_(Round.closing_at.is_(None), Round.closing_at < utcnow() - older_than)
     moved = session.execute(
         update(Round).where(Round.status == "closing", stale).values(status="open", closing_at=None)
@@ -555,6 +695,7 @@ def reopen_stale_closes(session: Session, older_than: timedelta) -> int:
 
 def abort_close(session: Session, round_: Round, closing_at: datetime, error: str) -> None:
     """closing → failed, and the job with it (aggregation could not finish: a missing file, a worker error)."""
+    begin_write(session)
     moved = session.execute(
         update(Round).where(_closing(round_, closing_at)).values(status="failed", closed_at=utcnow())
     ).rowcount
@@ -565,6 +706,7 @@ def abort_close(session: Session, round_: Round, closing_at: datetime, error: st
 
 def reopen(session: Session, round_: Round, timeout_s: float) -> bool:
     """At the timeout with fewer than M reports, once: the round stays open for another ``timeout_s``."""
+    begin_write(session)
     moved = session.execute(
         update(Round)
         .where(Round.id == round_.id, Round.status == "open", Round.reopened == 0)
@@ -576,6 +718,7 @@ def reopen(session: Session, round_: Round, timeout_s: float) -> bool:
 
 def fail_round(session: Session, round_: Round, reason: str) -> bool:
     """open → failed at its second timeout with fewer than M reports; the job fails with the reason."""
+    begin_write(session)
     moved = session.execute(
         update(Round).where(Round.id == round_.id, Round.status == "open").values(status="failed", closed_at=utcnow())
     ).rowcount

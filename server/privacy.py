@@ -98,8 +98,7 @@ def charge(owner: User | Cohort, settings: Settings, spec: dict[str, Any]) -> Ca
     whose = _whose(owner)
 
     def claim(session: Session) -> bool:
-        book = ledger(session, owner, settings)
-        session.commit()  # the accountant's composition runs outside any transaction; the claim checks the version
+        book = ledger(session, owner, settings)  # read in autocommit: no transaction while the accountant composes
         after = book.spent(spec)
         if after > book.epsilon:
             left = max(book.epsilon - book.spent(), 0.0)

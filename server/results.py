@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fastapi import HTTPException, Request, Response, status
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server import federation, jobstate, registry
@@ -88,25 +87,26 @@ def _publish(store: ArtifactStore, upload: Upload, replayed_b: Path, archive: Pa
 
 
 def _record(
-    session: Session, store: ArtifactStore, job: Job, device: Device, ctx: dict, upload: Upload, outcome: dict
+    session: Session, store: ArtifactStore, job: Job, device: Device, upload: Upload, outcome: dict
 ) -> ResultPublic:
-    """running → succeeded and the new adapter version, in one transaction; files published before commit."""
+    """running → succeeded and the new adapter version (``jobstate.accept_result``), the files published before
+    the commit; the stored result if the job succeeded meanwhile with this same upload, else 409."""
     archive, archive_sha, archive_size = outcome["archive"]
     replayed_b, replayed_b_sha = outcome["b_flat"]
-    spec = ctx["spec"]
-    if not jobstate.succeed(session, job, device, spec["steps"]):
-        session.rollback()
-        session.refresh(job)
-        return _repeat(session, job, upload) or _lost(job)
     uploaded_b_sha = upload.b_sha256 or replayed_b_sha  # a log-only upload's B is its replay
     files = registry.StoredFiles(replayed_b_sha, uploaded_b_sha, upload.log_sha256, archive_sha, archive_size)
     checks = dict(outcome["checks"])
     stored = {**upload.metrics, "server": checks}
     if (losses := checks.pop("losses", None)) is not None:  # the verified log's, not the device's claim
         stored["losses"] = losses
-    adapter = registry.add_version(session, job, spec, files, stored)
-    _publish(store, upload, replayed_b, archive)
-    session.commit()
+    try:
+        adapter = jobstate.accept_result(
+            session, job, device, files, stored, partial(_publish, store, upload, replayed_b, archive)
+        )
+    except jobstate.VersionTaken as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"{exc}; retry") from None
+    if adapter is None:
+        return _repeat(session, job, upload) or _lost(job)
     return ResultPublic(adapter_id=adapter.id, version=adapter.version)
 
 
@@ -152,7 +152,6 @@ def upload_result(
     _admit(job, device)
     ctx = _context(session, job, device)
     init = store.adapter_b(session.get_one(Adapter, job.init_adapter_id).b_sha256) if job.init_adapter_id else None
-    session.commit()  # no transaction (and on SQLite no write lock) while receiving and replaying
     refuse_while_verifying(pool, device.user_id)
     slot = partial(slots.hold, device.id, device.user_id)  # taken when the body starts to arrive
     receiving = received_parts(
@@ -164,16 +163,8 @@ def upload_result(
         if repeated is not None:
             response.status_code = status.HTTP_200_OK
             return repeated
-        session.commit()  # again no transaction while a worker replays
-        if not jobstate.holds_lease(job, device.id):
-            _lost(job)
         outcome = _verify(pool, settings, device.user_id, ctx, upload, init, tmp)
-        for _ in range(3):  # a concurrent result of the same (user, model, task) may take our version number
-            try:
-                return _record(session, store, job, device, ctx, upload, outcome)
-            except IntegrityError:
-                session.rollback()
-        raise HTTPException(status.HTTP_409_CONFLICT, "could not allocate an adapter version; retry")
+        return _record(session, store, job, device, upload, outcome)
 
 
 def round_of(session: Session, client: RoundClient) -> tuple[Round, Job]:
@@ -204,7 +195,6 @@ def part_upload(
     ctx = federation.replay_context(session, job, client)
     init = store.adapter_b(round_.b_sha256)
     spec = federation.client_spec(job, client)  # upload: log, as every round part
-    session.commit()
     refuse_while_verifying(pool, client.user_id)
     slot = partial(slots.hold, client.device_id, client.user_id)  # taken when the body starts to arrive
     limit = upload_body_limit(log_limit(spec), METRICS_LIMIT)

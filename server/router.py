@@ -1,10 +1,11 @@
-"""``Router``: an ``APIRouter`` whose endpoints end their database transaction before they return.
+"""``Router``: an ``APIRouter`` whose endpoints leave no write open behind them.
 
-FastAPI validates a sync endpoint's response in another thread-pool call, and closes the session later still. A
-transaction left open across those hand-offs would keep SQLite's write lock (every SQLite transaction here takes
-it, see ``server.db``) while waiting for a free thread, and under load all threads may be waiting for that lock.
-So each endpoint is wrapped: in the endpoint's own thread, success commits whatever is still open and an error
-rolls it back. Endpoints still commit their own writes where the order matters; this only closes the door.
+A request's session reads in autocommit and writes only inside the state layer's transitions, each of which
+commits itself (``server.db``). FastAPI validates a sync endpoint's response in another thread-pool call and closes
+the session later still; a write transaction left open across those hand-offs would hold SQLite's write lock while
+waiting for a free thread. So each endpoint is wrapped: in its own thread, an error rolls back whatever is open,
+and an endpoint that returns with a unit of work still open is a bug, refused (rolled back, 500) rather than
+committed by accident.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, status
 from sqlalchemy.orm import Session
+
+from server.db import writing
+
+
+class WriteLeftOpen(RuntimeError):
+    """An endpoint returned inside a unit of work: a transition did not commit."""
 
 
 def _ends_transaction(endpoint: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,7 +37,9 @@ def _ends_transaction(endpoint: Callable[..., Any]) -> Callable[..., Any]:
         except BaseException:
             session.rollback()
             raise
-        session.commit()
+        if writing(session):
+            session.rollback()
+            raise WriteLeftOpen(f"{endpoint.__name__} returned with a write uncommitted (rolled back)")
         return result
 
     return run

@@ -84,7 +84,6 @@ def current_viewer(request: Request, session: SessionDep, settings: SettingsDep)
     cookie = request.cookies.get(SESSION_COOKIE)
     row = queries.web_session(session, hash_secret(cookie)) if cookie else None
     user = session.get(User, row.user_id) if row is not None and row.user_id is not None else None
-    session.commit()  # see server.deps: no transaction left open between thread-pool calls
     if row is None:
         raise SignInRequired
     if not _still_valid(row, user, settings):

@@ -7,7 +7,7 @@ from fastapi import Query, Response
 from fastapi.responses import FileResponse
 
 from server import queries
-from server.deps import CurrentUser, ObjectId, ReadSessionDep, SessionDep, StoreDep
+from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
 from server.merged import merged_archive
 from server.registry import adapter_public as public
 from server.responses import FILE_RESPONSE, RANGE_ERRORS, IfNoneMatch, errors, field_error, serve_file
@@ -73,7 +73,7 @@ def download(
 def merged(
     adapter_id: ObjectId,
     user: CurrentUser,
-    session: ReadSessionDep,
+    session: SessionDep,
     store: StoreDep,
     dtype: str = Query(MERGE_DTYPES[0], description=f"the merged weights' dtype: {', '.join(MERGE_DTYPES)}"),
     if_none_match: str | None = IfNoneMatch,

@@ -44,7 +44,6 @@ def blob(
 ) -> Response:
     """The file whose content is ``sha256``, if this device was granted it (``server.grants``)."""
     found = grants.granted(session, store, manifests, device, sha256)
-    session.commit()  # end the transaction before streaming
     if found is None:
         raise not_found("file")
     return serve_file(found.path, sha256, found.filename, if_none_match, found.media_type)

@@ -154,7 +154,6 @@ def submit(
     except UsageError as exc:
         raise field_error(exc.argument.lstrip("-"), exc.reason) from None
     fed = body.model_dump(mode="json", include=set(FederationSpec.model_fields))
-    session.commit()  # no transaction (on SQLite, no write lock) while the noise is calibrated
     charge = None
     if body.privacy is not None:  # each member's data: (epsilon, delta)-DP over every part it could train
         spec["privacy"] = privacy.resolve(body.privacy, body.steps * body.rounds, body.batch_size).model_dump(

@@ -4,7 +4,7 @@ on their own jobs, devices and adapters (and their cohorts' adapters), anyone el
 the cohorts' federated jobs, users, every device (and revokes any, as the REST API lets it), models and the
 queues. Sign-in, the session cookie and CSRF: ``server.ui``.
 
-Pages read through a read-only session (``ReadSessionDep``): drawing a page, its charts included, holds no
+Pages read as every request does, in autocommit (``server.db``): drawing a page, its charts included, holds no
 transaction, so no writer of any tenant waits on a page view."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from server import accounts, jobstate, queries, registry
 from server.charts import Node, Series, line_chart, lineage_chart
-from server.deps import ObjectId, QueueDep, ReadSessionDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
+from server.deps import ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
 from server.registry import adapter_public
 from server.router import Router
 from server.tables import Model
@@ -128,7 +128,7 @@ def _eta_s(job: JobPublic) -> float | None:
 def jobs(
     request: Request,
     viewer: CurrentViewer,
-    session: ReadSessionDep,
+    session: SessionDep,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(50, ge=1, le=500),
 ) -> Response:
@@ -187,7 +187,7 @@ def _rounds(session: Session, job_id: int) -> tuple[list[dict[str, Any]], str | 
 
 
 @router.get("/jobs/{job_id}")
-def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
+def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: SessionDep) -> Response:
     """One job: its learning curves, held-out accuracy and rounds."""
     found = caller_job(session, viewer.user, job_id)
     shown = job_public(session, found)
@@ -224,7 +224,7 @@ def cancel(
 
 
 @router.get("/devices")
-def devices(request: Request, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
+def devices(request: Request, viewer: CurrentViewer, session: SessionDep) -> Response:
     """The caller's devices and the work each holds."""
     _need_user(viewer)
     mine = queries.devices_of(session, viewer.user.id)
@@ -245,7 +245,7 @@ def revoke(device_id: ObjectId, viewer: CurrentViewer, session: SessionDep, csrf
 
 
 @router.get("/adapters")
-def adapters(request: Request, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
+def adapters(request: Request, viewer: CurrentViewer, session: SessionDep) -> Response:
     """The adapters the user may see, one lineage (model, task, owner) per table, with its graph."""
     _need_user(viewer)
     rows, _ = queries.adapters_of(session, viewer.user.id, None, None, 0, 1000)
@@ -277,7 +277,7 @@ def _previous(versions: list, adapter: Any) -> int | None:
 
 
 @router.get("/adapters/{adapter_id}")
-def adapter(request: Request, adapter_id: ObjectId, viewer: CurrentViewer, session: ReadSessionDep) -> Response:
+def adapter(request: Request, adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep) -> Response:
     """One adapter: its version, lineage and held-out figures."""
     _need_user(viewer)
     found = user_adapter(session, viewer.user.id, adapter_id)
@@ -306,7 +306,7 @@ def download(adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep, s
 def admin(
     request: Request,
     viewer: CurrentViewer,
-    session: ReadSessionDep,
+    session: SessionDep,
     settings: SettingsDep,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=500),

@@ -64,5 +64,4 @@ def revoke(device_id: ObjectId, caller: UserOrAdmin, session: SessionDep) -> Dev
     device = caller_device(session, caller, device_id)
     jobstate.revoke_device(session, device_id)
     session.refresh(device)
-    session.commit()
     return public(device)

@@ -54,7 +54,6 @@ def inference_program(body: InferenceCreate, device: CurrentDevice, session: Ses
     """The inference program of ``body.model`` for adapters of ``body.config``'s LoRA layout (lease-free)."""
     model = registered_model(session, body.model, body.config.targets, field="config.targets")
     model_id, model_dir, model_sha = model.id, model.path, model.sha256
-    session.commit()
     config = body.config.model_dump(mode="json")
     try:
         key, manifest = _builds(request).get(model_dir, model_sha, config, device.id, device.user_id)
@@ -64,8 +63,7 @@ def inference_program(body: InferenceCreate, device: CurrentDevice, session: Ses
         raise try_later(status.HTTP_429_TOO_MANY_REQUESTS, f"{exc}: retry when one is built", BUILD_RETRY_S) from exc
     if manifest is None:
         raise try_later(status.HTTP_503_SERVICE_UNAVAILABLE, "compiling the inference program", BUILD_RETRY_S)
-    jobstate.program_row(session, model_id, key, manifest, kind="inference")  # its files are granted to devices
-    session.commit()
+    jobstate.add_inference_program(session, model_id, key, manifest)  # its files are granted to devices
     parsed = InferenceManifest.model_validate(manifest).for_device()
 
     def ref(file: ProgramFile) -> FileRef:

@@ -92,7 +92,6 @@ def submit(
     _check_init_adapter(session, user, model, body)
     _check_chat_template(model, body)
     _check_answer_len(body)
-    session.commit()  # the checks only read: no transaction (on SQLite, no write lock) while the noise is calibrated
     spec, charge = body.model_dump(mode="json"), None
     if body.privacy is not None:
         spec["privacy"] = privacy.resolve(body.privacy, body.steps, body.batch_size).model_dump(mode="json")

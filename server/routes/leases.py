@@ -109,7 +109,7 @@ def lease(
     asking, revoked_at = accounts.as_reported(session, device, *reported)  # replaces what it reported before
     if revoked_at is not None:
         raise revoked(device.id)
-    accounts.record_seen(session.connection(), device)
+    accounts.record_seen(session, device)
     jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
     job = jobstate.lease_next(session, asking, settings.lease_s)
     if job is not None:

@@ -23,7 +23,7 @@ from fastapi import HTTPException, Path, Request, Response, status
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from server import accounts, jobstate, metrics, queries, results
+from server import jobstate, metrics, queries, results
 from server.db import read_only
 from server.deps import (
     CurrentDevice,
@@ -91,7 +91,6 @@ def parse_work(work: str) -> tuple[str, int]:
 def _device_client(session: Session, client_id: int, device_id: int) -> RoundClient:
     """The round client ``client_id`` if this device holds it; 404 for anyone else's."""
     client = session.get(RoundClient, client_id)
-    session.commit()  # a read: no transaction (and on SQLite no write lock) while the route goes on
     if client is None or client.device_id != device_id:
         raise not_found("round client")
     return client
@@ -103,9 +102,7 @@ def _job_heartbeat(
     """A leased job's progress (``POST /v1/work/job-{id}/heartbeat``): extends the lease and says whether to
     stop."""
     metrics.HEARTBEATS.labels("job").inc()
-    with engine.begin() as conn:
-        expires = jobstate.heartbeat(conn, job_id, device.id, settings.lease_s, body)
-        accounts.record_seen(conn, device)
+    expires = jobstate.heartbeat(engine, job_id, device, settings.lease_s, body)
     if expires is not None:
         return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
     with read_only(engine) as conn:  # it did not apply: say why
@@ -137,10 +134,8 @@ def _part_heartbeat(
     ``cancelled: true`` once its part is over (the round closed without it, its lease ran out, or the job ended):
     the device stops and forgets it."""
     metrics.HEARTBEATS.labels("round").inc()
-    expires = jobstate.client_heartbeat(session, client, settings.lease_s, body.step)
-    accounts.record_seen(session.connection(), device)
+    expires = jobstate.client_heartbeat(session, client, device, settings.lease_s, body.step)
     job = results.round_of(session, client)[1]
-    session.commit()
     if expires is None:
         return HeartbeatPublic(cancelled=True, status=job.status, expires_at=utcnow())
     return HeartbeatPublic(cancelled=False, status=job.status, expires_at=expires)

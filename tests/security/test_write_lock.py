@@ -1,8 +1,10 @@
-"""What must not hold SQLite's write lock: drawing a dashboard page, and calibrating a private job's noise.
+"""What must not hold SQLite's write lock: drawing a dashboard page, calibrating a private job's noise, and
+verifying an upload.
 
-Every SQLite transaction of the server takes the write lock up front (``server.db``), so work done inside one holds
-up every tenant's writes: a private submit once calibrated its noise (seconds) inside the transaction its quota
-check opened, and a page drew its charts inside the transaction that read its rows. Each test runs the slow step
+Every SQLite write transaction of the server takes the write lock up front (``server.db``), so work done inside one
+holds up every tenant's writes: a private submit once calibrated its noise (seconds) inside the transaction its
+quota check opened, and a page drew its charts inside the transaction that read its rows. Requests now read in
+autocommit and write only in the state layer's units of work; each test runs the slow step
 through a probe that asks SQLite itself, from a connection of its own with no wait (``timeout=0``), for the write
 lock, and for the server process's own turn of it: both must be free while the step runs.
 """
@@ -17,6 +19,8 @@ import threading
 import pytest
 from sqlalchemy import make_url
 
+from server import results
+from server.db import begin_write
 from shared import privacy
 from tests.server.factories import (
     b_flat_bytes,
@@ -52,7 +56,7 @@ def _write_lock_free(client) -> bool:
 
     def write() -> None:
         with client.app.state.sessionmaker() as session:
-            session.connection()  # BEGIN IMMEDIATE, after this process's writer turn
+            begin_write(session)  # BEGIN IMMEDIATE, after this process's writer turn
             session.rollback()
         done.set()
 
@@ -103,3 +107,13 @@ def test_a_dashboard_page_draws_its_charts_outside_any_transaction(client, tmp_p
     for path in (f"/ui/jobs/{work['job']['id']}", f"/ui/adapters/{r.json()['adapter_id']}"):
         assert client.get(path).status_code == 200
     assert drawing and all(drawing)
+
+
+def test_an_upload_is_received_and_verified_outside_any_transaction(client, tmp_path, monkeypatch):
+    """The result route reads the job, then receives the body and replays the log (seconds, in a worker) before
+    its one write, ``jobstate.accept_result``: no lock is held while it waits."""
+    work = leased_job(client, tmp_path / "model", steps=4)
+    verifying = _probe(monkeypatch, results, "run_verification", client)
+    r = upload(client, work["phone"], work["job"]["id"], b_flat_bytes(work["b"]), work["log"])
+    assert r.status_code == 201, r.text
+    assert verifying == [True]

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
+from server.db import begin_write
 from server.security import hash_secret, make_token, parse_token, secret_matches
 from server.tables import Device, EnrollmentCode, User, utcnow
 from tests.server.factories import ADMIN, bearer, create_user, enroll_device
@@ -71,6 +72,7 @@ def test_expired_enrollment_code_is_refused(client):
     user = create_user(client)
     code = client.post("/v1/enrollment-codes", json={}, headers=user).json()["code"]
     with client.app.state.sessionmaker() as session:
+        begin_write(session)
         session.execute(update(EnrollmentCode).values(expires_at=utcnow() - timedelta(seconds=1)))
         session.commit()
     r = client.post("/v1/devices", json={"code": code, "name": "phone"})
@@ -101,6 +103,7 @@ def test_device_token_records_last_seen_at_most_every_30_s(client):
     assert client.post("/v1/leases", headers=device["headers"]).status_code == 204
     assert seen() == first  # within 30 s: not written again
     with client.app.state.sessionmaker() as session:
+        begin_write(session)
         session.get(Device, device["id"]).last_seen_at = first - timedelta(minutes=1)
         session.commit()
     assert client.post("/v1/leases", headers=device["headers"]).status_code == 204

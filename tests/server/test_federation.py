@@ -382,7 +382,7 @@ def test_a_close_given_up_on_cannot_publish_or_fail_the_round(client: TestClient
     caller rolls back what it would have published), its abort leaves the job alone; the new attempt finishes."""
     from datetime import timedelta
 
-    from server import jobstate
+    from server import jobstate, registry
     from server.tables import Round
 
     join(client, world, "a", "b")
@@ -395,9 +395,11 @@ def test_a_close_given_up_on_cannot_publish_or_fail_the_round(client: TestClient
         assert jobstate.reopen_stale_closes(session, timedelta(0)) == 1
         new = jobstate.begin_close(session, round_.id)
         assert new is not None and new != old
+        files = registry.StoredFiles(round_.b_sha256, round_.b_sha256, "0" * 64, "0" * 64, 0)
         with pytest.raises(jobstate.CloseTakenOver):
-            jobstate.finish_close(session, round_, old, 1, {}, round_.b_sha256)
-        session.rollback()
+            jobstate.finish_close(session, round_, old, files, {"mean_loss": None, "aggregate_s": 0.0})
+        published = client.get("/v1/adapters", headers=world["users"]["a"]).json()["count"]
+        assert published == 0, "the old closer published nothing"
         jobstate.abort_close(session, round_, old, "the old closer's error")
         assert rounds(client, job["id"])[0]["status"] == "closing"
         assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "running"

@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import update
 
 from server import jobstate
+from server.db import begin_write
 from server.tables import Job, utcnow
 from tests.server.factories import (
     FAKE_PROGRAM_MB,
@@ -28,6 +29,7 @@ def user(client, tmp_path):
 def _expire(client, job_id: int) -> None:
     """Move the job's lease into the past, as if the device had vanished."""
     with client.app.state.sessionmaker() as session:
+        begin_write(session)
         session.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
         session.commit()
 
@@ -165,8 +167,7 @@ def test_sweeper_function_releases_without_a_lease_request(client, user):
     client.post("/v1/leases", headers=phone["headers"])
     _expire(client, job["id"])
     with client.app.state.sessionmaker() as session:
-        jobstate.expire_leases(session, max_attempts=3)
-        session.commit()
+        jobstate.sweep_leases(session, max_attempts=3)
     assert client.get(f"/v1/jobs/{job['id']}", headers=user).json()["status"] == "ready"
 
 

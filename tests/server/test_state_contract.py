@@ -18,7 +18,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from server import jobstate
-from server.tables import Device, Job, LeasingDevice, Round
+from server.tables import Device, DeviceIdentity, Job, LeasingDevice, Round
 from shared.schemas import HeartbeatCreate
 from tests.server.factories import (
     ADMIN,
@@ -80,8 +80,8 @@ def _cancel(sessions, job_id: int) -> bool:
 
 
 def _beat(engine, job_id: int, device_id: int) -> bool:
-    with engine.begin() as conn:
-        return jobstate.heartbeat(conn, job_id, device_id, 60, HeartbeatCreate(step=1)) is not None
+    device = DeviceIdentity(device_id, user_id=0)  # the heartbeat reads the device's id alone
+    return jobstate.heartbeat(engine, job_id, device, 60, HeartbeatCreate(step=1)) is not None
 
 
 def _revoke(sessions, device_id: int) -> bool:

@@ -117,12 +117,14 @@ def _executes_a_prebuilt_statement(fn: ast.FunctionDef) -> bool:
 
 
 def test_the_state_layer_follows_one_transaction_rule():
-    """Each writer of ``server.jobstate`` and ``server.accounts`` commits its transaction (itself, or through a
-    private helper that does), or is a step of a larger one and says "the caller commits" in its docstring."""
+    """Each writer of ``server.jobstate`` and ``server.accounts`` opens its unit of work (``begin_write``, which a
+    step inside its caller's unit joins) and commits it (itself, through a private helper that does, or as a
+    ``with engine.begin()`` block), or is a step of a larger one and says "the caller commits" in its docstring."""
     broken, writers = [], 0
     for path in (SERVER / "jobstate.py", SERVER / "accounts.py"):
         functions = [node for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)]
-        committing = {fn.name for fn in functions if "commit" in _calls(fn)}
+        committing = {fn.name for fn in functions if _calls(fn) & {"commit", "begin"}}
+        opening = {fn.name for fn in functions if _calls(fn) & {"begin_write", "begin"}}
         for fn in functions:
             if fn.name.startswith("_"):
                 continue
@@ -130,12 +132,32 @@ def test_the_state_layer_follows_one_transaction_rule():
             if not (calls & WRITES or _executes_a_prebuilt_statement(fn)):
                 continue
             writers += 1
-            commits = bool(calls & (committing | {"commit"}))
+            commits = bool(calls & (committing | {"commit", "begin"}))
             says = "the caller commits" in " ".join((ast.get_docstring(fn) or "").lower().split())
             if commits == says:  # neither, or both: the docstring must say which
                 broken.append(f"{path.name}:{fn.name} (commits: {commits})")
+            if not calls & (opening | {"begin_write", "begin"}):
+                broken.append(f"{path.name}:{fn.name} (opens no unit of work)")
     assert writers >= 25, "the scan no longer sees the state layer's writers"
     assert broken == [], f"writers that break the transaction rule: {broken}"
+
+
+def test_no_commit_outside_the_state_layer():
+    """A request reads in autocommit and writes only in the state layer's transitions (``server.db``): no other
+    module of ``server/`` commits (``server.db`` itself holds the session machinery and the startup lock)."""
+    commits = {
+        str(path.relative_to(SERVER.parent)): [
+            node.lineno for node in ast.walk(ast.parse(path.read_text())) if _is_commit(node)
+        ]
+        for path in sorted(SERVER.rglob("*.py"))
+        if path.name not in ("jobstate.py", "accounts.py", "db.py")
+    }
+    assert any(_is_commit(n) for n in ast.walk(ast.parse((SERVER / "jobstate.py").read_text()))), "the scan sees none"
+    assert {name: lines for name, lines in commits.items() if lines} == {}
+
+
+def _is_commit(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "commit"
 
 
 def test_routes_issue_no_query_of_their_own():
