@@ -25,9 +25,11 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import federation, jobstate, ui
+from server import federation, jobstate, responses
 from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
+from server.dashboard import PREFIX, create_dashboard
+from server.dashboard.web import SignInThrottle
 from server.db import make_engine, make_sessionmaker, migrate, startup_lock
 from server.inference_builds import Bounds, InferenceBuilds
 from server.limits import BodyLimits, RefusedUploads, UploadSlots
@@ -39,7 +41,6 @@ from server.routes import (
     adapters,
     blobs,
     cohorts,
-    dashboard,
     devices,
     enrollment,
     health,
@@ -55,7 +56,6 @@ from server.routes import (
 )
 from server.settings import Settings, get_settings
 from server.store import ArtifactStore
-from server.ui import SignInRequired, SignInThrottle, sign_in_required
 
 if TYPE_CHECKING:
     from server.celery_queue import CeleryVerifyPool
@@ -227,12 +227,11 @@ def create_app(settings: Settings | None = None, queue_factory: QueueFactory | N
         inference,
         privacy,
         metrics,
-        dashboard,
     ):
         app.include_router(module.router)
-    app.add_exception_handler(RequestValidationError, ui.validation_error)  # a page's error is a page
-    app.add_exception_handler(StarletteHTTPException, ui.http_error)
-    app.add_exception_handler(SignInRequired, sign_in_required)
+    app.add_exception_handler(RequestValidationError, responses.validation_error)
+    app.add_exception_handler(StarletteHTTPException, responses.http_error)
+    app.mount(PREFIX, create_dashboard(app.state))  # pages for people, with their own error pages
     app.add_middleware(BodyLimits, upload_limit=int(settings.max_upload_mb * 1024 * 1024))
     app.add_middleware(RefusedUploads, delay_s=settings.upload_refusal_delay_s)  # sees every refusal
     app.add_middleware(RequestMetrics)  # outermost: counts every answer, the other middlewares' too

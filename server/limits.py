@@ -23,7 +23,8 @@ with ``Connection: close``: the server reads none of the body it refused, and a 
 to one try per pause and connection.
 
 ``Failures`` counts failed attempts per key (a client address, an account) over a sliding window, so that a caller
-can refuse a key that failed too often before looking at what it sent (the dashboard's sign-in: ``server.ui``).
+can refuse a key that failed too often before looking at what it sent (the dashboard's sign-in:
+``server.dashboard.web``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Range and If-Range by Starlette).
 Two exception handlers complete FastAPI's: ``validation_error`` answers 422 naming the field and the reason but
 never the input (a client's megabytes must not come back, nor a secret it mistyped), and ``http_error`` gives a
 405 an ``Allow`` header with every method documented for the path (Starlette names only one route's methods). The
-dashboard answers its own pages' errors with pages and hands the rest to these (``server.ui.http_error``).
+dashboard, a sub-application of its own, answers its pages' errors with pages (``server.dashboard``).
 """
 
 from __future__ import annotations

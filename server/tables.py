@@ -279,11 +279,12 @@ class Adapter(Base):
 
 
 class WebSession(Base):
-    """A signed-in browser of the dashboard (``server.ui``): the cookie holds a random secret, the row its SHA-256,
-    the user (or the admin: ``user_id`` None) and the CSRF token its forms carry. Signing out deletes the row.
+    """A signed-in browser of the dashboard (``server.dashboard.web``): the cookie holds a random secret, the row its
+    SHA-256, the user (or the admin: ``user_id`` None) and the CSRF token its forms carry. Signing out deletes the row.
 
     An admin session also holds the SHA-256 of the admin token it was opened with (``admin_token_hash``): once the
-    server's token is another, or unset, the session is refused and deleted (``server.ui.current_viewer``)."""
+    server's token is another, or unset, the session is refused and deleted
+    (``server.dashboard.web.current_viewer``)."""
 
     __tablename__ = "web_sessions"
     id: Mapped[int] = mapped_column(primary_key=True)

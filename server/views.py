@@ -1,4 +1,4 @@
-"""What a caller may see, decided in one place for the REST routes and the dashboard (``server.routes.dashboard``):
+"""What a caller may see, decided in one place for the REST routes and the dashboard (``server.dashboard.pages``):
 a job, an adapter or a device of the caller's (404 for anyone else's: missing and not-yours look alike), and the
 public shape of a job (``JobPublic``): a user's jobs (``routes/jobs.py``) and a cohort's federated jobs
 (``routes/cohorts.py``)."""

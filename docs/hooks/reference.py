@@ -261,8 +261,14 @@ def rest_app() -> Any:
 
 
 def _api_routes(app: Any) -> Iterator[tuple[str, Any]]:
-    """(path, APIRoute) of every API route, routers included however deeply."""
+    """(path, APIRoute) of every API route, routers included however deeply, and the routes of mounted
+    applications (the dashboard at ``/ui``) under their mount's path."""
     from fastapi import routing
+    from starlette.routing import Mount
+
+    for route in app.routes:
+        if isinstance(route, Mount) and hasattr(route.app, "routes"):
+            yield from ((route.path + path, inner) for path, inner in _api_routes(route.app))
 
     iter_contexts = getattr(routing, "iter_route_contexts", None)
     if iter_contexts is not None:  # FastAPI keeps included routers as such and resolves their paths lazily
@@ -288,7 +294,8 @@ def routes(app: Any | None = None) -> list[tuple[str, str]]:
 
 
 def _auth_kinds() -> dict[Callable[..., Any], str]:
-    from server import deps, ui
+    from server import deps
+    from server.dashboard import web as ui
 
     return {
         deps.require_admin: "admin",
@@ -301,7 +308,7 @@ def _auth_kinds() -> dict[Callable[..., Any], str]:
     }
 
 
-CSRF_FIELD = "csrf_token"  # a dashboard form's field: the session's CSRF token (server.ui.check_csrf)
+CSRF_FIELD = "csrf_token"  # a dashboard form's field: the session's CSRF token (server.dashboard.web.check_csrf)
 
 
 UNKNOWN_AUTH = "a bearer token (of a kind these docs do not know: add its dependency to _auth_kinds)"

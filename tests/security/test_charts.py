@@ -13,7 +13,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.charts import Series, line_chart, nice_ticks
+from server.dashboard.charts import Series, line_chart, nice_ticks
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 NUMBER = re.compile(r'(?:x|y|x1|x2|y1|y2|cx|cy)="([^"]*)"')

@@ -95,7 +95,7 @@ def test_a_private_submit_calibrates_and_composes_outside_any_transaction(client
 
 
 def test_a_dashboard_page_draws_its_charts_outside_any_transaction(client, tmp_path, monkeypatch):
-    from server import charts
+    from server.dashboard import charts
 
     client = browser(client)
     work = leased_job(client, tmp_path / "model", steps=4)

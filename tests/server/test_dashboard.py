@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from server.charts import Node, Series, line_chart, lineage_chart, nice_ticks
+from server.dashboard.charts import Node, Series, line_chart, lineage_chart, nice_ticks
 from tests.server.factories import (
     ADMIN,
     ADMIN_TOKEN,

@@ -9,6 +9,8 @@ from pathlib import Path
 
 SERVER = Path(__file__).resolve().parents[2] / "server"
 STATE_MACHINE = SERVER / "jobstate.py"
+# The modules of handlers: the REST routes and the dashboard's pages.
+HANDLERS = sorted((SERVER / "routes").glob("*.py")) + [SERVER / "dashboard" / "pages.py"]
 
 
 def _status_writes(tree: ast.AST) -> list[int]:
@@ -90,7 +92,7 @@ def test_routes_write_nothing_themselves():
     assert _writes(ast.parse((SERVER / "accounts.py").read_text())), "the scan no longer sees the state layer's writes"
     writes = {
         path.name: found
-        for path in sorted((SERVER / "routes").glob("*.py"))
+        for path in HANDLERS
         if (found := _writes(ast.parse(path.read_text())))
     }
     assert writes == {}, f"route modules write outside the state layer (server.jobstate, server.accounts): {writes}"
@@ -164,7 +166,7 @@ def test_routes_issue_no_query_of_their_own():
     """Lists, counts and lookups live in ``server.queries`` (writes in the state layer); a route calls them."""
     found = {
         path.name: [node.lineno for node in ast.walk(ast.parse(path.read_text())) if _is_select(node)]
-        for path in sorted((SERVER / "routes").glob("*.py"))
+        for path in HANDLERS
     }
     assert any(_is_select(node) for node in ast.walk(ast.parse((SERVER / "queries.py").read_text())))
     assert {name: lines for name, lines in found.items() if lines} == {}, "route modules build queries"

@@ -1,4 +1,4 @@
-"""The dashboard's sign-ins: one row per browser session (``server.ui``).
+"""The dashboard's sign-ins: one row per browser session (``server.dashboard.web``).
 
 Revision ID: 0009
 Revises: 0008

@@ -1,5 +1,5 @@
 """An admin's dashboard session remembers the admin token it was opened with (``web_sessions.admin_token_hash``),
-so that it ends when the token is rotated or unset (``server.ui.current_viewer``).
+so that it ends when the token is rotated or unset (``server.dashboard.web.current_viewer``).
 
 Revision ID: 0012
 Revises: 0011

@@ -1,8 +1,8 @@
-"""The dashboard at ``/ui``: server-rendered pages (Jinja2 templates in ``server/templates``, charts as inline SVG
-from ``server.charts``, no JavaScript) over the same reads, scoping and writes as the REST API: a user sees and acts
-on their own jobs, devices and adapters (and their cohorts' adapters), anyone else's is a 404 page; the admin sees
-the cohorts' federated jobs, users, every device (and revokes any, as the REST API lets it), models and the
-queues. Sign-in, the session cookie and CSRF: ``server.ui``.
+"""The dashboard's pages (mounted at ``/ui``): server-rendered (Jinja2 templates in ``templates/``, charts as
+inline SVG from ``server.dashboard.charts``, no JavaScript) over the same reads, scoping and writes as the REST
+API: a user sees and acts on their own jobs, devices and adapters (and their cohorts' adapters), anyone else's is a
+404 page; the admin sees the cohorts' federated jobs, users, every device (and revokes any, as the REST API lets
+it), models and the queues. Sign-in, the session cookie and CSRF: ``server.dashboard.web``.
 
 Pages read as every request does, in autocommit (``server.db``): drawing a page, its charts included, holds no
 transaction, so no writer of any tenant waits on a page view."""
@@ -18,12 +18,8 @@ from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy.orm import Session
 
 from server import accounts, jobstate, queries, registry
-from server.charts import Node, Series, line_chart, lineage_chart
-from server.deps import ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
-from server.registry import adapter_public
-from server.router import Router
-from server.tables import Model
-from server.ui import (
+from server.dashboard.charts import Node, Series, line_chart, lineage_chart
+from server.dashboard.web import (
     PREFIX,
     SESSION_COOKIE,
     SIGN_IN_COOKIE,
@@ -37,10 +33,14 @@ from server.ui import (
     sign_in,
     sign_in_page,
 )
+from server.deps import ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
+from server.registry import adapter_public
+from server.router import Router
+from server.tables import Model
 from server.views import archive_response, caller_device, caller_job, job_public, user_adapter
 from shared.schemas import MAX_DB_INT, TERMINAL_STATUSES, HeldOut, JobPublic
 
-router = Router(prefix=PREFIX, include_in_schema=False)
+router = Router(include_in_schema=False)  # mounted at PREFIX (``server.dashboard.create_dashboard``)
 CsrfField = Annotated[str, Form(max_length=256)]
 MAX_CHART_POINTS = 2000  # a longer training curve is drawn at every k-th step
 
@@ -57,7 +57,7 @@ def _need_user(viewer: Viewer) -> None:
 # --- signing in and out -------------------------------------------------------------------------------------------
 
 
-@router.get("")
+@router.get("/")
 def home() -> Response:
     """The dashboard's entry: its jobs page."""
     return _see_other("/jobs")
@@ -81,7 +81,7 @@ def login(
     """The API key (or the admin token), checked as the REST API checks it; a new session on success. An empty key
     is refused before anything else is looked at: no credential is empty (``Settings`` refuses an empty admin
     token), and one that was must not open a session. A client address or an account with too many recent
-    failures is refused (429, ``Retry-After``) before the key is checked (``server.ui.SignInThrottle``)."""
+    failures is refused (429, ``Retry-After``) before the key is checked (``server.dashboard.web.SignInThrottle``)."""
     key = api_key.strip()
     if not key:
         return sign_in_page(request, "enter an API key or the admin token", status.HTTP_401_UNAUTHORIZED)

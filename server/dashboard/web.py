@@ -1,5 +1,5 @@
 """The dashboard's plumbing: who is signed in, CSRF, pages and their error pages (the pages themselves:
-``server.routes.dashboard``).
+``server.dashboard.pages``).
 
 Signing in takes the same credential as the REST API (a user's API key, or the admin token), checked by the same
 code (``server.deps.get_user_or_admin``). The browser then holds a session cookie: 256 random bits, of which the
@@ -36,7 +36,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import accounts, queries, responses
+from server import accounts, queries
 from server.deps import SessionDep, SettingsDep
 from server.limits import Failures
 from server.security import USER_KEY, constant_time_equal, hash_secret, new_secret, parse_token
@@ -216,23 +216,15 @@ _HEADERS = {
 }
 
 
-def is_page(request: Request) -> bool:
-    return request.url.path == PREFIX or request.url.path.startswith(PREFIX + "/")
-
-
 async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    """The app's HTTP error handler: a dashboard page's error is a page, any other the API's answer."""
-    if is_page(request):
-        return error_page(request, exc)
-    return await responses.http_error(request, exc)
+    """The dashboard's HTTP error handler: a page's error is a page."""
+    return error_page(request, exc)
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-    """The app's validation error handler: a malformed address or form of the dashboard is a page, any other
-    request's the API's 422."""
-    if is_page(request):
-        return error_page(request, StarletteHTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "invalid request"))
-    return await responses.validation_error(request, exc)
+    """The dashboard's validation error handler: a malformed address or form is a page (the 422 names nothing of
+    what was sent)."""
+    return error_page(request, StarletteHTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "invalid request"))
 
 
 def error_page(request: Request, exc: StarletteHTTPException) -> Response:
