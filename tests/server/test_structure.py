@@ -90,11 +90,7 @@ def _writes(tree: ast.AST) -> list[str]:
 
 def test_routes_write_nothing_themselves():
     assert _writes(ast.parse((SERVER / "accounts.py").read_text())), "the scan no longer sees the state layer's writes"
-    writes = {
-        path.name: found
-        for path in HANDLERS
-        if (found := _writes(ast.parse(path.read_text())))
-    }
+    writes = {path.name: found for path in HANDLERS if (found := _writes(ast.parse(path.read_text())))}
     assert writes == {}, f"route modules write outside the state layer (server.jobstate, server.accounts): {writes}"
 
 
