@@ -108,7 +108,7 @@ def lease_round(
         def seed(index: int, slot: int, job_seed: int = job.spec["seed"]) -> int:
             return client_seed(job_seed, index, slot)
 
-        part = jobstate.RoundPart(fed.clients_per_round, fed.round_timeout_s, lease_s, seed, room)
+        part = jobstate.RoundPart(fed.clients_per_round, fed.round_timeout_s, lease_s, seed, room, fed.in_flight)
         client = jobstate.take_round_part(session, job, device, part, first_b)
         if client is not None:
             return client
@@ -152,8 +152,49 @@ def reported_clients(session: Session, round_id: int) -> list[RoundClient]:
     )
 
 
+def pending_parts(session: Session, job: Job, round_: Round) -> list[RoundClient]:
+    """The reports the close of ``round_`` aggregates, in aggregation order (client id): its own reported clients;
+    for a buffered job, every report no close has counted yet of its rounds within ``max_staleness`` of ``round_``
+    (one that arrived while the version it counted towards was closing, and is too old for the next, is left out:
+    wasted, as a late synchronous report is)."""
+    if not jobstate.buffered(job.federation):
+        return reported_clients(session, round_.id)
+    oldest = round_.index - job.federation["max_staleness"]
+    return list(
+        session.scalars(
+            select(RoundClient)
+            .join(Round, Round.id == RoundClient.round_id)
+            .where(
+                Round.job_id == job.id,
+                Round.index >= oldest,
+                RoundClient.status == "reported",
+                RoundClient.counted_in_round_id.is_(None),
+            )
+            .order_by(RoundClient.id)
+            .execution_options(populate_existing=True)
+        )
+    )
+
+
+def open_round_of(session: Session, job: Job) -> Round | None:
+    """The job's open round (read, not locked), if any."""
+    return session.scalars(select(Round).where(Round.job_id == job.id, Round.status == "open")).first()
+
+
+def part_is_open(session: Session, client: RoundClient, round_: Round, job: Job) -> bool:
+    """``jobstate.client_is_open`` with the job's newest round read for a buffered job."""
+    newest = session.scalar(select(func.max(Round.index)).where(Round.job_id == job.id)) or 0
+    return jobstate.client_is_open(client, round_, job.federation, newest)
+
+
 def _round_record(
-    job: Job, round_: Round, fed: FederationSpec, clients: list[RoundClient], b_next: str, m_next: str | None
+    job: Job,
+    round_: Round,
+    fed: FederationSpec,
+    clients: list[RoundClient],
+    started: dict[int, Round],
+    b_next: str,
+    m_next: str | None,
 ) -> bytes:
     """The round's account (stored with the adapter as its "log"): everything an offline recomputation needs."""
     record = {
@@ -167,7 +208,19 @@ def _round_record(
         "server_momentum": fed.server_momentum,
         "m_r_sha256": round_.momentum_sha256,
         "m_next_sha256": m_next,
-        "clients": [{"id": c.id, "seed": c.seed, "log_sha256": c.log_sha256, "b_sha256": c.b_sha256} for c in clients],
+        "mode": fed.mode,
+        "clients": [
+            {
+                "id": c.id,
+                "seed": c.seed,
+                "log_sha256": c.log_sha256,
+                "b_sha256": c.b_sha256,
+                "round": started[c.id].index,
+                "b_start_sha256": started[c.id].b_sha256,
+                "staleness": round_.index - started[c.id].index,
+            }
+            for c in clients
+        ],
         "b_next_sha256": b_next,
     }
     return json.dumps(record, indent=2, sort_keys=True).encode()
@@ -183,7 +236,8 @@ def close_round(session: Session, store: ArtifactStore, pool: WorkerPool, settin
     round_ = session.get_one(Round, round_id, populate_existing=True)
     job = session.get_one(Job, round_.job_id)
     try:
-        _aggregate_and_publish(session, store, pool, settings, job, round_, closing_at)
+        for staleness in _aggregate_and_publish(session, store, pool, settings, job, round_, closing_at):
+            metrics.PART_STALENESS.observe(staleness)
         metrics.ROUND_CLOSES.labels("closed").inc()
     except jobstate.CloseTakenOver as error:
         session.rollback()
@@ -209,15 +263,21 @@ def _aggregate_and_publish(
     job: Job,
     round_: Round,
     closing_at: datetime,
-) -> None:
+) -> list[int]:
+    """Aggregate the parts the close counts and publish the next version → each counted part's staleness."""
     fed, ctx = federation(job), _package_context(session, job)
-    clients = reported_clients(session, round_.id)  # read in autocommit: no write lock while aggregating
+    clients = pending_parts(session, job, round_)  # read in autocommit: no write lock while aggregating
+    started = {c.id: session.get_one(Round, c.round_id) for c in clients}  # the version each part leased
     start = time.perf_counter()
     b_r = read_b_file(store.adapter_b(round_.b_sha256), ctx["d"])
     client_bs = [read_b_file(store.adapter_b(c.b_sha256), ctx["d"]) for c in clients]
     m_r = read_b_file(store.adapter_b(round_.momentum_sha256), ctx["d"]) if round_.momentum_sha256 else None
     aggregated = (fed.aggregation, fed.trim_fraction, fed.global_lr, fed.server_momentum, m_r)
-    b_next, m_next = next_global_b(b_r, client_bs, *aggregated)
+    buffered = {}
+    if fed.mode == "buffered":
+        starts = [read_b_file(store.adapter_b(started[c.id].b_sha256), ctx["d"]) for c in clients]
+        buffered = {"starts": starts, "staleness": [round_.index - started[c.id].index for c in clients]}
+    b_next, m_next = next_global_b(b_r, client_bs, *aggregated, **buffered)
     aggregate_s = time.perf_counter() - start
     b_next_sha = store_b(store, b_next)
     m_next_sha = store_b(store, m_next) if fed.server_momentum else None
@@ -226,7 +286,7 @@ def _aggregate_and_publish(
         archive = Path(pool.run(package_adapter, ctx, str(store.adapter_b(b_next_sha)), str(tmp)))
         archive_sha = store.keep(archive, "archives", ".zip")[1]
         record = tmp / "round.json"
-        atomic_write_bytes(record, _round_record(job, round_, fed, clients, b_next_sha, m_next_sha))
+        atomic_write_bytes(record, _round_record(job, round_, fed, clients, started, b_next_sha, m_next_sha))
         record_sha = store.keep(record, "rounds", ".json")[1]
         archive_size = store.archive(archive_sha).stat().st_size
     finally:
@@ -242,16 +302,15 @@ def _aggregate_and_publish(
         "replay_s": [c.replay_s for c in clients],
     }
     files = registry.StoredFiles(b_next_sha, b_next_sha, record_sha, archive_sha, archive_size)
-    jobstate.finish_close(session, round_, closing_at, files, metrics, m_next_sha)
+    jobstate.finish_close(session, round_, closing_at, files, metrics, [c.id for c in clients], m_next_sha)
+    return [round_.index - started[c.id].index for c in clients]
 
 
 def close_if_full(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings, client: RoundClient):
-    """After a report: close the round once K clients reported."""
-    round_ = session.get_one(Round, client.round_id)
-    session.refresh(round_)
-    job = session.get_one(Job, round_.job_id)
-    reported = len(reported_clients(session, round_.id))
-    if round_.status == "open" and reported >= federation(job).clients_per_round:
+    """After a report: close the job's open round once K reports wait for it (``pending_parts``)."""
+    job = session.get_one(Job, session.get_one(Round, client.round_id).job_id)
+    round_ = open_round_of(session, job)
+    if round_ is not None and len(pending_parts(session, job, round_)) >= federation(job).clients_per_round:
         close_round(session, store, pool, settings, round_.id)
 
 
@@ -275,7 +334,7 @@ def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Se
         log.warning("%d rounds left mid-close (a stopped API process) will be closed again", stale)
     for round_ in list(session.scalars(select(Round).where(Round.status == "open"))):
         job = session.get_one(Job, round_.job_id)
-        full = len(reported_clients(session, round_.id)) >= federation(job).clients_per_round
+        full = len(pending_parts(session, job, round_)) >= federation(job).clients_per_round
         if full:
             close_round(session, store, pool, settings, round_.id)
     due = list(
@@ -288,7 +347,7 @@ def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Se
     for round_ in due:
         job = session.get_one(Job, round_.job_id)
         fed = federation(job)
-        reported = len(reported_clients(session, round_.id))
+        reported = len(pending_parts(session, job, round_))
         if reported >= fed.min_reports:
             close_round(session, store, pool, settings, round_.id)
         elif not round_.reopened:

@@ -261,16 +261,28 @@ def holds_lease(job: Job | Any, device_id: int) -> bool:
     return job.status == "running" and job.leased_device_id == device_id
 
 
-def client_is_open(client: RoundClient, round_: Round) -> bool:
+def client_is_open(client: RoundClient, round_: Round, fed: dict[str, Any] | None = None, newest: int = 0) -> bool:
     """The precondition of a round client's upload, as loaded: it holds its part in a round still open (the
-    report's UPDATE tests it again: ``_client_is_live``)."""
-    return client.status == "leased" and round_.status == "open"
+    report's UPDATE tests it again: ``_client_is_live``). A buffered job's part (``fed``, the job's federation, and
+    ``newest``, the index of its newest round) stays open after its round closed, while it is at most
+    ``max_staleness`` versions old."""
+    if client.status != "leased":
+        return False
+    if not buffered(fed):
+        return round_.status == "open"
+    return round_.status != "failed" and newest - round_.index <= fed["max_staleness"]
+
+
+def buffered(fed: dict[str, Any] | None) -> bool:
+    """Whether a federated job's rounds are buffered (``FederationSpec.mode``; jobs of earlier versions: sync)."""
+    return fed is not None and fed.get("mode", "sync") == "buffered"
 
 
 def held_work(session: Session, device_id: int) -> list[tuple[int, str | None]]:
     """The work the device holds now, as (program id, the starting B's sha256 or None): its running jobs under its
-    lease (``holds_lease``) and its parts in open rounds (``client_is_open``, B_r the starting B). What it may
-    download for its work is these programs' files and these B's (``server.grants``)."""
+    lease (``holds_lease``) and the round parts it still holds (leased: a synchronous round's end expires them, a
+    buffered job's once they are too old), B_r the starting B. What it may download for its work is these
+    programs' files and these B's (``server.grants``)."""
     jobs = (
         select(Job.program_id, Adapter.b_sha256)
         .outerjoin(Adapter, Adapter.id == Job.init_adapter_id)
@@ -280,7 +292,7 @@ def held_work(session: Session, device_id: int) -> list[tuple[int, str | None]]:
         select(Job.program_id, Round.b_sha256)
         .join(Round, Round.job_id == Job.id)
         .join(RoundClient, RoundClient.round_id == Round.id)
-        .where(RoundClient.device_id == device_id, RoundClient.status == "leased", Round.status == "open")
+        .where(RoundClient.device_id == device_id, RoundClient.status == "leased", Round.status != "failed")
     )
     return [(row[0], row[1]) for query in (jobs, parts) for row in session.execute(query) if row[0] is not None]
 
@@ -476,14 +488,16 @@ def lease_round_client(
 @dataclass(frozen=True)
 class RoundPart:
     """What taking a part in a job's round depends on: K (``clients``), the round's timeout, the lease, the client's
-    seed from (round index, slot), and for a private job its ledger claim (``room``; it writes the claim in the
-    caller's transaction and answers whether the part fits)."""
+    seed from (round index, slot), for a private job its ledger claim (``room``; it writes the claim in the
+    caller's transaction and answers whether the part fits), and for a buffered job the parts it lets be in flight
+    at once (``in_flight``; None: a synchronous round's K)."""
 
     clients: int
     timeout_s: float
     lease_s: int
     seed: Callable[[int, int], int]
     room: Callable[[Session], bool] | None = None
+    in_flight: int | None = None
 
 
 def take_round_part(
@@ -495,7 +509,7 @@ def take_round_part(
     device of the same user took the part meanwhile."""
     begin_write(session)
     round_ = open_first_round(session, job, first_b) if first_b is not None else open_round(session, job.id)
-    if round_ is None or _has_no_slot_for(session, round_.id, device.user_id, part.clients):
+    if round_ is None or _has_no_slot_for(session, round_, device.user_id, part):
         session.commit()  # round 0 stays open
         return None
     if part.room is not None and not part.room(session):
@@ -512,23 +526,48 @@ def take_round_part(
     return client
 
 
-def _has_no_slot_for(session: Session, round_id: int, user_id: int, clients: int) -> bool:
-    """The round is full (``clients`` hold or finished a part), or the user has a part in it already."""
-    taken = select(func.count(RoundClient.id)).where(
-        RoundClient.round_id == round_id, RoundClient.status.in_(("leased", "reported"))
+def _has_no_slot_for(session: Session, round_: Round, user_id: int, part: RoundPart) -> bool:
+    """The user has a part in the round already, or the round is full: K clients hold or finished a part of it (a
+    buffered job: ``part.in_flight`` parts of any of its rounds are in flight)."""
+    mine = select(RoundClient.id).where(RoundClient.round_id == round_.id, RoundClient.user_id == user_id)
+    if session.scalar(mine.limit(1)) is not None:
+        return True
+    if part.in_flight is None:
+        taken = select(func.count(RoundClient.id)).where(
+            RoundClient.round_id == round_.id, RoundClient.status.in_(("leased", "reported"))
+        )
+        return session.scalar(taken) >= part.clients
+    flying = (
+        select(func.count(RoundClient.id))
+        .join(Round, Round.id == RoundClient.round_id)
+        .where(Round.job_id == round_.job_id, RoundClient.status == "leased")
     )
-    mine = select(RoundClient.id).where(RoundClient.round_id == round_id, RoundClient.user_id == user_id)
-    return session.scalar(taken) >= clients or session.scalar(mine) is not None
+    return session.scalar(flying) >= part.in_flight
 
 
-def _client_is_live(client_id: int):
-    """SQL condition: the client holds an unexpired lease in a round that is still open."""
-    open_rounds = select(Round.id).where(Round.status == "open")
+def _live_rounds(job: Job):
+    """SQL: the rounds a part of ``job`` may still report into: its open round; for a buffered job, while it runs,
+    any of its rounds not failed within ``max_staleness`` of its newest."""
+    if not buffered(job.federation):
+        return select(Round.id).where(Round.job_id == job.id, Round.status == "open")
+    newest = select(func.max(Round.index)).where(Round.job_id == job.id).scalar_subquery()
+    running = select(Job.status).where(Job.id == job.id).scalar_subquery() == "running"
+    return select(Round.id).where(
+        Round.job_id == job.id,
+        Round.status != "failed",
+        Round.index >= newest - job.federation["max_staleness"],
+        running,
+    )
+
+
+def _client_is_live(session: Session, client: RoundClient):
+    """SQL condition: the client holds an unexpired lease in a round it may still report into (``_live_rounds``)."""
+    job = session.get_one(Job, session.get_one(Round, client.round_id).job_id)
     return and_(
-        RoundClient.id == client_id,
+        RoundClient.id == client.id,
         RoundClient.status == "leased",
         RoundClient.lease_expires_at >= utcnow(),
-        RoundClient.round_id.in_(open_rounds),
+        RoundClient.round_id.in_(_live_rounds(job)),
     )
 
 
@@ -541,7 +580,7 @@ def client_heartbeat(
     expires = utcnow() + timedelta(seconds=lease_s)
     moved = session.execute(
         update(RoundClient)
-        .where(_client_is_live(client.id))
+        .where(_client_is_live(session, client))
         .values(lease_expires_at=expires, progress_step=step)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -556,7 +595,7 @@ def client_reported(session: Session, client: RoundClient, report: dict[str, Any
     begin_write(session)
     moved = session.execute(
         update(RoundClient)
-        .where(_client_is_live(client.id))
+        .where(_client_is_live(session, client))
         .values(status="reported", reported_at=utcnow(), lease_expires_at=None, **report)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -569,7 +608,7 @@ def client_gave_up(session: Session, client: RoundClient) -> bool:
     begin_write(session)
     moved = session.execute(
         update(RoundClient)
-        .where(_client_is_live(client.id))
+        .where(_client_is_live(session, client))
         .values(status="expired", lease_expires_at=None)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -622,12 +661,15 @@ def finish_close(
     closing_at: datetime,
     files: registry.StoredFiles,
     metrics: dict[str, Any],
+    counted: list[int],
     next_momentum: str | None = None,
 ) -> None:
     """closing → closed with its adapter, the cohort's next version (``files``: B_{r+1} and the round's record;
-    ``metrics``); the next round opens from B_{r+1} and ``next_momentum`` (m_{r+1}, server-side momentum), or
-    after the last round the job succeeds. Leased clients left behind are stragglers: expired. Commits; raises
-    ``CloseTakenOver`` (nothing written) when this attempt no longer holds the round."""
+    ``metrics``); the reports it aggregated (``counted``, client ids) say so; the next round opens from B_{r+1} and
+    ``next_momentum`` (m_{r+1}, server-side momentum), or after the last round the job succeeds. Leased clients left
+    behind are stragglers: expired (a buffered job's only once the next version would find them more than
+    ``max_staleness`` old). Commits; raises ``CloseTakenOver`` (nothing written) when this attempt no longer holds
+    the round."""
     begin_write(session)
     job = session.get_one(Job, round_.job_id)
     adapter = registry.add_cohort_version(session, job, round_, files, metrics)
@@ -642,9 +684,15 @@ def finish_close(
         session.rollback()
         raise CloseTakenOver(f"round {round_.index} of job {round_.job_id} was taken over by another close")
     next_b = files.b_sha256
+    if counted:
+        session.execute(update(RoundClient).where(RoundClient.id.in_(counted)).values(counted_in_round_id=round_.id))
+    left_behind = RoundClient.round_id == round_.id
+    if buffered(job.federation):
+        too_old = round_.index - job.federation["max_staleness"]
+        left_behind = RoundClient.round_id.in_(select(Round.id).where(Round.job_id == job.id, Round.index <= too_old))
     session.execute(
         update(RoundClient)
-        .where(RoundClient.round_id == round_.id, RoundClient.status == "leased")
+        .where(left_behind, RoundClient.status == "leased")
         .values(status="expired", lease_expires_at=None)
     )
     if round_.index + 1 < job.federation["rounds"]:

@@ -77,6 +77,11 @@ EXPORT_SECONDS = Histogram(
     buckets=(0.1, 1, 5, 15, 30, 60, 120, 300, 600, 1200, 2400),
 )
 ROUND_CLOSES = Counter("mobizo_round_closes", "federated round closes by outcome", ["outcome"])
+PART_STALENESS = Histogram(
+    "mobizo_round_part_staleness",
+    "versions between the one a counted round part leased and the one its close built (buffered rounds; sync: 0)",
+    buckets=(0, 1, 2, 4, 8, 16, 32, 64),
+)
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # the rest: "other"
 REFUSALS = {

@@ -172,10 +172,13 @@ def round_of(session: Session, client: RoundClient) -> tuple[Round, Job]:
     return round_, session.get_one(Job, round_.job_id)
 
 
-def _late(client: RoundClient) -> HTTPException:
-    return HTTPException(
-        status.HTTP_409_CONFLICT, f"round client {client.id}: the round closed or its lease ran out (late upload)"
-    )
+def _late(client: RoundClient, job: Job) -> HTTPException:
+    if jobstate.buffered(job.federation):
+        bound = job.federation["max_staleness"]
+        reason = f"its lease ran out, the job ended, or its version is more than {bound} versions old (stale upload)"
+    else:
+        reason = "the round closed or its lease ran out (late upload)"
+    return HTTPException(status.HTTP_409_CONFLICT, f"round client {client.id}: {reason}")
 
 
 def part_upload(
@@ -190,8 +193,8 @@ def part_upload(
     """A round part's result (``POST /v1/work/part-{id}/result``): multipart ``log`` and ``metrics``; the log is
     checked and replayed from B_r (no B is uploaded)."""
     round_, job = round_of(session, client)
-    if not jobstate.client_is_open(client, round_):
-        raise _late(client)
+    if not federation.part_is_open(session, client, round_, job):
+        raise _late(client, job)
     ctx = federation.replay_context(session, job, client)
     init = store.adapter_b(round_.b_sha256)
     spec = federation.client_spec(job, client)  # upload: log, as every round part
@@ -213,6 +216,6 @@ def part_upload(
             "log_bytes": store.log(log_sha).stat().st_size,
         }
         if not jobstate.client_reported(session, client, report):
-            raise _late(client)
+            raise _late(client, job)
     federation.close_if_full(session, store, pool, settings, client)
     return RoundReportPublic(client_id=client.id, round=round_.index, b_sha256=b_sha)

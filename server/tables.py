@@ -242,6 +242,9 @@ class RoundClient(Base):
     mean_loss: Mapped[float | None] = mapped_column(Float)
     replay_s: Mapped[float | None] = mapped_column(Float)
     log_bytes: Mapped[int | None]
+    counted_in_round_id: Mapped[int | None] = mapped_column(
+        ForeignKey("rounds.id"), index=True, doc="the round whose close aggregated its report (buffered: a later one)"
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     reported_at: Mapped[datetime | None]
 

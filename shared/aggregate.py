@@ -53,6 +53,12 @@ def aggregate(deltas: Sequence[np.ndarray], method: str, trim_fraction: float = 
     return (ordered[n // 2 - 1] + ordered[n // 2]) / np.float32(2)
 
 
+def staleness_weight(staleness: int) -> np.float32:
+    """A buffered part's weight: 1/sqrt(1 + s) for a part leased s versions before the one it is aggregated into
+    (FedBuff's rule, Nguyen et al. 2022), in float32; 1 for a fresh part."""
+    return np.float32(1) / np.sqrt(np.float32(1 + staleness))
+
+
 def next_global_b(
     b_r: np.ndarray,
     client_bs: Sequence[np.ndarray],
@@ -61,6 +67,8 @@ def next_global_b(
     eta: float,
     momentum: float = 0.0,
     m_r: np.ndarray | None = None,
+    starts: Sequence[np.ndarray] | None = None,
+    staleness: Sequence[int] | None = None,
 ):
     """B_{r+1} = B_r + ETA·m_{r+1} with m_{r+1} = BETA·m_r + aggregate(B_i − B_r) → (B_{r+1}, m_{r+1}), all float32.
 
@@ -68,9 +76,16 @@ def next_global_b(
     is server-side momentum over rounds (FedAvgM, Hsu et al. 2019): the server keeps m (``m_r``, None: zeros before
     the first round). The aggregates are the server's own data (the replays of the clients' logs), so momentum
     across rounds needs nothing from the devices; each client runs its round as a fresh run from B_r.
+
+    Buffered rounds: each part started from the version it leased (``starts``: B_{v_i}, default B_r for all), and
+    its delta B_i − B_{v_i} is scaled by ``staleness_weight(s_i)`` (``staleness``: s_i = r − v_i) before the
+    aggregation; with every s_i = 0 the bits are those of the synchronous rule.
     """
     b_r = np.asarray(b_r, dtype=np.float32)
-    deltas = [np.asarray(b, dtype=np.float32) - b_r for b in client_bs]
+    starts = [b_r] * len(client_bs) if starts is None else [np.asarray(s, dtype=np.float32) for s in starts]
+    deltas = [np.asarray(b, dtype=np.float32) - start for b, start in zip(client_bs, starts, strict=True)]
+    if staleness is not None:
+        deltas = [delta * staleness_weight(s) for delta, s in zip(deltas, staleness, strict=True)]
     update = aggregate(deltas, method, trim_fraction)
     if momentum:
         m_prev = np.zeros_like(update) if m_r is None else np.asarray(m_r, dtype=np.float32)

@@ -501,6 +501,25 @@ class FederationSpec(BaseModel):
     max_abs_g: float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="refuse a client log with any |g| above this"
     )
+    mode: Literal["sync", "buffered"] = Field(
+        default="sync",
+        description="sync: a round closes at K reports of its own parts, its stragglers expire; buffered: a version "
+        "closes at every K verified arrivals leased from any of the last max_staleness + 1 versions, each part "
+        "weighted by its staleness (1/sqrt(1 + s))",
+    )
+    max_staleness: int = Field(
+        default=4, ge=0, le=1000, description="buffered: a part leased more than this many versions back is refused"
+    )
+    concurrency: int | None = Field(
+        default=None, ge=1, le=100_000, description="buffered: at most this many parts in flight at once (default 2K)"
+    )
+
+    @property
+    def in_flight(self) -> int | None:
+        """Buffered: the parts that may be in flight at once; sync: None (K per round)."""
+        if self.mode != "buffered":
+            return None
+        return self.concurrency if self.concurrency is not None else 2 * self.clients_per_round
 
     @model_validator(mode="after")
     def _min_within_k(self) -> FederationSpec:
@@ -534,9 +553,13 @@ class RoundClientPublic(BaseModel):
     mean_loss: float | None = None
     replay_s: float | None = None
     log_bytes: int | None = None
+    counted_in_round_id: int | None = Field(
+        default=None, description="the round whose close aggregated its report (buffered: maybe a later one)"
+    )
 
 
 class RoundPublic(BaseModel):
+    id: int
     index: int
     status: Literal["open", "closing", "closed", "failed"]
     b_sha256: str = Field(description="B_r, the round's starting B")

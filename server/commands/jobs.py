@@ -80,6 +80,9 @@ _FEDERATION = (
     "global_lr",
     "server_momentum",
     "max_abs_g",
+    "mode",
+    "max_staleness",
+    "concurrency",
 )
 _PRIVACY = ("epsilon", "delta", "clip", "min_examples")  # --dp-<name> → JobCreate.privacy.<name>
 _PERSONAL_ONLY = (
@@ -208,9 +211,17 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
         ("global_lr", float, "ETA in B_{r+1} = B_r + ETA * aggregate"),
         ("server_momentum", float, "BETA of momentum over rounds (FedAvgM): m = BETA*m + aggregate; default 0"),
         ("max_abs_g", float, "refuse a client log with any |g| above this"),
+        ("max_staleness", int, "buffered: refuse a part leased more than this many versions back (default 4)"),
+        ("concurrency", int, "buffered: at most this many parts in flight at once (default 2K)"),
     ):
         fed.add_argument(cli_flag(field), dest=field, type=kind, help=text)
     fed.add_argument("--aggregation", choices=("fedavg", "trimmed-mean", "median"), help="how deltas combine")
+    fed.add_argument(
+        "--mode",
+        choices=("sync", "buffered"),
+        help="sync: a round closes at K of its own reports; buffered: a version closes at every K verified arrivals, "
+        "each weighted by its staleness (default sync)",
+    )
     add_connection_args(p)
 
 

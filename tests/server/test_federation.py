@@ -397,7 +397,7 @@ def test_a_close_given_up_on_cannot_publish_or_fail_the_round(client: TestClient
         assert new is not None and new != old
         files = registry.StoredFiles(round_.b_sha256, round_.b_sha256, "0" * 64, "0" * 64, 0)
         with pytest.raises(jobstate.CloseTakenOver):
-            jobstate.finish_close(session, round_, old, files, {"mean_loss": None, "aggregate_s": 0.0})
+            jobstate.finish_close(session, round_, old, files, {"mean_loss": None, "aggregate_s": 0.0}, [])
         published = client.get("/v1/adapters", headers=world["users"]["a"]).json()["count"]
         assert published == 0, "the old closer published nothing"
         jobstate.abort_close(session, round_, old, "the old closer's error")
@@ -557,3 +557,85 @@ def test_a_private_federated_job_runs_private_parts_and_states_each_members_guar
         "steps": HYPER["steps"] * 2,
         "sampling_rate": HYPER["batch_size"] / 64,
     }
+
+
+def test_buffered_versions_count_a_straggler_later_weighted_by_its_staleness(client: TestClient, world: dict, settings):
+    """Buffered: a version closes at every K arrivals from any of the last max_staleness + 1 versions. c leases
+    version 0 beside a and b; a and b close it; c's part stays leased (one version old is within the bound), is
+    replayed from the B it leased (B_0) and closes version 1 with d's fresh part, weighted 1/sqrt(2) against d's 1.
+    Every version is the offline recomputation of its stored record, bit for bit."""
+    from server.tables import Adapter
+    from shared.aggregate import next_global_b
+
+    join(client, world, "a", "b", "c", "d")
+    job = submit(client, world, rounds=2, clients_per_round=2, mode="buffered", max_staleness=1, global_lr=0.5)
+    leases = {name: lease(client, world, name) for name in "abc"}  # in flight: 3 of 2K = 4
+    assert {leases[name]["round"]["index"] for name in "abc"} == {0}
+    for seed, name in enumerate("ab"):
+        assert report(client, world, name, leases[name], seed)[0].status_code == 201
+    listed = rounds(client, job["id"])
+    assert [r["status"] for r in listed] == ["closed", "open"]
+    assert [c["status"] for c in listed[0]["clients"]] == ["reported", "reported", "leased"]  # c: not expired
+    leases["d"] = lease(client, world, "d")
+    assert leases["d"]["round"]["index"] == 1
+    assert report(client, world, "c", leases["c"], 7)[0].status_code == 201  # one version old
+    assert rounds(client, job["id"])[1]["status"] == "open"  # one arrival of K = 2
+    assert report(client, world, "d", leases["d"], 8)[0].status_code == 201
+    assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "succeeded"
+    listed = rounds(client, job["id"])
+    counted = {c["device_id"]: c["counted_in_round_id"] for r in listed for c in r["clients"]}
+    devices = {name: world["devices"][name]["id"] for name in "abcd"}
+    assert counted == {devices["a"]: listed[0]["id"], devices["b"]: listed[0]["id"]} | {
+        devices["c"]: listed[1]["id"],
+        devices["d"]: listed[1]["id"],
+    }
+    store = settings.data_dir
+    for index, round_ in enumerate(listed):
+        adapter = client.get(f"/v1/adapters/{round_['adapter_id']}", headers=world["users"]["a"]).json()
+        with client.app.state.sessionmaker() as session:
+            record_sha = session.get_one(Adapter, adapter["id"]).log_sha256  # the round's record
+        record = json.loads((store / "rounds" / f"{record_sha}.json").read_bytes())
+        assert record["mode"] == "buffered"
+        staleness = [c["staleness"] for c in record["clients"]]
+        assert staleness == ([0, 0] if index == 0 else [1, 0])
+        starts = [_stored_b(store, c["b_start_sha256"]) for c in record["clients"]]
+        client_bs = [_stored_b(store, c["b_sha256"]) for c in record["clients"]]
+        b_r = _stored_b(store, record["b_r_sha256"])
+        expected, _ = next_global_b(b_r, client_bs, "fedavg", 0.1, 0.5, starts=starts, staleness=staleness)
+        stored = _stored_b(store, adapter["b_sha256"])
+        assert np.array_equal(stored.view(np.int32), expected.view(np.int32))
+    # the straggler's delta is from the version it leased, and its weight is not 1
+    weighted, _ = next_global_b(b_r, client_bs, "fedavg", 0.1, 0.5, starts=starts, staleness=[1, 0])
+    unweighted, _ = next_global_b(b_r, client_bs, "fedavg", 0.1, 0.5, starts=starts)
+    assert not np.array_equal(weighted, unweighted)
+
+
+def test_a_buffered_part_older_than_the_bound_is_refused_with_the_reason(client: TestClient, world: dict):
+    join(client, world, "a", "b", "c")
+    job = submit(client, world, rounds=3, clients_per_round=2, mode="buffered", max_staleness=0)
+    leases = {name: lease(client, world, name) for name in "abc"}
+    spec, d = leases["c"]["spec"], leases["c"]["manifest"]["lora_size"]
+    _, log = fake_training(spec, d, init_b(client, world, "c", leases["c"]), seed=9)  # c trains from B_0
+    for seed, name in enumerate("ab"):
+        assert report(client, world, name, leases[name], seed)[0].status_code == 201
+    assert [r["status"] for r in rounds(client, job["id"])] == ["closed", "open"]
+    files = {"log": ("log.jsonl", io.BytesIO(log.encode())), "metrics": ("metrics.json", io.BytesIO(b"{}"))}
+    url = f"/v1/work/part-{leases['c']['round']['client_id']}/result"
+    stale = client.post(url, files=files, headers=world["devices"]["c"]["headers"])
+    assert stale.status_code == 409 and "more than 0 versions old" in stale.text
+    assert rounds(client, job["id"])[0]["clients"][2]["status"] == "expired"
+
+
+def test_buffered_and_sync_aggregate_alike_when_no_part_is_stale():
+    """With every staleness 0 (weight 1) and every part from B_r, the buffered rule is the synchronous one, bit for
+    bit."""
+    from shared.aggregate import next_global_b, staleness_weight
+
+    rng = np.random.default_rng(0)
+    b_r = rng.standard_normal(64).astype(np.float32)
+    client_bs = [b_r + rng.standard_normal(64).astype(np.float32) for _ in range(3)]
+    for method in ("fedavg", "trimmed-mean", "median"):
+        sync = next_global_b(b_r, client_bs, method, 0.34, 0.7, 0.9, None)
+        buffered = next_global_b(b_r, client_bs, method, 0.34, 0.7, 0.9, None, [b_r] * 3, [0, 0, 0])
+        assert all(np.array_equal(x.view(np.int32), y.view(np.int32)) for x, y in zip(sync, buffered, strict=True))
+    assert staleness_weight(0) == 1 and staleness_weight(3) == np.float32(0.5)
