@@ -173,17 +173,35 @@ def held_out_charts(held_out: HeldOut | None) -> list[str]:
     return charts
 
 
-def _rounds(session: Session, job_id: int) -> tuple[list[dict[str, Any]], str | None]:
-    """A federated job's rounds (participants, refusals) and the chart of the aggregate's mean loss by round."""
+def _rounds(session: Session, job_id: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """A federated job's rounds (participants, refusals, the parts each close counted and their staleness) and the
+    charts: the aggregate's mean loss by round, and for a buffered job its counted parts by staleness."""
+    listed = queries.rounds_of(session, job_id)
+    index_of = {round_.id: round_.index for round_, _ in listed}
+    counted: dict[int, list[int]] = defaultdict(list)  # round id → the staleness of each part its close counted
+    for _, clients in listed:
+        for client in clients:
+            if client.counted_in_round_id is not None:
+                closer = client.counted_in_round_id
+                counted[closer].append(index_of[closer] - index_of[client.round_id])
     rounds = []
-    for round_, clients in queries.rounds_of(session, job_id):
+    for round_, clients in listed:
         by_status = defaultdict(list)
         for client in clients:
             by_status[client.status].append(client)
-        rounds.append({"round": round_, "clients": clients, "by_status": by_status})
+        rounds.append({"round": round_, "clients": clients, "by_status": by_status, "counted": counted[round_.id]})
+    charts = []
     points = [(r["round"].index, r["round"].mean_loss) for r in rounds if r["round"].mean_loss is not None]
-    chart = line_chart([Series("mean loss", points)], "reported clients' mean loss by round", "round", "loss")
-    return rounds, chart if points else None
+    if points:
+        charts.append(
+            line_chart([Series("mean loss", points)], "reported clients' mean loss by round", "round", "loss")
+        )
+    ages = [s for r in rounds for s in r["counted"]]
+    if ages and max(ages) > 0:
+        histogram = [(s, float(ages.count(s))) for s in range(max(ages) + 1)]
+        title = "counted parts by staleness (versions between lease and close)"
+        charts.append(line_chart([Series("parts", histogram)], title, "staleness", "parts"))
+    return rounds, charts
 
 
 @router.get("/jobs/{job_id}")
@@ -192,7 +210,7 @@ def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: Sess
     found = caller_job(session, viewer.user, job_id)
     shown = job_public(session, found)
     adapter = registry.job_adapter(session, job_id)
-    rounds, rounds_chart = _rounds(session, job_id) if found.federation is not None else ([], None)
+    rounds, rounds_charts = _rounds(session, job_id) if found.federation is not None else ([], [])
     return page(
         request,
         "job.html",
@@ -204,7 +222,7 @@ def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: Sess
         private=shown.spec.privacy is not None,
         held_out=held_out_charts(shown.held_out),
         rounds=rounds,
-        rounds_chart=rounds_chart,
+        rounds_charts=rounds_charts,
     )
 
 

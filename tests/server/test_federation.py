@@ -604,6 +604,14 @@ def test_buffered_versions_count_a_straggler_later_weighted_by_its_staleness(cli
         expected, _ = next_global_b(b_r, client_bs, "fedavg", 0.1, 0.5, starts=starts, staleness=staleness)
         stored = _stored_b(store, adapter["b_sha256"])
         assert np.array_equal(stored.view(np.int32), expected.view(np.int32))
+    # the admin's job page: what each version counted, with its staleness, and the parts by staleness
+    from tests.server.test_dashboard import browser, sign_in
+
+    web = browser(client)
+    sign_in(web, ADMIN["Authorization"].split()[1])
+    page = web.get(f"/ui/jobs/{job['id']}").text
+    assert re.findall(r'<td class="counted">([^<]*)</td>', page) == ["2 (0, 0)", "2 (1, 0)"]
+    assert 'data-series="parts" data-points="2"' in page
     # the straggler's delta is from the version it leased, and its weight is not 1
     weighted, _ = next_global_b(b_r, client_bs, "fedavg", 0.1, 0.5, starts=starts, staleness=[1, 0])
     unweighted, _ = next_global_b(b_r, client_bs, "fedavg", 0.1, 0.5, starts=starts)
