@@ -18,7 +18,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from server import jobstate
-from server.tables import Device, DeviceIdentity, Job, LeasingDevice, Round
+from server.tables import Device, DeviceIdentity, Job, LeasingDevice, Round, RoundClient
 from shared.schemas import HeartbeatCreate
 from tests.server.factories import (
     ADMIN,
@@ -159,3 +159,38 @@ def test_two_closers_of_one_round_close_it_once(client: TestClient, tmp_path: Pa
             assert row.status == "closing" and row.closing_at == stamp
             jobstate.abort_close(session, row, stamp, "test: ended by hand")  # the winner's stamp ends it
         assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "failed"
+
+
+def _take_part(sessions, job_id: int, user_id: int, device_id: int) -> int | None:
+    with sessions() as session:
+        job = session.get_one(Job, job_id)
+        part = jobstate.RoundPart(clients=2, timeout_s=600.0, lease_s=60, seed=lambda index, slot: slot)
+        first_b = "0" * 64 if job.status == "ready" else None  # B_0's address (the transition stores no file)
+        device = LeasingDevice(device_id, user_id, "executorch", None)
+        client = jobstate.take_round_part(session, job, device, part, first_b)
+        return None if client is None else client.id
+
+
+def test_two_devices_of_one_user_racing_for_a_round_part_take_it_once(client: TestClient, tmp_path: Path):
+    """Both devices find the job ready and round 0 unopened: one transition opens the round and takes the user's
+    part, the other opens nothing more and takes none (one part per user and round; K = 2 leaves room)."""
+    world = _world(client, tmp_path)
+    sessions = client.app.state.sessionmaker
+    r = client.post("/v1/cohorts", json={"name": "keyboard", "model": "tiny", "task": "sst2"}, headers=ADMIN)
+    cohort = r.json()["id"]
+    assert client.post(f"/v1/cohorts/{cohort}/join", headers=world["user"]).status_code == 200
+    phone, tablet = world["phone"]["id"], world["tablet"]["id"]
+    for _ in range(REPEATS):
+        body = {"q": 2, "batch_size": 4, "steps": 3, "rank": 2, "rounds": 1, "clients_per_round": 2}
+        job = client.post(f"/v1/cohorts/{cohort}/jobs", json=body, headers=ADMIN).json()
+        assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "ready"
+        with sessions() as session:
+            member = session.get_one(Device, phone).user_id
+        got = _race(*(partial(_take_part, sessions, job["id"], member, device) for device in (phone, tablet)))
+        assert sum(g is not None for g in got) == 1, got
+        with sessions() as session:
+            rounds = session.query(Round).filter(Round.job_id == job["id"]).all()
+            assert [(r.index, r.status) for r in rounds] == [(0, "open")]
+            assert session.query(RoundClient).filter(RoundClient.round_id == rounds[0].id).count() == 1
+            assert session.get_one(Job, job["id"]).status == "running"
+        client.post(f"/v1/jobs/{job['id']}/cancel", headers=ADMIN)  # out of the next repeat's way
