@@ -18,6 +18,10 @@ from urllib.parse import urlsplit
 TIMEOUT_S = 60.0
 
 
+class StaleConnection(ConnectionError):
+    """The server closed the connection without an answer."""
+
+
 class HTTPStatusError(Exception):
     """An answer the caller did not expect (``Response.raise_for_status``)."""
 
@@ -41,7 +45,7 @@ class Client:
     def __init__(self, url: str, token: str) -> None:
         parts = urlsplit(url)
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
-        self._head = f"Host: {parts.netloc}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        self._netloc, self._token = parts.netloc, token
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def __aenter__(self) -> Client:
@@ -55,14 +59,47 @@ class Client:
             self._streams[1].close()
             self._streams = None
 
-    async def post(self, path: str, payload: Any = None) -> Response:
+    async def post(self, path: str, payload: Any = None, token: str | None = None) -> Response:
+        """POST ``payload`` as JSON (``token``: another caller's, on this connection)."""
         body = b"" if payload is None else json.dumps(payload).encode()
-        request = f"POST {path} HTTP/1.1\r\n{self._head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+        return await self._post(path, body, "application/json", token)
+
+    async def post_files(self, path: str, files: dict[str, bytes], token: str | None = None) -> Response:
+        """POST ``files`` (part name → bytes) as multipart/form-data, each part a file of its own name."""
+        boundary = "mobizo-loadgen-boundary"
+        body = b"".join(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n".encode()
+            + content
+            + b"\r\n"
+            for name, content in files.items()
+        )
+        body += f"--{boundary}--\r\n".encode()
+        return await self._post(path, body, f"multipart/form-data; boundary={boundary}", token)
+
+    async def _post(self, path: str, body: bytes, content_type: str, token: str | None) -> Response:
+        head = (
+            f"Host: {self._netloc}\r\nAuthorization: Bearer {token or self._token}\r\nContent-Type: {content_type}\r\n"
+        )
+        request = f"POST {path} HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+        reused = self._streams is not None
+        try:
+            async with asyncio.timeout(TIMEOUT_S):
+                return await self._exchange(request)
+        except StaleConnection:
+            self._close()
+            if not reused:
+                raise
+        except BaseException:
+            self._close()  # a half-read answer would poison the connection's next request
+            raise
+        # The server had closed the idle keep-alive connection (uvicorn after 5 s) before reading anything: the
+        # request never arrived, so it is sent once more on a new connection, as HTTP clients do.
         try:
             async with asyncio.timeout(TIMEOUT_S):
                 return await self._exchange(request)
         except BaseException:
-            self._close()  # a half-read answer would poison the connection's next request
+            self._close()
             raise
 
     async def _exchange(self, request: bytes) -> Response:
@@ -70,9 +107,12 @@ class Client:
             self._streams = await asyncio.open_connection(self._host, self._port)
         reader, writer = self._streams
         writer.write(request)
-        status_line = await reader.readline()
+        try:
+            status_line = await reader.readline()
+        except ConnectionResetError as exc:
+            raise StaleConnection("the server closed the connection") from exc
         if not status_line:
-            raise ConnectionError("the server closed the connection")
+            raise StaleConnection("the server closed the connection")
         length, close = 0, False
         while (line := await reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")

@@ -53,10 +53,18 @@ SPEC = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 10, "
 
 @contextmanager
 def running_server(
-    db_url: str, data_dir: Path, log: Path, workers: int = 1, broker_url: str | None = None, compile_workers: int = 1
+    db_url: str,
+    data_dir: Path,
+    log: Path,
+    workers: int = 1,
+    broker_url: str | None = None,
+    compile_workers: int = 1,
+    extra_env: dict[str, str] | None = None,
+    pids: list[int] | None = None,
 ):
     """A ``mobizo server`` process (``workers`` API processes); with ``broker_url``, on the Celery queue with
-    a ``mobizo worker`` beside it running ``compile_workers`` exports at once (``--concurrency``)."""
+    a ``mobizo worker`` beside it running ``compile_workers`` exports at once (``--concurrency``). ``extra_env``:
+    settings of the run's own; ``pids``: filled with the processes' ids, the server's first."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -73,6 +81,7 @@ def running_server(
     }
     if broker_url:
         env |= {"MOBIZO_QUEUE": "celery", "MOBIZO_BROKER_URL": broker_url}
+    env |= extra_env or {}
     command = [sys.executable, "-m", "mobizo", "server", "--port", str(port), "--log-level", "warning"]
     procs = []
     with open(log, "wb") as out:
@@ -82,6 +91,8 @@ def running_server(
             worker += ["--concurrency", str(compile_workers)]
             procs.append(subprocess.Popen(worker, cwd=REPO, env=env, stdout=out, stderr=out))
     url = f"http://127.0.0.1:{port}"
+    if pids is not None:
+        pids += [proc.pid for proc in procs]
     try:
         for _ in range(600):
             try:
