@@ -227,20 +227,20 @@ def run_mode(url: str, admin: httpx.Client, cohort_id: int, tokens: list[str], m
     closed = [r for r in rounds if r["status"] == "closed"]
     clients = [c for r in rounds for c in r["clients"]]
     counted = sum(1 for c in clients if c["counted_in_round_id"] is not None)
-    expired = sum(1 for c in clients if c["status"] == "expired")  # dropped, or left behind by a close
     in_flight = sum(1 for c in clients if c["status"] == "leased")
+    wasted = len(clients) - counted - in_flight  # expired (dropped, late, left behind) or reported and never counted
     row = {
         "mode": mode,
         "devices": len(tokens),
         "seconds": round(elapsed, 1),
         "versions": len(closed),
         "versions_per_min": round(60 * len(closed) / elapsed, 2),
-        "parts_leased": stats.leased,
+        "parts_leased": len(clients),
         "parts_accepted": stats.accepted,
         "parts_counted": counted,
-        "parts_wasted": expired + sum(stats.refused.values()),
+        "parts_wasted": wasted,
         "parts_in_flight_at_end": in_flight,
-        "wasted_fraction": round((expired + sum(stats.refused.values())) / max(stats.leased, 1), 3),
+        "wasted_fraction": round(wasted / max(len(clients), 1), 3),
         "dropped": stats.dropped,
         "refused": stats.refused,
         "server_errors": stats.errors,
