@@ -35,7 +35,7 @@ import httpx
 import psutil
 
 from benchmarks import loadgen
-from benchmarks.server_load import ADMIN, percentiles, pg_schema, running_server
+from benchmarks.server_load import ADMIN, percentiles, pg_schema, running_server, well_formed_log
 from device_agent.daemon import POLL_S
 
 HYPER = {"q": 2, "batch_size": 4, "steps": 4, "rank": 4, "lr": 0.01, "lr_schedule": "constant", "eps": 0.01}
@@ -82,20 +82,10 @@ class Stats:
 
 
 def part_log(spec: dict, seed: int) -> bytes:
-    """A well-formed log of a part (``spec``: the lease's): random losses, their g, the part's step seeds."""
-    import numpy as np
+    """A well-formed log of a part (``spec``: the lease's; ``server_load.well_formed_log``), as uploaded."""
+    from shared.train_log import log_line
 
-    from shared.noise import step_seed
-    from shared.train_log import log_line, log_record
-
-    rng = np.random.default_rng(seed)
-    losses = rng.uniform(1, 2, size=(spec["steps"], 2 * spec["q"])).astype(np.float32)
-    g = (losses[:, 0::2] - losses[:, 1::2]) / (np.float32(spec["eps"]) * np.float32(2))
-    records = [
-        log_record(k, step_seed(spec["seed"], k), spec["lr"], spec["eps"], g[k], losses[k])
-        for k in range(spec["steps"])
-    ]
-    return "".join(map(log_line, records)).encode()
+    return "".join(map(log_line, well_formed_log(spec, seed))).encode()
 
 
 class Connections:

@@ -253,24 +253,34 @@ NOISY_STEPS = 60_000
 WARM_UPLOADS = 4  # more than the server's verify workers (2 by default)
 
 
+def well_formed_log(spec: dict, seed: int) -> list[dict]:
+    """The records of a log a device could have written for ``spec`` (a lease's): random losses (from ``seed``),
+    their g, the spec's step seeds, lr and eps; the server's checks accept it (its constant lr: the spec's)."""
+    import numpy as np
+
+    from shared.noise import step_seed
+    from shared.train_log import log_record
+
+    rng = np.random.default_rng(seed)
+    losses = rng.uniform(1, 2, size=(spec["steps"], 2 * spec["q"])).astype(np.float32)
+    g = (losses[:, 0::2] - losses[:, 1::2]) / (np.float32(spec["eps"]) * np.float32(2))
+    return [
+        log_record(k, step_seed(spec["seed"], k), spec["lr"], spec["eps"], g[k], losses[k])
+        for k in range(spec["steps"])
+    ]
+
+
 def result_files(spec: dict, d: int, replaying: bool) -> dict:
-    """A well-formed result of a lease: the job's seeds, lr, eps, g from the losses. ``replaying``: B is the replay
-    of the log (a valid upload); otherwise B is zeros, which the log does not give (refused after a full replay)."""
+    """A well-formed result of a lease (``well_formed_log``). ``replaying``: B is the replay of the log (a valid
+    upload); otherwise B is zeros, which the log does not give (refused after a full replay)."""
     import numpy as np
     import torch
 
     from shared.b_file import b_file_bytes
-    from shared.noise import step_seed
     from shared.replay import replay
-    from shared.train_log import log_line, log_record
+    from shared.train_log import log_line
 
-    rng = np.random.default_rng(spec["seed"])
-    losses = rng.uniform(1, 2, size=(spec["steps"], 2 * spec["q"])).astype(np.float32)
-    g = (losses[:, 0::2] - losses[:, 1::2]) / (np.float32(spec["eps"]) * np.float32(2))
-    records = [
-        log_record(k, step_seed(spec["seed"], k), spec["lr"], spec["eps"], g[k], losses[k])
-        for k in range(spec["steps"])
-    ]
+    records = well_formed_log(spec, spec["seed"])
     b = replay(torch.zeros(d), records).numpy() if replaying else np.zeros(d, np.float32)
     log = "".join(map(log_line, records)).encode()
     return {"b_flat": ("b.safetensors", b_file_bytes(b)), "log": ("log.jsonl", log), "metrics": ("m.json", b"{}")}
