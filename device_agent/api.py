@@ -10,12 +10,14 @@ steps/s), results (B, the training log, metrics) and why it gave up on a job —
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import httpx
 
 from shared import http_client
 from shared.http_client import checked
 from shared.manifest import InferenceConfig
+from shared.retry import retry_after_header
 from shared.schemas import (
     AdapterPublic,
     CpuReport,
@@ -54,6 +56,13 @@ def work_path(work: int | str) -> str:
     return work if isinstance(work, str) else f"/v1/work/{work_name(work)}"
 
 
+@dataclass(frozen=True)
+class NoWork:
+    """No job for this device now; ask again no sooner than ``retry_after_s`` (0: whenever; ``server.pace``)."""
+
+    retry_after_s: float = 0.0
+
+
 class DeviceAPI:
     """Calls made with a device token."""
 
@@ -62,12 +71,14 @@ class DeviceAPI:
 
     def lease(
         self, backend: str, memory_mb: int | None, eligible: bool | None = None, cpu: CpuReport | None = None
-    ) -> LeasePublic | None:
+    ) -> LeasePublic | NoWork:
         """The next job that fits what this device reports now (its backend, its free memory, whether its policy
-        holds: round work only then; and its CPU), or None (204)."""
+        holds: round work only then; and its CPU), or ``NoWork`` (204) with the wait the server asks for."""
         body = LeaseCreate(backend=backend, memory_mb=memory_mb, eligible=eligible, cpu=cpu).model_dump()
         response = checked(self.http.post("/v1/leases", json=body))
-        return None if response.status_code == 204 else LeasePublic.model_validate(response.json())
+        if response.status_code == 204:
+            return NoWork(retry_after_header(response) or 0.0)
+        return LeasePublic.model_validate(response.json())
 
     def heartbeat(self, work: int | str, body: HeartbeatCreate) -> HeartbeatPublic:
         response = self.http.post(f"{work_path(work)}/heartbeat", json=body.model_dump())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from device_agent.api import NoWork
 from device_agent.heartbeat import Heartbeat
 from device_agent.job import ENDED, AgentContext, run_job
 from shared.errors import ExitCode, MobizoError
@@ -60,13 +61,14 @@ def still_mine(ctx: AgentContext, lease: LeasePublic) -> bool:
     return not beat.halted
 
 
-def next_lease(ctx: AgentContext) -> LeasePublic | None:
-    """A new job for this device, or None; waits out a server that is down (until the agent stops). A device whose
-    policy does not hold (not charging, too hot, …) takes no work at all."""
+def next_lease(ctx: AgentContext) -> LeasePublic | NoWork:
+    """A new job for this device, or ``NoWork`` (with the wait the server asks for); waits out a server that is
+    down (until the agent stops). A device whose policy does not hold (not charging, too hot, …) takes no work at
+    all."""
     reason = ctx.eligibility.reason()
     if reason is not None:
         ctx.reporter.event("ineligible", reason=reason)
-        return None
+        return NoWork()
     backend = ctx.backend
     return call_with_retry(ctx.policy(), ctx.api.lease, backend.name, backend.free_memory_mb(), True, backend.cpu())
 
@@ -86,8 +88,8 @@ def serve(ctx: AgentContext, options: RunOptions) -> ExitCode:
             if ctx.stop.is_set():
                 break
             raise MobizoError(f"cannot lease jobs: {error}") from None
-        if lease is None:
-            ctx.stop.wait(options.poll_s)
+        if isinstance(lease, NoWork):  # the longer of this agent's interval and the server's Retry-After
+            ctx.stop.wait(max(options.poll_s, lease.retry_after_s))
             continue
         state = run_job(ctx, lease)
         if options.once and state in ENDED:

@@ -36,6 +36,7 @@ from server.limits import BodyLimits, RefusedUploads, UploadSlots
 from server.lru import LRUCache
 from server.metrics import RequestMetrics, app_registry, serve_metrics
 from server.object_store import shared_objects
+from server.pace import Pace
 from server.pool import WorkerPool
 from server.routes import (
     adapters,
@@ -120,6 +121,7 @@ def _fill_state(
     state.settings, state.engine, state.sessionmaker = settings, engine, sessions
     state.store = store
     state.device_tokens, state.program_manifests = LRUCache(100_000), LRUCache(1_000)
+    state.pace = Pace()
     state.compile_queue, state.verify_pool = queue, _verify_pool(settings)
     per = (settings.max_uploads_per_device, settings.max_uploads_per_user)
     state.upload_slots = UploadSlots(settings.max_uploads, *per)

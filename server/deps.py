@@ -30,6 +30,7 @@ from server.compile_queue import CompileQueue
 from server.db import read_only
 from server.limits import UploadSlots
 from server.lru import LRUCache
+from server.pace import Pace
 from server.pool import WorkerPool
 from server.responses import not_found
 from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_token, secret_matches
@@ -64,6 +65,10 @@ async def get_store(request: Request) -> ArtifactStore:
     return request.app.state.store
 
 
+async def get_pace(request: Request) -> Pace:
+    return request.app.state.pace
+
+
 async def get_queue(request: Request) -> CompileQueue:
     return request.app.state.compile_queue
 
@@ -85,6 +90,7 @@ SessionDep = Annotated[Session, Depends(get_session)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
+PaceDep = Annotated[Pace, Depends(get_pace)]
 QueueDep = Annotated[CompileQueue, Depends(get_queue)]
 VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
         "set but empty or shorter: the server refuses to start)",
     )
     lease_s: int = Field(default=300, ge=5, description="a lease lasts this long after the last heartbeat")
+    checkin_rate: float = Field(
+        default=50.0,
+        gt=0,
+        description="idle lease requests a second the server asks of all its devices: a 204 to a lease carries "
+        "Retry-After = devices heard from in the last hour / this, when at least 1 s (server.pace)",
+    )
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
     queue: Literal["local", "celery"] = Field(
         default="local",

@@ -55,12 +55,16 @@ def is_transient(error: BaseException) -> bool:
 def retry_after(error: BaseException) -> float | None:
     """The server's ``Retry-After`` in seconds, when it sent one (numeric form only)."""
     if isinstance(error, httpx.HTTPStatusError):
-        value = error.response.headers.get("retry-after", "")
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            return None
+        return retry_after_header(error.response)
     return None
+
+
+def retry_after_header(response: httpx.Response) -> float | None:
+    """A response's ``Retry-After`` in seconds (numeric form only), or None."""
+    try:
+        return max(0.0, float(response.headers.get("retry-after", "")))
+    except ValueError:
+        return None
 
 
 @dataclass

@@ -66,7 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--checkpoint-every", type=int, default=50, metavar="K", help="checkpoint every K steps (50)")
     run.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between heartbeats at most (5)")
-    run.add_argument("--poll-s", type=float, default=5.0, help="seconds between lease requests when idle (5)")
+    run.add_argument(
+        "--poll-s",
+        type=float,
+        default=5.0,
+        help="seconds between lease requests when idle (5; longer when the server's Retry-After asks)",
+    )
     run.add_argument(
         "--retry-cap-s",
         type=float,

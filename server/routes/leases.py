@@ -20,7 +20,7 @@ from fastapi import Response, status
 from sqlalchemy.orm import Session
 
 from server import accounts, federation, jobstate, metrics
-from server.deps import DeviceId, ProgramManifestsDep, SessionDep, SettingsDep, StoreDep, revoked
+from server.deps import DeviceId, PaceDep, ProgramManifestsDep, SessionDep, SettingsDep, StoreDep, revoked
 from server.grants import blob_ref, device_manifest
 from server.lru import LRUCache
 from server.responses import errors
@@ -94,7 +94,13 @@ def _round_lease(
 @router.post(
     "/v1/leases",
     response_model=LeasePublic,
-    responses={204: {"description": "no job is ready for this device"}, **errors(400, 401, 403, 413, 422)},
+    responses={
+        204: {
+            "description": "no job is ready for this device; with Retry-After (seconds) when the server's population "
+            "is large: ask again no sooner (server.pace)"
+        },
+        **errors(400, 401, 403, 413, 422),
+    },
 )
 def lease(
     device: DeviceId,
@@ -102,9 +108,11 @@ def lease(
     settings: SettingsDep,
     store: StoreDep,
     manifests: ProgramManifestsDep,
+    pace: PaceDep,
     body: LeaseCreate | None = None,
 ) -> LeasePublic | Response:
-    """The next job (or round part) that fits what the device reports; 204 when none."""
+    """The next job (or round part) that fits what the device reports; 204 when none, with the wait the server
+    asks of an idle device of its population (``server.pace``)."""
     reported = (None, None, None) if body is None else (body.backend, body.memory_mb, body.cpu)
     asking, revoked_at = accounts.as_reported(session, device, *reported)  # replaces what it reported before
     if revoked_at is not None:
@@ -121,4 +129,5 @@ def lease(
         if client is not None:
             metrics.LEASES.labels("round").inc()
             return _round_lease(session, store, manifests, client, settings.heartbeat_s)
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
+    wait = pace.retry_after_s(session, settings.checkin_rate)
+    return Response(status_code=status.HTTP_204_NO_CONTENT, headers={} if wait is None else {"Retry-After": str(wait)})

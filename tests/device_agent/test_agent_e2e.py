@@ -327,7 +327,7 @@ def test_jobs_are_leased_only_to_devices_with_the_memory_they_need(stack: Stack)
     cfg = load_config(stack.enroll())
     with api.client(cfg.server_url, cfg.token) as http:
         device = api.DeviceAPI(http)
-        assert device.lease("executorch", memory_mb=0) is None  # reports no free memory: nothing fits
+        assert isinstance(device.lease("executorch", memory_mb=0), api.NoWork)  # no free memory: nothing fits
         lease = device.lease("executorch", memory_mb=64_000)
     assert lease is not None and lease.job_id == job_id and 0 < lease.manifest.memory_mb < 64_000
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from pathlib import Path
 
 import httpx
@@ -69,3 +70,30 @@ def test_a_server_that_is_down_is_waited_out_until_stopped(tmp_path: Path) -> No
     assert serve(ctx, RunOptions(poll_s=60)) == 0
     assert len(leases) == 4 and leases[0]["backend"] == "executorch" and leases[0]["memory_mb"] > 0
     assert [json.loads(line)["event"] for line in out.getvalue().splitlines()] == ["retry"] * 3 + ["stopped"]
+
+
+class RecordedWaits(threading.Event):
+    """The agent's stop event, recording how long each wait between lease requests asked for (and not waiting)."""
+
+    def __init__(self, stop_after: int) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+        self.stop_after = stop_after
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        if len(self.timeouts) >= self.stop_after:
+            self.set()
+        return self.is_set()
+
+
+def test_an_idle_agent_waits_the_longer_of_its_interval_and_the_servers_retry_after(tmp_path: Path) -> None:
+    answers = iter([{"Retry-After": "30"}, {}, {"Retry-After": "2"}])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(204, headers=next(answers))
+
+    ctx, _ = agent(tmp_path, handler)
+    ctx.stop = RecordedWaits(stop_after=3)
+    assert serve(ctx, RunOptions(poll_s=5)) == 0
+    assert ctx.stop.timeouts == [30.0, 5, 5]

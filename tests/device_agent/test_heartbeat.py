@@ -101,18 +101,20 @@ def test_the_thread_beats_until_the_block_ends() -> None:
     assert sent >= 3 and count["n"] == sent
 
 
-def test_lease_204_is_none_and_the_request_says_what_the_device_can_run() -> None:
+def test_lease_204_is_no_work_with_the_servers_wait_and_the_request_says_what_the_device_can_run() -> None:
+    from device_agent.api import NoWork
+
     bodies = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         bodies.append(json.loads(request.content))
-        return httpx.Response(204)
+        return httpx.Response(204, headers={"Retry-After": "120"} if len(bodies) == 2 else {})
 
     from shared.schemas import CpuReport
 
-    assert device_api(handler).lease("adb", 2048) is None
+    assert device_api(handler).lease("adb", 2048) == NoWork(0.0)
     cpu = CpuReport(arch="aarch64", features=["asimd", "dotprod"])
-    assert device_api(handler).lease("adb", 2048, True, cpu) is None
+    assert device_api(handler).lease("adb", 2048, True, cpu) == NoWork(120.0)
     assert bodies == [
         {"backend": "adb", "memory_mb": 2048, "eligible": None, "cpu": None},
         {

@@ -191,3 +191,37 @@ def test_a_device_that_cannot_finish_fails_the_job_with_its_reason(client, user)
     shown = client.get(f"/v1/jobs/{job['id']}", headers=user).json()
     assert shown["status"] == "failed" and shown["error"] == f"device {phone['id']}: train.jsonl line 4: not JSON"
     assert client.post(f"/v1/work/job-{job['id']}/fail", json=body, headers=phone["headers"]).status_code == 409
+
+
+def test_an_idle_population_is_paced_by_retry_after_on_204(client, user):
+    from server.pace import Pace
+
+    phones = [enroll_device(client, user, f"phone-{i}") for i in range(3)]
+    for phone in phones:  # each is heard from; under the default rate (50 asks a second) nobody is told to wait
+        r = client.post("/v1/leases", headers=phone["headers"])
+        assert r.status_code == 204 and "retry-after" not in r.headers
+    client.app.state.settings.checkin_rate = 0.5  # the population should ask once every 2 s in all
+    client.app.state.pace = Pace()  # counted afresh: three devices heard from
+    r = client.post("/v1/leases", headers=phones[0]["headers"])
+    assert r.status_code == 204 and r.headers["retry-after"] == "6"  # 3 devices / 0.5 a second
+    assert client.post(f"/v1/devices/{phones[1]['id']}/revoke", headers=user).status_code == 200  # not counted
+    client.app.state.pace = Pace()
+    assert client.post("/v1/leases", headers=phones[0]["headers"]).headers["retry-after"] == "4"
+    client.app.state.settings.checkin_rate = 4.0  # 2 devices at 4 a second: under a second, no wait asked
+    client.app.state.pace = Pace()
+    assert "retry-after" not in client.post("/v1/leases", headers=phones[0]["headers"]).headers
+
+
+def test_the_population_count_is_read_at_most_every_count_every_s(client, user):
+    from server.pace import COUNT_EVERY_S, Pace
+
+    now = [0.0]
+    pace = Pace(clock=lambda: now[0])
+    with client.app.state.sessionmaker() as session:
+        assert pace.devices(session) == 0
+        r = client.post("/v1/leases", headers=enroll_device(client, user)["headers"])
+        assert r.status_code == 204
+        now[0] = COUNT_EVERY_S / 2
+        assert pace.devices(session) == 0  # as last counted
+        now[0] = COUNT_EVERY_S
+        assert pace.devices(session) == 1
