@@ -27,8 +27,8 @@ class HTTPStatusError(Exception):
 
 
 class Response:
-    def __init__(self, status_code: int, content: bytes) -> None:
-        self.status_code, self.content = status_code, content
+    def __init__(self, status_code: int, content: bytes, headers: dict[str, str] | None = None) -> None:
+        self.status_code, self.content, self.headers = status_code, content, headers or {}
 
     def json(self) -> Any:
         return json.loads(self.content)
@@ -62,7 +62,11 @@ class Client:
     async def post(self, path: str, payload: Any = None, token: str | None = None) -> Response:
         """POST ``payload`` as JSON (``token``: another caller's, on this connection)."""
         body = b"" if payload is None else json.dumps(payload).encode()
-        return await self._post(path, body, "application/json", token)
+        return await self._send("POST", path, body, "application/json", token)
+
+    async def get(self, path: str, token: str | None = None) -> Response:
+        """GET ``path`` (``token``: another caller's, on this connection)."""
+        return await self._send("GET", path, b"", None, token)
 
     async def post_files(self, path: str, files: dict[str, bytes], token: str | None = None) -> Response:
         """POST ``files`` (part name → bytes) as multipart/form-data, each part a file of its own name."""
@@ -75,13 +79,12 @@ class Client:
             for name, content in files.items()
         )
         body += f"--{boundary}--\r\n".encode()
-        return await self._post(path, body, f"multipart/form-data; boundary={boundary}", token)
+        return await self._send("POST", path, body, f"multipart/form-data; boundary={boundary}", token)
 
-    async def _post(self, path: str, body: bytes, content_type: str, token: str | None) -> Response:
-        head = (
-            f"Host: {self._netloc}\r\nAuthorization: Bearer {token or self._token}\r\nContent-Type: {content_type}\r\n"
-        )
-        request = f"POST {path} HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+    async def _send(self, method: str, path: str, body: bytes, content_type: str | None, token: str | None) -> Response:
+        head = f"Host: {self._netloc}\r\nAuthorization: Bearer {token or self._token}\r\n"
+        head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n" if content_type else ""
+        request = f"{method} {path} HTTP/1.1\r\n{head}\r\n".encode() + body
         reused = self._streams is not None
         try:
             async with asyncio.timeout(TIMEOUT_S):
@@ -113,17 +116,14 @@ class Client:
             raise StaleConnection("the server closed the connection") from exc
         if not status_line:
             raise StaleConnection("the server closed the connection")
-        length, close = 0, False
+        headers: dict[str, str] = {}
         while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                raise ConnectionError("chunked answers are not supported by this client")
-            elif name == b"connection" and value.strip().lower() == b"close":
-                close = True
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if "transfer-encoding" in headers:
+            raise ConnectionError("chunked answers are not supported by this client")
+        length = int(headers.get("content-length", 0))
         content = await reader.readexactly(length) if length else b""
-        if close:
+        if headers.get("connection", "").lower() == "close":
             self._close()
-        return Response(int(status_line.split()[1]), content)
+        return Response(int(status_line.split()[1]), content, headers)

@@ -61,10 +61,12 @@ def running_server(
     compile_workers: int = 1,
     extra_env: dict[str, str] | None = None,
     pids: list[int] | None = None,
+    verify_workers: int = 0,
 ):
     """A ``mobizo server`` process (``workers`` API processes); with ``broker_url``, on the Celery queue with
-    a ``mobizo worker`` beside it running ``compile_workers`` exports at once (``--concurrency``). ``extra_env``:
-    settings of the run's own; ``pids``: filled with the processes' ids, the server's first."""
+    a ``mobizo worker`` beside it running ``compile_workers`` exports at once (``--concurrency``), and with
+    ``verify_workers``, one running that many replays at once. ``extra_env``: settings of the run's own; ``pids``:
+    filled with the processes' ids, the server's first."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -90,6 +92,10 @@ def running_server(
             worker = [sys.executable, "-m", "mobizo", "worker", "--queues", "compile", "--log-level", "warning"]
             worker += ["--concurrency", str(compile_workers)]
             procs.append(subprocess.Popen(worker, cwd=REPO, env=env, stdout=out, stderr=out))
+        if broker_url and verify_workers:
+            verify = [sys.executable, "-m", "mobizo", "worker", "--queues", "verify", "--log-level", "warning"]
+            verify += ["--concurrency", str(verify_workers)]
+            procs.append(subprocess.Popen(verify, cwd=REPO, env=env, stdout=out, stderr=out))
     url = f"http://127.0.0.1:{port}"
     if pids is not None:
         pids += [proc.pid for proc in procs]
