@@ -268,6 +268,8 @@ def run_mode(url: str, admin: httpx.Client, cohort_id: int, tokens: list[str], m
     learner: Learner | None = getattr(args, "learner", None)
     hyper = LEARN_JOB if learner is not None else HYPER
     fed = {"rounds": 10_000, "clients_per_round": args.k, "round_timeout_s": args.round_timeout_s, "mode": mode}
+    if mode == "buffered" and getattr(args, "max_staleness", None) is not None:
+        fed["max_staleness"] = args.max_staleness
     job = admin.post(f"/v1/cohorts/{cohort_id}/jobs", json={**hyper, "seed": args.seed, **fed}).raise_for_status()
     job_id = job.json()["id"]
     while admin.get(f"/v1/jobs/{job_id}").json()["status"] in ("queued", "compiling"):
@@ -431,6 +433,9 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.1, help="probability a part is dropped mid-way")
     parser.add_argument("--lease-s", type=int, default=15, help="the server's lease (MOBIZO_LEASE_S)")
     parser.add_argument("--poll-s", type=float, default=POLL_S, help="an idle device asks for work this often (±50%%)")
+    parser.add_argument(
+        "--max-staleness", type=int, help="the buffered job's max staleness S (default: the server's, 4)"
+    )
     parser.add_argument("--round-timeout-s", type=float, default=3600, help="a round's deadline after its first lease")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=Path, help="model directory (default: a fresh tiny model)")
