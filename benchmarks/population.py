@@ -144,12 +144,16 @@ class Connections:
         for _ in range(n):
             self._free.put_nowait(loadgen.Client(url, ""))
 
-    async def post(self, stats: Stats, kind: str, path: str, token: str, payload=None, files=None, get=False):
-        """→ the response, or None after a broken connection (counted as an error). ``get``: a GET of ``path``."""
+    async def get(self, stats: Stats, kind: str, path: str, token: str):
+        """A GET of ``path`` → the response, or None after a broken connection (counted as an error)."""
+        return await self.post(stats, kind, path, token, method="GET")
+
+    async def post(self, stats: Stats, kind: str, path: str, token: str, payload=None, files=None, method="POST"):
+        """→ the response, or None after a broken connection (counted as an error)."""
         client = await self._free.get()
         started = time.perf_counter()
         try:
-            if get:
+            if method == "GET":
                 r = await client.get(path, token=token)
             elif files is None:
                 r = await client.post(path, payload, token=token)
@@ -219,7 +223,7 @@ async def simulated_device(
         if learner is None:
             log = part_log(lease["spec"], rng.randrange(2**31))
         else:
-            init = await pool.post(stats, "init", lease["init"]["url"], token, get=True)
+            init = await pool.get(stats, "init", lease["init"]["url"], token)
             if init is None or init.status_code != 200:
                 continue
             log = await learner.log(index, load(init.content)["b_flat"], lease["spec"])
@@ -382,7 +386,10 @@ class DatabaseLoad:
             return int(conn.execute(text(query)).scalar_one())
 
     def transactions(self) -> int | None:
+        """Transactions since made; the connection pool is closed after."""
         count = self._count()
+        if self.engine is not None:
+            self.engine.dispose()
         return None if count is None or self.start is None else count - self.start
 
 
