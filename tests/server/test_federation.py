@@ -559,6 +559,12 @@ def test_a_private_federated_job_runs_private_parts_and_states_each_members_guar
     }
 
 
+def _versions_are(client: TestClient, job_id: int, *statuses: str) -> list[dict] | None:
+    """The job's rounds when their statuses are ``statuses``, else None."""
+    listed = rounds(client, job_id)
+    return listed if [r["status"] for r in listed] == list(statuses) else None
+
+
 def test_buffered_versions_count_a_straggler_later_weighted_by_its_staleness(client: TestClient, world: dict, settings):
     """Buffered: a version closes at every K arrivals from any of the last max_staleness + 1 versions. c leases
     version 0 beside a and b; a and b close it; c's part stays leased (one version old is within the bound), is
@@ -573,15 +579,16 @@ def test_buffered_versions_count_a_straggler_later_weighted_by_its_staleness(cli
     assert {leases[name]["round"]["index"] for name in "abc"} == {0}
     for seed, name in enumerate("ab"):
         assert report(client, world, name, leases[name], seed)[0].status_code == 201
-    listed = rounds(client, job["id"])
-    assert [r["status"] for r in listed] == ["closed", "open"]
+    # the K-th report closes the version, or the round sweeper did, a moment later
+    listed = wait_for(lambda: _versions_are(client, job["id"], "closed", "open"), 60, "version 0 to close")
     assert [c["status"] for c in listed[0]["clients"]] == ["reported", "reported", "leased"]  # c: not expired
     leases["d"] = lease(client, world, "d")
     assert leases["d"]["round"]["index"] == 1
     assert report(client, world, "c", leases["c"], 7)[0].status_code == 201  # one version old
     assert rounds(client, job["id"])[1]["status"] == "open"  # one arrival of K = 2
     assert report(client, world, "d", leases["d"], 8)[0].status_code == 201
-    assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "succeeded"
+    done = wait_for(lambda: _finished(client, job["id"]), 60, "version 1 to close")
+    assert done["status"] == "succeeded", done["error"]
     listed = rounds(client, job["id"])
     counted = {c["device_id"]: c["counted_in_round_id"] for r in listed for c in r["clients"]}
     devices = {name: world["devices"][name]["id"] for name in "abcd"}
@@ -626,7 +633,7 @@ def test_a_buffered_part_older_than_the_bound_is_refused_with_the_reason(client:
     _, log = fake_training(spec, d, init_b(client, world, "c", leases["c"]), seed=9)  # c trains from B_0
     for seed, name in enumerate("ab"):
         assert report(client, world, name, leases[name], seed)[0].status_code == 201
-    assert [r["status"] for r in rounds(client, job["id"])] == ["closed", "open"]
+    wait_for(lambda: _versions_are(client, job["id"], "closed", "open"), 60, "version 0 to close")
     files = {"log": ("log.jsonl", io.BytesIO(log.encode())), "metrics": ("metrics.json", io.BytesIO(b"{}"))}
     url = f"/v1/work/part-{leases['c']['round']['client_id']}/result"
     stale = client.post(url, files=files, headers=world["devices"]["c"]["headers"])
