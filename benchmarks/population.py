@@ -45,7 +45,7 @@ from safetensors.numpy import load
 from benchmarks import loadgen
 from benchmarks.federation import _eval_batches, _held_out_loss, _local_log, _setup, _shards
 from benchmarks.server_load import ADMIN, percentiles, pg_schema, running_server, well_formed_log
-from device_agent.daemon import POLL_S
+from device_agent.daemon import POLL_S, idle_wait
 from shared.files import atomic_write, atomic_write_bytes
 from shared.tasks import task_data_dir
 
@@ -203,7 +203,7 @@ async def simulated_device(
         if r is None or r.status_code != 200:
             asked = float(r.headers.get("retry-after", 0)) if r is not None else 0.0
             stats.retry_after.append(asked)
-            not_before = time.monotonic() + max(poll_s * rng.uniform(0.5, 1.5), asked * rng.uniform(1.0, 1.5))
+            not_before = time.monotonic() + idle_wait(poll_s * rng.uniform(0.5, 1.5), asked, rng)  # as the agent
             continue
         lease = r.json()
         stats.leased += 1

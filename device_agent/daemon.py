@@ -8,6 +8,7 @@ server is unreachable; every wait ends at once when the stop event is set (SIGTE
 
 from __future__ import annotations
 
+import random
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from shared.retry import call_with_retry
 from shared.schemas import LeasePublic
 
 POLL_S = 5.0
+RETRY_AFTER_SPREAD = 0.5  # a server's Retry-After is stretched by up to this fraction of itself, at random
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,14 @@ def next_lease(ctx: AgentContext) -> LeasePublic | NoWork:
     return call_with_retry(ctx.policy(), ctx.api.lease, backend.name, backend.free_memory_mb(), True, backend.cpu())
 
 
+def idle_wait(poll_s: float, retry_after_s: float, rng: random.Random) -> float:
+    """How long an idle agent waits before it asks for work again: its own interval, or the server's Retry-After
+    stretched by up to ``RETRY_AFTER_SPREAD`` of itself at random, whichever is longer. Devices told the same wait
+    at the same moment (a fleet that reconnects together after a server restart) then ask again spread over half
+    that wait, not all at once; none asks sooner than the server said."""
+    return max(poll_s, retry_after_s * (1 + RETRY_AFTER_SPREAD * rng.random()))
+
+
 def serve(ctx: AgentContext, options: RunOptions) -> ExitCode:
     """Run jobs until stopped (``options.once``: until one has ended); the exit status of ``mobizo agent run``."""
     for lease in [lease for lease in unfinished(ctx) if still_mine(ctx, lease)]:  # forget the others first
@@ -81,6 +91,7 @@ def serve(ctx: AgentContext, options: RunOptions) -> ExitCode:
         state = run_job(ctx, lease)
         if options.once and state in ENDED:
             return ExitCode.OK if state in ("succeeded", "cancelled") else ExitCode.FAILURE
+    rng = random.Random()
     while not ctx.stop.is_set():
         try:
             lease = next_lease(ctx)
@@ -88,8 +99,8 @@ def serve(ctx: AgentContext, options: RunOptions) -> ExitCode:
             if ctx.stop.is_set():
                 break
             raise MobizoError(f"cannot lease jobs: {error}") from None
-        if isinstance(lease, NoWork):  # the longer of this agent's interval and the server's Retry-After
-            ctx.stop.wait(max(options.poll_s, lease.retry_after_s))
+        if isinstance(lease, NoWork):
+            ctx.stop.wait(idle_wait(options.poll_s, lease.retry_after_s, rng))
             continue
         state = run_job(ctx, lease)
         if options.once and state in ENDED:

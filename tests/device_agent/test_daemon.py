@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import threading
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from device_agent import api
-from device_agent.daemon import RunOptions, serve
+from device_agent.daemon import RETRY_AFTER_SPREAD, RunOptions, idle_wait, serve
 from device_agent.events import Reporter
 from device_agent.job import AgentContext
 from shared.retry import Backoff
@@ -96,4 +98,15 @@ def test_an_idle_agent_waits_the_longer_of_its_interval_and_the_servers_retry_af
     ctx, _ = agent(tmp_path, handler)
     ctx.stop = RecordedWaits(stop_after=3)
     assert serve(ctx, RunOptions(poll_s=5)) == 0
-    assert ctx.stop.timeouts == [30.0, 5, 5]
+    stretched, *rest = ctx.stop.timeouts
+    assert 30 <= stretched <= 30 * (1 + RETRY_AFTER_SPREAD) and rest == [5, 5]  # 2 s stretched stays under 5
+
+
+def test_the_servers_wait_is_stretched_over_half_again_never_shortened() -> None:
+    """A fleet told the same Retry-After at once comes back spread over [R, 1.5 R], not in one burst."""
+    rng = random.Random(0)
+    waits = [idle_wait(5, 60, rng) for _ in range(2000)]
+    assert min(waits) >= 60 and max(waits) <= 60 * (1 + RETRY_AFTER_SPREAD)
+    counts, _ = np.histogram(waits, bins=5, range=(60, 90))
+    assert counts.min() >= 300  # each fifth of the spread gets its share (400 expected in each)
+    assert idle_wait(5, 0, rng) == 5 and idle_wait(5, 3, rng) >= 5
