@@ -10,7 +10,7 @@ COPY mobizo ./mobizo
 COPY shared ./shared
 COPY server ./server
 COPY device_agent ./device_agent
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu . \
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[all]" \
     && useradd --create-home --uid 1000 mobizo \
     && mkdir -p /data /agent && chown mobizo /data /agent
 

@@ -5,8 +5,13 @@ Each subcommand lives in the ``commands`` package of the part that owns it (``sh
 ``run(args) -> ExitCode``; this module is the one table of them. Command modules only touch ``argparse`` at import
 time, so building the whole parser is cheap.
 
-Exit codes (``shared.errors.ExitCode``): 0 success, 2 bad arguments (message names the argument), 1 any other
+Exit codes (``shared.errors.ExitCode``): 0 success, 2 bad arguments (message names the argument) or a command whose
+part of mobizo is not installed (the message names the extra: ``pip install 'mobizo[server]'``), 1 any other
 failure, 130 interrupted.
+
+Each role installs as an extra (``pyproject.toml``): a device has ``mobizo[device]`` (no torch, no server stack),
+so a command is only as heavy as what it runs: the parser imports no role's packages, and a command that reaches
+for a package of a role not installed says which extra brings it (``ROLE_OF``) rather than a traceback.
 """
 
 from __future__ import annotations
@@ -53,6 +58,42 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("shared.commands.prompts",),
     ),
 }
+
+
+# The top-level packages of each role's extra that is not the device's (pyproject.toml): a ModuleNotFoundError for
+# one of them means the command needs that extra.
+ROLE_OF: dict[str, str] = {
+    **dict.fromkeys(
+        ("torch", "torchao", "executorch", "transformers", "peft", "gguf", "dp_accounting", "scipy"), "export"
+    ),
+    **dict.fromkeys(
+        (
+            "fastapi",
+            "starlette",
+            "uvicorn",
+            "multipart",
+            "python_multipart",
+            "sqlalchemy",
+            "alembic",
+            "psycopg",
+            "pydantic_settings",
+            "celery",
+            "kombu",
+            "redis",
+            "boto3",
+            "botocore",
+            "prometheus_client",
+            "jinja2",
+        ),
+        "server",
+    ),
+    **dict.fromkeys(("tokenizers", "safetensors", "tqdm"), "device"),
+}
+
+
+def missing_role(exc: ModuleNotFoundError) -> str | None:
+    """The extra whose package ``exc`` did not find, or None when it is not one of a role's packages."""
+    return ROLE_OF.get((exc.name or "").partition(".")[0])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     except MobizoError as exc:
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
         return ExitCode.FAILURE
+    except ModuleNotFoundError as exc:
+        role = missing_role(exc)
+        if role is None:
+            raise
+        print(
+            f"{args._parser.prog}: error: needs {exc.name.partition('.')[0]}, part of mobizo's {role} role: "
+            f"pip install 'mobizo[{role}]'",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
     except KeyboardInterrupt:
         print(f"{args._parser.prog}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
