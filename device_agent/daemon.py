@@ -71,8 +71,8 @@ def next_lease(ctx: AgentContext) -> LeasePublic | NoWork:
     if reason is not None:
         ctx.reporter.event("ineligible", reason=reason)
         return NoWork()
-    backend = ctx.backend
-    return call_with_retry(ctx.policy(), ctx.api.lease, backend.name, backend.free_memory_mb(), True, backend.cpu())
+    backend, host = ctx.backend, ctx.backend.host
+    return call_with_retry(ctx.policy(), ctx.api.lease, backend.name, host.free_memory_mb(), True, host.cpu())
 
 
 def idle_wait(poll_s: float, retry_after_s: float, rng: random.Random) -> float:

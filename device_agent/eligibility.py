@@ -4,8 +4,8 @@ X %, temperature at most Y °C, and on a phone the screen off — and where its 
 Readings come from sysfs on Linux and Jetson (``/sys/class/power_supply``, ``/sys/class/thermal``, under a
 configurable root so that tests can fake them; a machine with no battery counts as plugged in) and, for a phone on
 the adb backend, from ``dumpsys battery``, ``dumpsys thermalservice`` and ``dumpsys power`` (the adb stand-in fakes
-them through the same commands). A reading that cannot be had (no thermal zone, no screen) does not count against
-the policy.
+them through the same commands): each backend's host reads its own (``device_agent.backends.transports``). A
+reading that cannot be had (no thermal zone, no screen) does not count against the policy.
 """
 
 from __future__ import annotations
@@ -114,12 +114,3 @@ def always() -> Eligibility:
     """A device with no policy: it may always train."""
     off = Policy(require_charging=False, min_battery_pct=0, max_temp_c=float("inf"), require_screen_off=False)
     return Eligibility(off, lambda: Readings(True))
-
-
-def adb_reader(shell: Callable[[str], str]) -> Callable[[], Readings]:
-    """A phone's readings through ``shell(command) -> output`` (``device_agent.backends.adb.Phone``)."""
-    return lambda: parse_dumpsys(shell("dumpsys battery"), shell("dumpsys thermalservice"), shell("dumpsys power"))
-
-
-def sysfs_reader(root: Path) -> Callable[[], Readings]:
-    return lambda: read_sysfs(root)

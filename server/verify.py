@@ -127,9 +127,9 @@ def replay_tolerance(max_abs_b: float) -> float:
 # How each device backend's B is held to the replay, by name: a backend the server has no entry for is refused
 # (``exact_replay`` raises), never assumed to be either. "exact": the program's arithmetic is the replay's, float32
 # op for op with no fused multiply-adds, shown bit for bit on x86-64 (the ExecuTorch runtime, the native runner) and
-# on aarch64 (the runner cross-built against the aarch64 wheel, under qemu: tests/device_agent/test_aarch64.py).
-# "tolerance": eager torch, which may run on any hardware and kernels (``replay_tolerance``).
-REPLAY_CHECK: dict[str, str] = {"executorch": "exact", "adb": "exact", "torch": "tolerance"}
+# on aarch64 (the runner's self-contained bundle, under qemu: tests/device_agent/test_aarch64.py). "tolerance":
+# eager torch, which may run on any hardware and kernels (``replay_tolerance``).
+REPLAY_CHECK: dict[str, str] = {"executorch": "exact", "adb": "exact", "native": "exact", "torch": "tolerance"}
 
 
 def exact_replay(device_backend: str) -> bool:

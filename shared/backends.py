@@ -13,8 +13,10 @@ PROGRAM_BACKENDS: tuple[str, ...] = get_args(ProgramBackend)
 MERGE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")  # what ``mobizo adapters merge`` stores
 Quantization = Literal["none", "8da4w"]  # the base linears: float32, or int4 groupwise with int8 activations
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
-DeviceBackend = Literal["executorch", "torch", "adb"]  # ExecuTorch runtime here, eager PyTorch, a phone over adb
+# ExecuTorch runtime here, eager PyTorch, the native runner on a phone over adb, the native runner here
+DeviceBackend = Literal["executorch", "torch", "adb", "native"]
 DEVICE_BACKENDS: tuple[str, ...] = get_args(DeviceBackend)
+RUNNER_BACKENDS: tuple[str, ...] = ("adb", "native")  # the ones that drive the native runner (device_agent/runner)
 # How a MobiZO step groups its 2q paths into forward passes (shared.zo): the same losses and B, different speed.
 Parallel = Literal["both", "outer", "inner", "none"]
 PARALLEL_MODES: tuple[str, ...] = get_args(Parallel)

@@ -223,3 +223,16 @@ def runner_binary() -> Path:
 def runner_binary_aarch64() -> Path:
     """The native runner cross-built for aarch64 Linux against the aarch64 wheel of the pinned executorch."""
     return _build_runner("--aarch64")
+
+
+@pytest.fixture(scope="session")
+def runner_bundle() -> Path:
+    """The self-contained bundle of the runner built for this machine (``build.sh --bundle``): a folder."""
+    return _build_runner("--bundle")
+
+
+@pytest.fixture(scope="session")
+def runner_bundle_aarch64() -> Path:
+    """The self-contained bundle of the aarch64 runner (``build.sh --aarch64 --bundle``): what a phone or an aarch64
+    board runs, with its own glibc loader and libraries."""
+    return _build_runner("--aarch64", "--bundle")

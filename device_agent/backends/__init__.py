@@ -1,11 +1,14 @@
 """Where a job's steps run, behind one interface: ``executorch`` (this process, the ExecuTorch runtime), ``torch``
-(this process, the same step module in eager PyTorch, CUDA when present) and ``adb`` (an Android phone running the
-native runner).
+(this process, the same step module in eager PyTorch, CUDA when present), ``adb`` (an Android phone running the
+native runner) and ``native`` (the native runner on this machine); the last two are one runner driver on two
+transports (``device_agent.backends.runner``, ``device_agent.backends.transports``).
 
 Every backend runs steps ``[start, N)`` of a pre-tokenized batches file (``device_agent.batches``) from a given B,
 reports each step as it finishes, checkpoints every K steps, and on a stop request finishes the current step,
 checkpoints and returns. Which step runs and from which B is decided by the caller (``device_agent.trainlog``), so
-resuming is the same for all three. ``device_agent.backends.make.make_backend`` picks one by name.
+resuming is the same for all of them. Each names its ``host``, where the steps run: the memory and CPU the device
+reports and the training policy's readings come from there. ``device_agent.backends.make.make_backend`` picks one
+by name.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-from shared.cpuinfo import this_cpu
+from device_agent.backends.transports import Host
 from shared.manifest import ProgramManifest
-from shared.schemas import CpuReport
 
 
 @dataclass(frozen=True)
@@ -62,20 +64,9 @@ OnStep = Callable[[StepRecord], None]
 ShouldStop = Callable[[], bool]
 
 
-def this_cpu_report() -> CpuReport:
-    """This machine's CPU, where the executorch and torch backends run their steps."""
-    arch, features = this_cpu()
-    return CpuReport(arch=arch, features=features)
-
-
 class Backend(Protocol):
     name: str
-
-    def free_memory_mb(self) -> int | None:
-        """Memory available to a training run where the steps run (the phone's, for adb)."""
-
-    def cpu(self) -> CpuReport | None:
-        """The CPU where the steps run (the phone's, for adb), as the device reports it to the server."""
+    host: Host  # where the steps run: this machine, or the phone for adb (its memory, CPU and policy readings)
 
     def recover(self, run: TrainRun) -> None:
         """Bring the newest checkpoint of ``run`` to ``run.checkpoint`` on this machine, if it lives elsewhere."""

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from device_agent.backends import OnStep, Outcome, ShouldStop, StepRecord, TrainRun, this_cpu_report
+from device_agent.backends import OnStep, Outcome, ShouldStop, StepRecord, TrainRun
+from device_agent.backends.transports import Host, ThisMachine
 from device_agent.batches import BatchesFile, StepBatch
 from device_agent.checkpoint import Checkpoint, save_checkpoint
-from shared.schemas import CpuReport
 
 
 class Engine(Protocol):
@@ -69,14 +69,7 @@ class LocalBackend:
 
     name: str
     open_engine: Callable[[TrainRun], Engine]
-
-    def free_memory_mb(self) -> int | None:
-        from shared.memory import free_memory_mb
-
-        return free_memory_mb()
-
-    def cpu(self) -> CpuReport | None:
-        return this_cpu_report()
+    host: Host = field(default_factory=ThisMachine)
 
     def recover(self, run: TrainRun) -> None:
         """Nothing to fetch: this backend writes its checkpoints here."""

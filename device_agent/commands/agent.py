@@ -8,7 +8,9 @@ and metrics, repeat; SIGTERM or Ctrl-C finishes the current step, checkpoints an
 Backends (``--backend``, default: the one enrolled): ``executorch`` runs the program in this process;
 ``torch`` runs the same step eagerly in PyTorch on ``--model-dir`` (the job's base model as a Hugging Face
 directory on this device; checked against the server's registered models and the program before training);
-``adb`` drives an Android phone with ``adb``, pushing the native runner ``--runner``.
+``adb`` drives an Android phone with ``adb``, pushing the native runner ``--runner``; ``native`` runs the native
+runner ``--runner`` on this machine. The memory and CPU the device reports and the training policy's readings are
+the backend's host's (``device_agent.backends.transports``): the phone's for adb, this machine's otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from device_agent.runner_path import runner_default
 from shared import defaults
-from shared.backends import DEVICE_BACKENDS
+from shared.backends import DEVICE_BACKENDS, RUNNER_BACKENDS
 from shared.errors import ExitCode
 
 HELP = "the device agent: enroll this device, then run it (lease a job, train locally, upload only LoRA-B)"
@@ -31,7 +33,8 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
         "--runner",
         type=Path,
         default=None,
-        help=f"adb backend: the native runner to push (default: {runner_default()})",
+        help="adb and native backends: the native runner, a binary or a bundle folder (default: adb "
+        f"{runner_default('adb')}; native {runner_default('native')})",
     )
     parser.add_argument("--serial", help="adb backend: the phone's serial (default: the only one attached)")
 
@@ -112,11 +115,17 @@ def _add_inference_actions(sub) -> None:
     _add_inference_options(generate)
     generate.add_argument(
         "--backend",
-        choices=("executorch", "adb"),
+        choices=("executorch", *RUNNER_BACKENDS),
         default="executorch",
-        help="executorch: in this process (default); adb: on the phone, the native runner's generate mode (greedy)",
+        help="executorch: in this process (default); adb: on the phone, native: on this machine, in the native "
+        "runner's generate mode (greedy)",
     )
-    generate.add_argument("--runner", type=Path, help=f"adb: the native runner to push (default: {runner_default()})")
+    generate.add_argument(
+        "--runner",
+        type=Path,
+        help=f"adb and native: the native runner (default: adb {runner_default('adb')}; "
+        f"native {runner_default('native')})",
+    )
     generate.add_argument("--serial", help="adb: the phone's serial (default: the only one attached)")
     add_sampling_arguments(generate)
     evaluate = sub.add_parser(
@@ -134,7 +143,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     return _enroll(args) if args.action == "enroll" else _run(args)
 
 
-def _backend(args: argparse.Namespace, name: str, registered):
+def _backend(args: argparse.Namespace, name: str, registered, work_dir: Path):
     from device_agent.backends.make import make_backend
 
     return make_backend(
@@ -142,31 +151,10 @@ def _backend(args: argparse.Namespace, name: str, registered):
         model_dir=args.model_dir,
         registered=registered,
         device=args.device,
-        runner=args.runner or runner_default(),
+        runner=args.runner or runner_default(name),
         serial=args.serial,
+        work_dir=work_dir,
     )
-
-
-def _memory_mb(args: argparse.Namespace) -> int | None:
-    """Free memory where this device trains: the phone's for adb, this machine's otherwise."""
-    if args.backend == "adb":
-        from device_agent.backends.adb import Phone
-
-        return Phone(args.serial).free_memory_mb()
-    from shared.memory import free_memory_mb
-
-    return free_memory_mb()
-
-
-def _cpu(args: argparse.Namespace):
-    """The CPU where this device trains: the phone's for adb, this machine's otherwise."""
-    if args.backend == "adb":
-        from device_agent.backends.adb import Phone
-
-        return Phone(args.serial).cpu()
-    from device_agent.backends import this_cpu_report
-
-    return this_cpu_report()
 
 
 def _enrollment_code(given: str | None) -> str:
@@ -188,24 +176,24 @@ def _enrollment_code(given: str | None) -> str:
 
 
 def _enroll(args: argparse.Namespace) -> int:
-    import platform
     import socket
 
     import httpx
 
     from device_agent import api
+    from device_agent.backends.make import make_host
     from device_agent.config import AgentConfig, config_path, save_config
     from shared.errors import MobizoError
     from shared.schemas import DeviceCreate
 
-    system = "android (adb)" if args.backend == "adb" else platform.platform(terse=True)
+    host = make_host(args.backend, args.serial)  # where this device's steps will run
     body = DeviceCreate(
         code=_enrollment_code(args.code),
         name=args.name or socket.gethostname(),
-        platform=system[:128],
+        platform=host.platform()[:128],
         backend=args.backend,
-        memory_mb=_memory_mb(args),
-        cpu=_cpu(args),
+        memory_mb=host.free_memory_mb(),
+        cpu=host.cpu(),
     )
     with api.client(args.server) as http:
         try:
@@ -218,9 +206,10 @@ def _enroll(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _policy(args: argparse.Namespace, cfg, phone_shell):
-    """(the device's Eligibility, the pause limit) from the config's ``policy`` and the options."""
-    from device_agent.eligibility import DEFAULT_CHECK_S, Eligibility, Policy, adb_reader, always, sysfs_reader
+def _policy(args: argparse.Namespace, cfg, host):
+    """(the device's Eligibility, the pause limit) from the config's ``policy`` and the options; the readings are
+    the backend's host's (``host.readings``: sysfs under the policy's root here, dumpsys on a phone)."""
+    from device_agent.eligibility import DEFAULT_CHECK_S, Eligibility, Policy, always
     from shared.errors import UsageError
 
     options = dict(cfg.policy or {})
@@ -246,18 +235,7 @@ def _policy(args: argparse.Namespace, cfg, phone_shell):
         policy = Policy(**options)
     except TypeError as exc:
         raise UsageError("config", f"policy: {exc}") from None
-    read = adb_reader(phone_shell) if phone_shell is not None else sysfs_reader(root)
-    return Eligibility(policy, read, check_s), pause_limit_s
-
-
-def _phone_shell(args: argparse.Namespace, backend_name: str):
-    """``shell(command) -> output`` on the phone for the adb backend, else None."""
-    if backend_name != "adb":
-        return None
-    from device_agent.backends.adb import Phone
-
-    phone = Phone(args.serial)
-    return lambda command: phone.shell(command, check=False).stdout
+    return Eligibility(policy, lambda: host.readings(root), check_s), pause_limit_s
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -294,12 +272,13 @@ def _run(args: argparse.Namespace) -> int:
         def registered() -> set[str]:  # the server's models, for the torch backend's check
             return call_with_retry(retry_policy(stop, backoff, reporter), device_api.registered_models)
 
-        backend_name = args.backend or cfg.backend
-        eligibility, pause_limit_s = _policy(args, cfg, _phone_shell(args, backend_name))
+        work_dir = args.work_dir or default_work_dir(cfg.device_id)
+        backend = _backend(args, args.backend or cfg.backend, registered, work_dir)
+        eligibility, pause_limit_s = _policy(args, cfg, backend.host)
         ctx = AgentContext(
             api=device_api,
-            backend=_backend(args, backend_name, registered),
-            work_dir=args.work_dir or default_work_dir(cfg.device_id),
+            backend=backend,
+            work_dir=work_dir,
             data_dir=data_dir,
             reporter=reporter,
             stop=stop,

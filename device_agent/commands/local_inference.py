@@ -34,8 +34,9 @@ def _check(args: argparse.Namespace) -> None:
         from shared.commands.generate import sampling_from
 
         sampling_from(args)  # checks --temperature and --top-p before anything is fetched
-        if args.backend == "adb" and args.temperature != 0:
-            raise UsageError("temperature", "the phone's runner decodes greedily: use --temperature 0 with adb")
+        if args.backend != "executorch" and args.temperature != 0:
+            greedy = f"the native runner decodes greedily: use --temperature 0 with {args.backend}"
+            raise UsageError("temperature", greedy)
 
 
 def run_local(args: argparse.Namespace) -> ExitCode:
@@ -56,11 +57,11 @@ def run_local(args: argparse.Namespace) -> ExitCode:
         models = LocalModels(api.DeviceAPI(http), work_dir / "cache", policy, args.max_context)
         fetched = models.adapter(args.adapter_id) if args.adapter_id is not None else models.base(args.model)
         if args.action == "generate":
-            return _generate(args, models, fetched)
+            return _generate(args, models, fetched, work_dir)
         return _evaluate(args, models.session(fetched), load_tokenizer_file(fetched.tokenizer), fetched.adapter)
 
 
-def _generate(args: argparse.Namespace, models, fetched) -> ExitCode:
+def _generate(args: argparse.Namespace, models, fetched, work_dir: Path) -> ExitCode:
     from shared.commands.generate import sampling_from, stream
     from shared.data import prompt_token_ids
     from shared.generation import generate
@@ -69,12 +70,13 @@ def _generate(args: argparse.Namespace, models, fetched) -> ExitCode:
     tokenizer = load_tokenizer_file(fetched.tokenizer)
     ids = prompt_token_ids(tokenizer, args.prompt)
     stop = frozenset(fetched.manifest.stop_token_ids)
-    if args.backend == "adb":
-        from device_agent.backends.adb import AdbGenerator
+    if args.backend != "executorch":  # the native runner's generate mode, on the phone (adb) or here (native)
+        from device_agent.backends.make import make_generator
         from device_agent.runner_path import runner_default
 
-        phone = AdbGenerator(args.runner or runner_default(), args.serial)
-        steps = phone.generate(fetched, ids, min(args.max_new_tokens, args.max_context - len(ids)), stop)
+        runner = args.runner or runner_default(args.backend)
+        device = make_generator(args.backend, runner, args.serial, work_dir)
+        steps = device.generate(fetched, ids, min(args.max_new_tokens, args.max_context - len(ids)), stop)
     else:
         session = models.session(fetched)
         steps = generate(session, ids, args.max_new_tokens, sampling_from(args), stop, session.max_context)

@@ -1,18 +1,21 @@
 """The device side on aarch64, emulated: every phone and Jetson this service is for is aarch64, and the server
 accepts an ExecuTorch device's B only if it equals the replay of its log bit for bit.
 
-The runner cross-built against the aarch64 wheel of the pinned executorch (``device_agent/runner/build.sh
---aarch64``) plays the phone's runner on the adb stand-in, which runs it under ``qemu-aarch64 -cpu cortex-a76``
-(``MOBIZO_FAKE_DEVICE_EMULATOR``). A real agent trains a job of the tiny model with it and uploads to a real server
-over loopback; the server accepts the upload bit for bit. The same log's update with fused multiply-adds, which a
-build without ``-ffp-contract=off`` would compute, differs from that B (the server refuses any such B:
-``tests/security/test_result_integrity.py``).
+The runner cross-built against the aarch64 wheel of the pinned executorch, in its self-contained bundle
+(``device_agent/runner/build.sh --aarch64 --bundle``: the runner, the wheel's libraries, Debian's arm64 glibc and
+its loader), runs under ``qemu-aarch64`` with no sysroot (no ``-L``, no ``QEMU_LD_PREFIX``): nothing is taken from
+the machine it runs on, as on an Android phone, whose libc is not glibc. It plays the phone's runner on the adb
+stand-in, which starts it under ``qemu-aarch64 -cpu cortex-a76`` (``MOBIZO_FAKE_DEVICE_EMULATOR``). A real agent
+trains a job of the tiny model with it and uploads to a real server over loopback; the server accepts the upload
+bit for bit. The same log's update with fused multiply-adds, which a build without ``-ffp-contract=off`` would
+compute, differs from that B (the server refuses any such B: ``tests/security/test_result_integrity.py``).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +30,9 @@ from tests.utils.fused import fused_replay
 
 pytestmark = pytest.mark.slow
 
-# A phone's core (Armv8.2-A with dotprod); Debian's libc6-arm64-cross is the phone's C library.
-EMULATOR = "qemu-aarch64 -cpu cortex-a76 -L /usr/aarch64-linux-gnu"
+# A phone's core (Armv8.2-A with dotprod), and no sysroot: the bundle brings its own C library and loader.
+EMULATOR = "qemu-aarch64 -cpu cortex-a76"
+LOADER = "ld-linux-aarch64.so.1"
 ELF_AARCH64 = 183
 CORTEX_A76_CPUINFO = (
     "processor\t: 0\nBogoMIPS\t: 38.40\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp "
@@ -42,12 +46,34 @@ def is_aarch64_elf(path: Path) -> bool:
     return header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == ELF_AARCH64
 
 
+@pytest.fixture
+def no_sysroot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No QEMU_LD_PREFIX: qemu finds no aarch64 library but what the command names."""
+    monkeypatch.delenv("QEMU_LD_PREFIX", raising=False)
+
+
+def test_the_aarch64_bundle_runs_under_qemu_without_a_sysroot(
+    no_sysroot: None, runner_bundle_aarch64: Path, tmp_path: Path
+) -> None:
+    """Copied anywhere, the bundle starts through its own loader under qemu with no ``-L``: the runner answers its
+    usage error (exit 2), and the loader resolves every library inside the bundle, its own C library included."""
+    assert shutil.which("qemu-aarch64"), "qemu-user is not installed (bash scripts/aarch64.sh)"
+    bundle = shutil.copytree(runner_bundle_aarch64, tmp_path / "elsewhere")
+    assert all(is_aarch64_elf(bundle / name) for name in (LOADER, "mobizo_runner.bin", "libc.so.6", "libstdc++.so.6"))
+    loader = ["qemu-aarch64", "-cpu", "cortex-a76", str(bundle / LOADER), "--library-path", str(bundle)]
+    usage = subprocess.run([*loader, str(bundle / "mobizo_runner.bin")], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage error" in usage.stderr, usage.stderr
+    listed = subprocess.run([*loader, "--list", str(bundle / "mobizo_runner.bin")], capture_output=True)
+    resolved = [line.split(b" => ")[1].split(b" (")[0] for line in listed.stdout.splitlines() if b" => " in line]
+    assert listed.returncode == 0 and len(resolved) >= 10, listed.stdout + listed.stderr  # the wheel's, libc, ...
+    assert {Path(path.decode()).parent for path in resolved} == {bundle}
+
+
 def test_a_job_trained_on_an_emulated_aarch64_phone_is_accepted_bit_for_bit(
-    stack: Stack, local_data: Path, runner_binary_aarch64: Path, tiny_model_dir: Path, tmp_path: Path
+    no_sysroot: None, stack: Stack, local_data: Path, runner_bundle_aarch64: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     assert shutil.which("qemu-aarch64"), "qemu-user is not installed (bash scripts/aarch64.sh)"
-    assert is_aarch64_elf(runner_binary_aarch64)
-    extra, env = backend_setup("adb", tmp_path, runner_binary_aarch64, tiny_model_dir)
+    extra, env = backend_setup("adb", tmp_path, runner_bundle_aarch64, tiny_model_dir)
     env["MOBIZO_FAKE_DEVICE_EMULATOR"] = EMULATOR
     cpuinfo = tmp_path / "phone" / "proc" / "cpuinfo"  # the phone's, as a cortex-a76's kernel lists it
     cpuinfo.parent.mkdir(parents=True)
@@ -57,8 +83,9 @@ def test_a_job_trained_on_an_emulated_aarch64_phone_is_accepted_bit_for_bit(
     assert agent.start().wait() == 0, agent.tail()
     (device,) = ok(stack.user.get("/v1/devices"))["data"]
     assert device["cpu"] == {"arch": "aarch64", "features": ["asimd", "dotprod"]}  # reported by the agent
-    pushed = list((tmp_path / "phone").rglob("runner-*"))
-    assert pushed and all(is_aarch64_elf(p) for p in pushed)  # what ran on the phone was the aarch64 build
+    (pushed,) = (tmp_path / "phone/data/local/tmp/mobizo/bin").iterdir()  # the whole bundle, named by its files
+    assert pushed.name.startswith("bundle-") and is_aarch64_elf(pushed / LOADER)
+    assert sorted(p.name for p in pushed.iterdir()) == sorted(p.name for p in runner_bundle_aarch64.iterdir())
 
     job = stack.job(job_id)
     assert job["status"] == "succeeded" and job["progress"]["step"] == 20

@@ -2,8 +2,9 @@
 holds the tiny model's program) and ``mobizo agent`` processes that enroll, lease, download, train on local SST-2
 rows and upload. What the issue asks of the agent, each checked against the server's own records:
 
-- every backend (executorch, torch, adb with the stand-in phone) ends its job ``succeeded``, and the adapter the
-  user downloads is ``mobizo replay`` of the log the server received, bit for bit;
+- every backend (executorch, torch, adb with the stand-in phone, native: the runner on this machine) ends its job
+  ``succeeded``, and the adapter the user downloads is ``mobizo replay`` of the log the server received, bit for
+  bit;
 - an agent killed with SIGKILL, and one stopped with SIGTERM, resume and upload the very B of an uninterrupted run;
 - the server going away mid-job does not stop the job from succeeding;
 
@@ -41,6 +42,8 @@ def backend_setup(backend: str, tmp_path: Path, runner: Path, model_dir: Path) -
         path = f"{ADB_STANDIN_DIR}{os.pathsep}{os.environ['PATH']}"
         env = {"MOBIZO_FAKE_DEVICE_ROOT": str(tmp_path / "phone"), "PATH": path}
         return ["--runner", str(runner)], env
+    if backend == "native":
+        return ["--runner", str(runner)], {}
     return [], {}
 
 
@@ -140,7 +143,7 @@ def assert_adapter_is_replay_of_uploaded_log(stack: Stack, job_id: int, tmp_path
     )
 
 
-@pytest.mark.parametrize("backend", ["executorch", "torch", "adb"])
+@pytest.mark.parametrize("backend", ["executorch", "torch", "adb", "native"])
 def test_job_succeeds_and_adapter_is_the_replay_of_the_uploaded_log(
     stack: Stack, local_data: Path, runner_binary: Path, tiny_model_dir: Path, tmp_path: Path, backend: str
 ) -> None:
@@ -156,6 +159,8 @@ def test_job_succeeds_and_adapter_is_the_replay_of_the_uploaded_log(
     assert metrics["server"]["replay_max_abs_diff"] == 0.0
     assert_adapter_is_replay_of_uploaded_log(stack, job_id, tmp_path)
     assert not (agent.work / "jobs" / str(job_id)).exists()  # nothing of the job's data is left behind
+    runner_jobs = agent.work / "native" / "jobs"  # the native runner's copies of a job's files: gone as well
+    assert backend != "native" or (runner_jobs.is_dir() and not any(runner_jobs.iterdir()))
 
 
 def training_starts(agent: Agent, job_id: int) -> list[int]:

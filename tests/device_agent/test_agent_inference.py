@@ -114,9 +114,10 @@ def test_agent_generate_agrees_with_mobizo_generate_where_decisive(trained, tiny
     assert compared and all(a == b for a, b, _ in compared)
 
 
-def test_adb_backend_generates_what_the_python_runtime_generates(trained, runner_binary, tmp_path):
-    """The phone (the adb stand-in running the native runner's generate mode) picks the same greedy tokens as the
-    ExecuTorch runtime in this process: same program, same kernels."""
+@pytest.mark.parametrize("backend", ["adb", "native"])
+def test_the_runner_backends_generate_what_the_python_runtime_generates(trained, runner_binary, tmp_path, backend):
+    """The native runner's generate mode, on the phone (adb: the stand-in) or on this machine (native), picks the
+    same greedy tokens as the ExecuTorch runtime in this process: same program, same kernels."""
     import os
 
     from tests.device_agent.conftest import ADB_STANDIN_DIR
@@ -128,12 +129,14 @@ def test_adb_backend_generates_what_the_python_runtime_generates(trained, runner
         "MOBIZO_FAKE_DEVICE_ROOT": str(tmp_path / "phone"),
         "PATH": f"{ADB_STANDIN_DIR}{os.pathsep}{os.environ['PATH']}",
     }
-    argv = [sys.executable, "-m", "mobizo", "agent", *flags, "--backend", "adb", "--runner", str(runner_binary)]
+    argv = [sys.executable, "-m", "mobizo", "agent", *flags, "--backend", backend, "--runner", str(runner_binary)]
     argv += ["--config", str(agent.config), "--work-dir", str(agent.work)]
-    phone = subprocess.run(argv, env=agent_env(env), capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert here.returncode == 0 and phone.returncode == 0, here.stderr + phone.stderr
-    tokens = [[json.loads(x).get("token") for x in run.stdout.splitlines()[:-1]] for run in (here, phone)]
+    device = subprocess.run(argv, env=agent_env(env), capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert here.returncode == 0 and device.returncode == 0, here.stderr + device.stderr
+    tokens = [[json.loads(x).get("token") for x in run.stdout.splitlines()[:-1]] for run in (here, device)]
     assert tokens[0] == tokens[1] and len(tokens[0]) > 0
+    store = tmp_path / "phone/data/local/tmp/mobizo/store" if backend == "adb" else agent.work / "native" / "store"
+    assert sorted(p.suffix for p in store.iterdir()) == [".ptd", ".pte"]  # where the runner read the program
 
 
 def test_the_merged_download_is_the_adapter_folded_into_its_base(trained, tiny_model_dir, tmp_path, capsys):

@@ -82,24 +82,41 @@ def test_executorch_stops_with_a_checkpoint_and_resumes_bit_identical(
     assert resumed.b.tobytes() == done.b.tobytes()
 
 
-def test_adb_backend_on_the_stand_in_phone_matches_executorch_across_a_stop(
-    phone: Path, runner_binary: Path, tiny_program: Program, make_batches: Callable[..., Path], tmp_path: Path
+@pytest.mark.parametrize("name,bundled", [("adb", False), ("native", False), ("native", True)])
+def test_runner_backends_match_executorch_across_a_stop(
+    name: str,
+    bundled: bool,
+    phone: Path,
+    request: pytest.FixtureRequest,
+    tiny_program: Program,
+    make_batches: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
+    """The native runner on the stand-in phone (adb) and on this machine (native: its plain build, and its
+    self-contained bundle started through the bundle's own loader) stops on request with its checkpoint pulled
+    here, and resumes to the bits of the ExecuTorch runtime in this process."""
+    runner = request.getfixturevalue("runner_bundle" if bundled else "runner_binary")
     run = train_run(tiny_program, make_batches(300), tmp_path, every=7)
     full, done = train(make_backend("executorch"), run)
-    adb = make_backend("adb", runner=runner_binary)
-    first, stopped = train(adb, run, stop_after=5)  # the stop file is seen within a fraction of a second
+    backend = make_backend(name, runner=runner, work_dir=tmp_path / "work")
+    root = phone / "data/local/tmp/mobizo" if name == "adb" else tmp_path / "work" / "native"
+    first, stopped = train(backend, run, stop_after=5)  # the stop file is seen within a fraction of a second
     assert stopped.b is None and 5 <= stopped.next_step < 300
-    ckpt = load_checkpoint(run.checkpoint, run.key)  # pulled from the phone
+    ckpt = load_checkpoint(run.checkpoint, run.key)  # pulled from where the runner ran
     assert ckpt.next_step == stopped.next_step == first[-1].step + 1
-    # The phone's B is the replay of its lines, bit for bit (what a resume after a killed agent relies on).
+    # The runner's B is the replay of its lines, bit for bit (what a resume after a killed agent relies on).
     assert replay(torch.zeros(tiny_program.d), as_log(first)).numpy().tobytes() == ckpt.b.tobytes()
-    rest, resumed = train(adb, run, ckpt.next_step, ckpt.b)
+    rest, resumed = train(backend, run, ckpt.next_step, ckpt.b)
     assert same_steps(first + rest, full)
     assert resumed.b.tobytes() == done.b.tobytes()
-    adb.forget(run)
-    assert not (phone / "data/local/tmp/mobizo/jobs" / run.key).exists()
-    assert any((phone / "data/local/tmp/mobizo/store").glob("*.ptd"))  # weights stay for the next job
+    (pushed,) = (root / "bin").iterdir()  # pushed once, under its content's name
+    assert pushed.name.startswith("bundle-" if bundled else "runner-") and pushed.is_dir() == bundled
+    backend.forget(run)
+    assert not (root / "jobs" / run.key).exists()
+    staged = root / "store" / f"{run.manifest.ptd.sha256}.ptd"  # the weights stay for the next job
+    assert staged.read_bytes() == run.weights.read_bytes()
+    if name == "native" and staged.stat().st_dev == run.weights.stat().st_dev:
+        assert staged.stat().st_ino == run.weights.stat().st_ino  # linked, not copied, on one file system
 
 
 @pytest.mark.parametrize("name", ["executorch", "adb"])

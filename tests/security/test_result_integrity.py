@@ -221,6 +221,6 @@ def test_every_device_backend_has_a_named_replay_check_and_an_unknown_one_has_no
     from shared.backends import DEVICE_BACKENDS
 
     assert set(REPLAY_CHECK) == set(DEVICE_BACKENDS)
-    assert [exact_replay(b) for b in ("executorch", "adb", "torch")] == [True, True, False]
+    assert [exact_replay(b) for b in ("executorch", "adb", "native", "torch")] == [True, True, True, False]
     with pytest.raises(ValueError, match="'vulkan'"):
         exact_replay("vulkan")
