@@ -37,7 +37,8 @@ from shared.errors import MobizoError
 from shared.files import sha256_file
 
 EXIT_STOPPED = 75  # the runner's "stopped after finishing a step" (device_agent/runner/README.md)
-BUNDLE_PROGRAM = "mobizo_runner.bin"  # the runner in a bundle; ``mobizo_runner`` there is its launcher script
+BUNDLE_PROGRAM = "mobizo_runner.bin"  # the runner in a bundle
+BUNDLE_LAUNCHER = "mobizo_runner"  # the bundle's launcher script, which stands for its bundle as ``--runner``
 
 
 class RunnerFiles:
@@ -47,6 +48,8 @@ class RunnerFiles:
 
     def __init__(self, path: Path, hint: str) -> None:
         self.path = Path(path)
+        if self.path.name == BUNDLE_LAUNCHER and (self.path.parent / BUNDLE_PROGRAM).is_file():
+            self.path = self.path.parent  # a bundle's launcher names its bundle
         if self.path.is_dir():
             loaders = sorted(self.path.glob("ld-linux*"))
             if len(loaders) != 1 or not (self.path / BUNDLE_PROGRAM).is_file():

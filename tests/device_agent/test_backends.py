@@ -93,9 +93,14 @@ def test_runner_backends_match_executorch_across_a_stop(
     tmp_path: Path,
 ) -> None:
     """The native runner on the stand-in phone (adb) and on this machine (native: its plain build, and its
-    self-contained bundle started through the bundle's own loader) stops on request with its checkpoint pulled
+    self-contained bundle, started through the bundle's own loader) stops on request with its checkpoint pulled
     here, and resumes to the bits of the ExecuTorch runtime in this process."""
-    runner = request.getfixturevalue("runner_bundle" if bundled else "runner_binary")
+    # a bundle named by its launcher, as a user names it (test_aarch64.py names one by its folder)
+    runner = (
+        request.getfixturevalue("runner_bundle") / "mobizo_runner"
+        if bundled
+        else request.getfixturevalue("runner_binary")
+    )
     run = train_run(tiny_program, make_batches(300), tmp_path, every=7)
     full, done = train(make_backend("executorch"), run)
     backend = make_backend(name, runner=runner, work_dir=tmp_path / "work")

@@ -130,6 +130,10 @@ def test_a_bundle_is_named_by_its_files_and_started_through_its_loader(tmp_path:
     for name in ("ld-linux-aarch64.so.1", "mobizo_runner.bin", "libc.so.6"):
         (bundle / name).write_bytes(name.encode())
     first = RunnerFiles(bundle, "build.sh").digest
+    (bundle / "mobizo_runner").write_text("#!/bin/sh\n")  # its launcher, named as the runner: the bundle
+    launcher = RunnerFiles(bundle / "mobizo_runner", "build.sh")
+    assert launcher.path == bundle and launcher.name().startswith("bundle-")
+    first = RunnerFiles(bundle, "build.sh").digest
     assert RunnerFiles(bundle, "build.sh").argv("/d/b") == [
         "/d/b/ld-linux-aarch64.so.1",
         "--library-path",
