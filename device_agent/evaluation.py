@@ -52,14 +52,16 @@ def evaluate_program(
     candidates: tuple[int, ...] = (),
     prior: tuple[float, ...] = (),
 ) -> dict[str, Any]:
-    """``{"accuracy", "loss", "n"}`` of the program's current B on rendered examples (accuracy None for ``lm``);
-    ``candidates``: a classification program's (``ProgramConfig.candidates``), whose loss is that objective's;
-    ``prior``: a calibrated program's (``ProgramConfig.prior``), divided out of the scores as ``mobizo eval
-    --calibrate`` does."""
+    """``{"accuracy", "loss", "n"}`` of the program's current B on rendered examples (accuracy None for ``lm``,
+    which adds ``perplexity``, exp of its per-token loss); ``candidates``: a classification program's
+    (``ProgramConfig.candidates``), whose loss is that objective's; ``prior``: a calibrated program's
+    (``ProgramConfig.prior``), divided out of the scores as ``mobizo eval --calibrate`` does."""
+    from shared.schemas import perplexity
+
     predictions, labels, loss = predict(session, rendered, tokenizer, shape, candidates, prior)
-    accuracy = None
-    if kind != "lm":
-        accuracy = sum(p == y for p, y in zip(predictions, labels, strict=True)) / len(labels)
+    if kind == "lm":
+        return {"accuracy": None, "loss": loss, "n": len(labels), "perplexity": perplexity(loss)}
+    accuracy = sum(p == y for p, y in zip(predictions, labels, strict=True)) / len(labels)
     return {"accuracy": accuracy, "loss": loss, "n": len(labels)}
 
 

@@ -197,15 +197,17 @@ def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path,
 
 def local_examples(ctx: AgentContext, lease: LeasePublic) -> tuple:
     """(task, training examples, held-out examples) of the job from the device's own data, rendered as the job's
-    program frames prompts (chat template or not)."""
+    program frames prompts (chat template or not). The held-out slice is the last records of the file (``text``:
+    the user's last texts, all their rows), as ``split_held_out`` counts them."""
     from device_agent.local_data import find_train_file, split_held_out
-    from shared.data import load_examples
+    from shared.data import load_records_rows
     from shared.tasks import get_task, with_chat
 
     spec = lease.spec
     task = with_chat(get_task(spec.task_name, spec.template, spec.verbalizer), lease.manifest.config.chat)
-    examples = load_examples(task, find_train_file(ctx.data_dir, spec.task_key, spec.task_name))
-    return (task, *split_held_out(examples, spec.eval_examples))
+    records = load_records_rows(task, find_train_file(ctx.data_dir, spec.task_key, spec.task_name))
+    trained, held_out = split_held_out(records, spec.eval_examples)
+    return task, [row for rows in trained for row in rows], [row for rows in held_out for row in rows]
 
 
 def evaluate_held_out(

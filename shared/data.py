@@ -54,21 +54,29 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def load_examples(task: Task, path: str | os.PathLike[str], limit: int | None = None) -> list[Rendered]:
-    """The first ``limit`` (default all) examples of a file, rendered by ``task``.
+    """The first ``limit`` (default all) examples of a file, rendered by ``task``: a row per record, or a ``text``
+    record's rows (``Task.rows``), in order.
 
     The whole file is checked even with a limit, so a run never starts on a file it cannot fully read.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
-    rendered: list[Rendered] = []
+    rendered = [row for rows in load_records_rows(task, path) for row in rows]
+    return rendered if limit is None else rendered[:limit]
+
+
+def load_records_rows(task: Task, path: str | os.PathLike[str]) -> list[list[Rendered]]:
+    """Each record's rows (``Task.rows``), record by record: what a device splits by record, so that a record's
+    rows are all trained on or all held out."""
+    rows: list[list[Rendered]] = []
     for number, record in _records(path):
         try:
-            rendered.append(task.render(record))
+            rows.append(task.rows(record))
         except DataError as exc:
             raise DataError(f"{path}:{number}: {exc}") from None
-    if not rendered:
+    if not rows:
         raise DataError(f"{path}: no examples (the file is empty)")
-    return rendered if limit is None else rendered[:limit]
+    return rows
 
 
 @dataclass(frozen=True)

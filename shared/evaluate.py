@@ -97,8 +97,9 @@ def evaluate(
     objective: str | None = None,
     prior: tuple[float, ...] | None = None,
 ) -> dict[str, Any]:
-    """``{"accuracy", "loss", "n"}`` of ``model`` on the rendered examples (accuracy is None for ``lm`` tasks); the
-    loss is ``objective``'s (module docstring; None: the task's default, ``shared.data.resolve_objective``).
+    """``{"accuracy", "loss", "n"}`` of ``model`` on the rendered examples (accuracy is None for ``lm`` tasks, which
+    add ``perplexity``, exp of the per-token loss); the loss is ``objective``'s (module docstring; None: the task's
+    default, ``shared.data.resolve_objective``).
 
     ``batch_size`` counts rows per forward pass; ``max_len`` truncates prompts as ``shared.data.encode`` does. The
     model runs in eval mode under ``no_grad`` and gets its mode back after. ``prior``: a classification prompt's
@@ -115,11 +116,18 @@ def evaluate(
         loss = sum(candidate_loss(row, y) for row, y in zip(rows, labels, strict=True)) / len(labels)
     else:
         loss = sum(row[y] for row, y in zip(nll, labels)) / sum(row[y] for row, y in zip(count, labels))
-    accuracy = None
-    if task.kind != "lm":
-        hits = [_best(row) == y for row, y in zip(rows, labels, strict=True)]
-        accuracy = sum(hits) / len(hits)
-    return {"accuracy": accuracy, "loss": loss, "n": len(encoded), "objective": objective}
+    if task.kind == "lm":
+        from shared.schemas import perplexity
+
+        return {
+            "accuracy": None,
+            "loss": loss,
+            "n": len(encoded),
+            "objective": objective,
+            "perplexity": perplexity(loss),
+        }
+    hits = [_best(row) == y for row, y in zip(rows, labels, strict=True)]
+    return {"accuracy": sum(hits) / len(hits), "loss": loss, "n": len(encoded), "objective": objective}
 
 
 def _scored(

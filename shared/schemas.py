@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -190,8 +191,8 @@ class TaskSpec(BaseModel):
         default=defaults.EVAL_EXAMPLES,
         ge=0,
         le=10_000,
-        description="examples of the device's own data kept out of training (at most a fifth of it) to measure "
-        "accuracy and loss before and after; 0: none",
+        description="examples of the device's own data (a text task's texts) kept out of training, the last ones "
+        "of its file (at most a fifth of them), to measure accuracy and loss before and after; 0: none",
     )
 
     @model_validator(mode="after")
@@ -751,6 +752,17 @@ class _Metrics(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
+def perplexity(loss: float | None) -> float | None:
+    """exp of a mean per-token loss in nats: a language model's perplexity on that text (None without a loss, or
+    past the float range)."""
+    if loss is None or loss > _MAX_EXP:
+        return None
+    return math.exp(loss)
+
+
+_MAX_EXP = 709.0  # exp(709.78...) is the largest float
+
+
 class EvalMetrics(_Metrics):
     """One evaluation during or after training (``device_agent.evaluation``)."""
 
@@ -758,6 +770,18 @@ class EvalMetrics(_Metrics):
     accuracy: _Fraction | None = None
     loss: _Loss | None = None
     n: _Count | None = None
+    perplexity: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="an lm task's: exp(loss), the loss being the mean per-token loss (set from the loss, whatever "
+        "the device sent; absent for other tasks)",
+    )
+
+    @model_validator(mode="after")
+    def _perplexity_of_the_loss(self) -> EvalMetrics:
+        if self.perplexity is not None:  # marked as an lm figure: the value is the loss's, never a claim of its own
+            self.perplexity = perplexity(self.loss)
+        return self
 
 
 class HeldOut(BaseModel):

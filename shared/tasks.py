@@ -9,12 +9,17 @@ Label values are matched as strings: JSON integers by their digits, JSON boolean
 The built-in tasks accept both the label spellings of the task data (``task_data_dir()``: the GLUE and FewGLUE
 files) and the integer ids of the Hugging Face copies of the same benchmarks. A record that does not fit its task
 raises ``DataError`` naming the field; ``shared.data.load_examples`` adds the file and line.
+
+One task's record is several rows: ``text``, the user's own text (``{"text": ..., "context": ...}``, the context
+optional), trains the language-modelling objective on each line of the text given what comes before it (the
+context, a blank line, the text's earlier lines): ``Task.rows``, ``text_pieces``; docs/guide/jobs.md says why.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,12 +53,22 @@ class Task:
     # A built-in classification task's label spellings per answer, in answer order (what another prompt of the same
     # task maps its verbalizer onto: ``get_task(name, template, verbalizer)``); empty for other tasks.
     classes: tuple[tuple[str, ...], ...] = ()
+    # A task whose record is several rows (``text``: a row per line of the user's text); None: one row per record.
+    render_rows: Callable[[Mapping[str, Any]], list[Rendered]] | None = field(default=None, repr=False, compare=False)
 
     def render(self, record: Mapping[str, Any]) -> Rendered:
         """The record as prompt + candidates; ``DataError`` naming the first missing or unusable field."""
         for path in self.fields:
             _field(record, path)
         return self.render_record(record)
+
+    def rows(self, record: Mapping[str, Any]) -> list[Rendered]:
+        """The rows a record trains and scores: ``[render(record)]``, or a ``text`` record's row per line."""
+        if self.render_rows is None:
+            return [self.render(record)]
+        for path in self.fields:
+            _field(record, path)
+        return self.render_rows(record)
 
 
 def _field(record: Mapping[str, Any], path: str) -> Any:
@@ -173,6 +188,49 @@ def _lm_render(r: Mapping[str, Any]) -> Rendered:
     return Rendered(_text(r, "prompt"), [completion], 0)
 
 
+# The user's own text (``text``): what each row predicts and what it reads first.
+TEXT_BREAK = "\n\n"  # between the context and the text (and before a text without one)
+TEXT_PIECE_CHARS = 64  # a line longer than this is cut into pieces of at most this many characters
+
+
+def text_pieces(text: str, max_chars: int = TEXT_PIECE_CHARS) -> list[str]:
+    """A text as the pieces its rows predict, in order: each line with the line breaks after it (a blank line
+    belongs to the line before), a line longer than ``max_chars`` cut before a space (or at ``max_chars`` when it
+    has none in reach). Their concatenation is the text, with a final line break added when it has none."""
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be at least 1, got {max_chars}")
+    text = text if text.endswith("\n") else text + "\n"
+    pieces = []
+    for line in re.findall(r"[^\n]*\n+", text):
+        content, breaks = line.rstrip("\n"), line[len(line.rstrip("\n")) :]
+        while len(content) > max_chars:
+            cut = content.rfind(" ", 1, max_chars + 1)
+            cut = cut if cut > 0 else max_chars
+            pieces.append(content[:cut])
+            content = content[cut:]
+        pieces.append(content + breaks)
+    return pieces
+
+
+def _text_rows(r: Mapping[str, Any]) -> list[Rendered]:
+    """The user's own text, a row per piece (``text_pieces``): the piece given the context, a blank line and the
+    text before it. Every character of the text is predicted once, so the rows' token loss is the text's."""
+    text = _text(r, "text")
+    if not text.strip():
+        raise DataError("field 'text' is empty: there is nothing to learn or score")
+    context = "" if r.get("context") is None else _text(r, "context")
+    before = context + TEXT_BREAK
+    rows = []
+    for piece in text_pieces(text):
+        rows.append(Rendered(before, [piece], 0))
+        before += piece
+    return rows
+
+
+def _one_row_of_text(r: Mapping[str, Any]) -> Rendered:
+    raise DataError("a text record is a row per line: read it with Task.rows (shared.data.load_examples)")
+
+
 _BOOL = (("false", "0"), ("true", "1"))  # SuperGLUE JSON booleans; 0/1 in the Hugging Face copies
 _NLI3 = (("entailment", "0"), ("contradiction", "1"), ("neutral", "2"))  # CB, in SuperGLUE's label order
 
@@ -204,6 +262,7 @@ _BUILTINS: dict[str, Task] = {
         "copa", "multiple_choice", ("premise", "choice1", "choice2", "question", "label"), _copa_render, ("0", "1")
     ),
     "lm": Task("lm", "lm", ("prompt", "completion"), _lm_render),
+    "text": Task("text", "lm", ("text",), _one_row_of_text, render_rows=_text_rows),
 }
 
 TASK_NAMES: tuple[str, ...] = (*_BUILTINS, "custom")
@@ -341,11 +400,14 @@ def with_chat(task: Task, frame: tuple[str, str] | list[str] | None) -> Task:
         return task
     prefix, suffix = frame
 
-    def render(record: Mapping[str, Any]) -> Rendered:
-        plain = task.render_record(record)
+    def framed(plain: Rendered) -> Rendered:
         return Rendered(prefix + plain.prompt + suffix, [c.lstrip(" ") for c in plain.candidates], plain.label)
 
-    return replace(task, render_record=render)
+    def render(record: Mapping[str, Any]) -> Rendered:
+        return framed(task.render_record(record))
+
+    rows = None if task.render_rows is None else (lambda record: [framed(r) for r in task.render_rows(record)])
+    return replace(task, render_record=render, render_rows=rows)
 
 
 # The prompt flags' help, shared by the commands that take them (train, eval, export, jobs submit)

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: bool = True) -> None:
         parser.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model folder")
         add_adapter_arguments(parser)
     parser.add_argument(
-        "--task", required=True, help="built-in task (sst2, rte, wnli, boolq, wic, wsc, cb, copa), custom or lm"
+        "--task", required=True, help="built-in task (sst2, rte, wnli, boolq, wic, wsc, cb, copa), custom, lm or text"
     )
     parser.add_argument("--data", required=True, metavar="FILE", help="JSON Lines examples")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
@@ -105,7 +105,8 @@ def summary(task: str, metrics: dict) -> str:
     """One line for people; --json is for scripts."""
     loss = f"loss {metrics['loss']:.4f}"
     if metrics["accuracy"] is None:
-        return f"{task}: {loss} on {metrics['n']} examples"
+        shown = f", perplexity {metrics['perplexity']:.2f}" if metrics.get("perplexity") is not None else ""
+        return f"{task}: {loss}{shown} on {metrics['n']} examples"
     return f"{task}: accuracy {metrics['accuracy']:.4f} ({loss}) on {metrics['n']} examples"
 
 

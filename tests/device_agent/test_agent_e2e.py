@@ -404,3 +404,31 @@ def test_a_private_job_uploads_noised_g_alone_and_its_log_replays(
     assert [a["privacy"] for a in listed if a["id"] == adapter["id"]] == [adapter["privacy"]]
     assert_adapter_is_replay_of_uploaded_log(stack, job_id, tmp_path)
     assert not any("private_seed" in json.dumps(e) for e in agent.events())
+
+
+def test_a_private_personal_job_trains_on_the_user_s_own_earlier_text(
+    stack: Stack, program_factory, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A private (DP-ZO) personal job on the per-user text: the shipped Shakespeare sample's first user, the device
+    folder ``benchmarks.personal_data`` writes (every speech of the user, with its cue). The device keeps its last
+    fifth of speeches out of training (its later text, every row of them), trains on the rows of the others, uploads
+    g alone, and the server's replay is its B bit for bit."""
+    import json
+
+    from benchmarks.personal_data import split, write_devices
+    from shared.tasks import get_task
+    from tests.utils.program_cache import seed_server_program
+    from tests.utils.programs import TINY_TEXT, TINY_TEXT_JOB
+
+    assert seed_server_program(stack.artifacts, tiny_model_dir, TINY_TEXT_JOB, program_factory) == TINY_TEXT
+    user = split()[0]
+    write_devices([user], tmp_path / "devices")
+    job_id = stack.submit(steps=10, **TINY_TEXT_JOB, eval_examples=10_000)  # at most a fifth: the split's
+    agent = make_agent(stack, tmp_path / "devices" / user.slug, "private-text")
+    assert agent.start().wait() == 0, agent.tail()
+    assert stack.job(job_id)["status"] == "succeeded"
+    rows = [(sum(len(get_task("text").rows(r)) for r in part)) for part in (user.train, user.held_out)]
+    assert [(e["examples"], e["held_out"]) for e in agent.events() if e["event"] == "data"] == [tuple(rows)]
+    lines = [json.loads(line) for line in stack.uploaded_log(job_id).read_text().splitlines()]
+    assert len(lines) == 10 and all(set(line) == {"step", "seed", "lr", "eps", "g"} for line in lines)
+    assert_adapter_is_replay_of_uploaded_log(stack, job_id, tmp_path)

@@ -19,6 +19,7 @@ from shared.data import (
     batch_indices,
     encode,
     load_examples,
+    load_records_rows,
     read_jsonl,
     training_batch,
 )
@@ -127,6 +128,17 @@ def test_load_examples_limit_takes_the_first_but_checks_all(tmp_path: Path) -> N
     assert [r.prompt for r in rendered] == ["s0 It was", "s1 It was"]
     with pytest.raises(DataError, match=":6:"):
         load_examples(get_task("sst2"), write(tmp_path, "\n".join([*lines, "{oops"])), limit=2)
+
+
+def test_text_records_load_as_their_rows_record_by_record(tmp_path: Path) -> None:
+    lines = ['{"text": "a\\nb", "context": "c"}', '{"text": "d"}']
+    path = write(tmp_path, "\n".join(lines))
+    grouped = load_records_rows(get_task("text"), path)
+    assert [[r.candidates[0] for r in rows] for rows in grouped] == [["a\n", "b\n"], ["d\n"]]
+    assert load_examples(get_task("text"), path) == [row for rows in grouped for row in rows]
+    assert load_examples(get_task("text"), path, limit=2) == grouped[0]
+    with pytest.raises(DataError, match="^" + re.escape(f"{path}:3: field 'text' is empty")):
+        load_records_rows(get_task("text"), write(tmp_path, "\n".join([*lines, '{"text": ""}'])))
 
 
 # --- encode ----------------------------------------------------------------------------------------------------

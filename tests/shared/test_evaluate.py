@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,31 @@ def test_eval_command_prints_the_metrics(model, tokenizer, model_dir: Path, caps
     assert metrics["loss"] == pytest.approx(expected["loss"], rel=loss_rtol(model.config))
     assert main(args) == 0
     assert capsys.readouterr().out.startswith(f"sst2: accuracy {expected['accuracy']:.4f}")
+
+
+def test_a_user_s_held_out_text_is_scored_token_by_token_with_its_perplexity(
+    model, tokenizer, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The per-user text (``text``, the shipped Shakespeare sample's first user): the loss is the mean over every
+    token of the held-out speeches, perplexity its exp, in ``mobizo eval`` and in the held-out figures a server
+    keeps (which take the perplexity from the loss, whatever a device claims)."""
+    from benchmarks.personal_data import jsonl, split
+    from shared.schemas import HeldOut
+
+    held_out = split()[0].held_out[:3]
+    data = tmp_path / "held_out.jsonl"
+    data.write_bytes(jsonl(held_out))
+    rendered = load_examples(get_task("text"), data)
+    assert len(rendered) > len(held_out)  # a row per line
+    got = evaluate(model, tokenizer, get_task("text"), rendered, batch_size=8)
+    assert got["loss"] == pytest.approx(hand_metrics(model, tokenizer, rendered)["lm"], rel=loss_rtol(model.config))
+    assert got["accuracy"] is None and got["perplexity"] == math.exp(got["loss"])
+    assert main(["eval", "--model", str(model_dir), "--task", "text", "--data", str(data)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"text: loss {got['loss']:.4f}, perplexity {got['perplexity']:.2f} on {len(rendered)}")
+    entries = [{"step": 0, "accuracy": None, "loss": 2.5, "n": 9, "perplexity": 1.0}, {"step": 5, "loss": 2.0}]
+    summary = HeldOut.from_metrics({"eval": entries}).model_dump(mode="json")
+    assert summary["before"]["perplexity"] == math.exp(2.5) and "perplexity" not in summary["after"]
 
 
 def test_eval_command_custom_task(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

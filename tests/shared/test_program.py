@@ -14,7 +14,7 @@ from shared.manifest import ProgramManifest, manifest_path, read_manifest
 from shared.program import build_step_module, start_from_adapter
 from shared.replay import replay
 from shared.train_log import log_record
-from tests.utils.programs import TINY_Q1, TINY_Q4, weights_files
+from tests.utils.programs import TINY_Q1, TINY_Q4, TINY_TEXT, weights_files
 from tests.utils.tiny import random_batch
 from tests.utils.tolerance import b_drift, loss_rtol, step_atols
 
@@ -102,6 +102,48 @@ def test_pte_losses_equal_eager_step_by_step_and_replay_is_bit_exact(programs, t
     final = device.b()
     assert final.abs().max() > 0
     assert torch.equal(replay(torch.zeros_like(final), log), final)  # the server's check, bit for bit
+
+
+def test_a_user_s_text_trains_through_the_program_as_eager_and_its_log_replays_bit_for_bit(
+    program_factory, tiny_model_dir
+):
+    """The per-user text (``text``: the shipped Shakespeare sample's first user, a row per line given the cue and
+    the speech so far) in the batches its device builds (``step_batches``), on the program a private personal job
+    compiles (``TINY_TEXT``): each step's language-modelling losses equal eager ATen's from the same B, and the
+    server's replay of the log as the device uploads it (g alone, clipped and noised) is the program's B bit for
+    bit."""
+    import numpy as np
+
+    from benchmarks.personal_data import split
+    from device_agent.et_program import ProgramSession
+    from device_agent.local_data import program_shape, step_batches
+    from shared.privacy import step_privatizer
+    from shared.tasks import get_task
+    from shared.tokenizer_file import load_tokenizer_file
+
+    pte, manifest = program_factory(TINY_TEXT)
+    cfg, eps, clip = manifest.config, float(np.float32(EPS)), float(np.float32(0.5))
+    task = get_task("text")
+    rows = [row for record in split()[0].train for row in task.rows(record)]
+    tokenizer = load_tokenizer_file(pte.parent / manifest.tokenizer.file)
+    batches = list(step_batches(rows, tokenizer, program_shape(cfg), 5, 8, LR))
+    session = ProgramSession(pte, pte.parent / manifest.ptd.file, widths=manifest.inputs.widths)
+    session.set_b(np.zeros(manifest.lora_size, np.float32))
+    eager, log = _eager(tiny_model_dir, cfg), []
+    for k, batch in enumerate(batches):
+        noise = step_privatizer(7, k, clip, 0.1).noise(cfg.q).numpy()
+        with torch.no_grad():
+            eager.lora_b.copy_(torch.from_numpy(session.get_b()))  # the same B: compare the step itself
+            columns = [torch.from_numpy(a).long() for a in (batch.input_ids, batch.attention_mask, batch.targets)]
+            numbers = [torch.tensor([v], dtype=torch.float32) for v in (batch.lr, eps, clip)]
+            eager_losses, _ = eager(*columns, torch.tensor([batch.seed]), *numbers, torch.from_numpy(noise))
+        losses, g = session.step(batch, batch.lr, eps, (clip, noise))
+        assert (batch.targets >= 0).sum(axis=1).min() > 1  # the rows' answers are lines, not single tokens
+        assert_same_step_losses(torch.from_numpy(losses), eager_losses, eager.model.config)
+        log.append(log_record(k, batch.seed, batch.lr, eps, g, None))
+    final = torch.from_numpy(session.get_b())
+    assert final.abs().max() > 0
+    assert torch.equal(replay(torch.zeros_like(final), log), final)
 
 
 def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir):

@@ -9,7 +9,16 @@ import pytest
 
 from shared.data import load_examples
 from shared.errors import DataError, UsageError
-from shared.tasks import TASK_NAMES, Rendered, get_task, parse_verbalizer, task_data_dir
+from shared.tasks import (
+    TASK_NAMES,
+    TEXT_PIECE_CHARS,
+    Rendered,
+    get_task,
+    parse_verbalizer,
+    task_data_dir,
+    text_pieces,
+    with_chat,
+)
 
 DATA = task_data_dir()
 FILES = {
@@ -139,7 +148,7 @@ def test_verbalizers_space_exactly_when_the_prompt_leaves_it(name: str, candidat
 
 
 def test_task_kinds_and_names() -> None:
-    assert set(TASK_NAMES) == {"sst2", "rte", "wnli", "boolq", "wic", "wsc", "cb", "copa", "custom", "lm"}
+    assert set(TASK_NAMES) == {"sst2", "rte", "wnli", "boolq", "wic", "wsc", "cb", "copa", "custom", "lm", "text"}
     assert get_task("copa").kind == "multiple_choice"
     assert get_task("lm").kind == "lm"
     assert get_task("sst2").kind == "classification"
@@ -178,6 +187,72 @@ def test_copa_keeps_the_capital_of_i() -> None:
 def test_lm_task_scores_the_completion() -> None:
     rendered = get_task("lm").render({"prompt": "Dear Ann,", "completion": " thanks for the tea."})
     assert rendered == Rendered("Dear Ann,", [" thanks for the tea."], 0)
+
+
+# --- the user's own text --------------------------------------------------------------------------------------
+
+
+def test_a_text_record_is_a_row_per_line_each_given_the_context_and_the_lines_before() -> None:
+    record = {"context": "Speak, speak.", "text": "You are all resolved\nrather to die?"}
+    assert get_task("text").rows(record) == [
+        Rendered("Speak, speak.\n\n", ["You are all resolved\n"], 0),
+        Rendered("Speak, speak.\n\nYou are all resolved\n", ["rather to die?\n"], 0),
+    ]
+    assert get_task("text").kind == "lm" and get_task("lm").rows({"prompt": "a", "completion": "b"}) == [
+        Rendered("a", ["b"], 0)
+    ]
+
+
+@pytest.mark.parametrize("context", [None, "", "absent"])
+def test_a_text_without_context_follows_a_blank_line(context: str | None) -> None:
+    record = {"text": "Hello there"} if context == "absent" else {"text": "Hello there", "context": context}
+    assert get_task("text").rows(record) == [Rendered("\n\n", ["Hello there\n"], 0)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "one line",
+        "two\nlines\n",
+        "a paragraph\n\nand another\n\n\n",
+        "\nstarts with a break",
+        "a long line " * 20,
+        "x" * 150 + " tail",
+        "é" * 70 + "\r\nwindows",
+    ],
+)
+def test_the_pieces_are_the_text_and_each_fits(text: str) -> None:
+    pieces = text_pieces(text)
+    assert "".join(pieces) == (text if text.endswith("\n") else text + "\n")
+    assert all(len(p.rstrip("\n")) <= TEXT_PIECE_CHARS for p in pieces)
+    assert all(p.strip("\n") or i == 0 for i, p in enumerate(pieces))  # only a leading break stands alone
+    rows = get_task("text").rows({"text": text})
+    assert [r.candidates[0] for r in rows] == pieces
+    assert [r.prompt for r in rows] == ["\n\n" + "".join(pieces[:i]) for i in range(len(pieces))]
+
+
+def test_a_long_line_is_cut_before_a_space() -> None:
+    line = "word " * 30
+    pieces = text_pieces(line.strip(), max_chars=12)
+    assert pieces[:2] == ["word word", " word word"]  # the space starts the next piece, as a BPE token does
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"text": " \n "}, "field 'text' is empty"),
+        ({"context": "c"}, "missing field 'text'"),
+        ({"text": "t", "context": ["c"]}, "field 'context' must be a string"),
+    ],
+)
+def test_a_text_record_that_does_not_fit_names_the_field(record: dict, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        get_task("text").rows(record)
+
+
+def test_a_chat_frame_frames_every_row_of_a_text() -> None:
+    rows = with_chat(get_task("text"), ("<u>", "</u>")).rows({"text": "a\nb"})
+    assert [(r.prompt, r.candidates) for r in rows] == [("<u>\n\n</u>", ["a\n"]), ("<u>\n\na\n</u>", ["b\n"])]
 
 
 # --- custom tasks ----------------------------------------------------------------------------------------------

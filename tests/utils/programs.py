@@ -41,6 +41,25 @@ TINY_Q4_8DA4W = TINY_Q4.model_copy(update={"quantize": "8da4w"})
 # model's own, so the prior moves every loss).
 TINY_Q4_MOMENTUM = TINY_Q4.model_copy(update={"optimizer": "momentum"})
 TINY_Q4_NORMALIZED = TINY_Q4.model_copy(update={"optimizer": "normalized", "seq_len": 4, "prior": (-0.25, -3.5)})
+# A personal job on the user's own text (the ``text`` task: a row per line, the tiny tokenizer's lines of the
+# shipped Shakespeare sample take up to 34 tokens), private (DP-ZO): two queries of E = 2 rows, 64 columns of which
+# the last 36 are answers, rank 2. The program a server compiles for ``TINY_TEXT_JOB``; its forward's losses are
+# the language-modelling objective's, so the program = eager test of that objective runs on it too (one export).
+TINY_TEXT_JOB = {
+    "model": "tiny",
+    "task": "text",
+    "q": 2,
+    "batch_size": 4,
+    "seq_len": 64,
+    "answer_len": 36,
+    "rank": 2,
+    "alpha": 4.0,
+    "lr": 0.05,
+    "eps": 0.05,
+    "seed": 3,
+    "privacy": {"epsilon": 8.0, "min_examples": 64},
+}
+TINY_TEXT = ProgramConfig(q=2, batch_size=4, seq_len=64, answer_len=36, rank=2, alpha=4.0, private=True)
 
 
 def weights_files(folder: Path) -> tuple[set[str], set[str]]:
