@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from device_agent.batches import Shape
+from device_agent.batches import Shape, fit_width
 from device_agent.local_data import step_batches
 from shared.aggregate import next_global_b
 from shared.architectures import ARCHS
@@ -121,14 +121,23 @@ def _held_out_loss(setup: Setup, b: np.ndarray, batches: list) -> float:
 
 def _local_log(setup: Setup, b: np.ndarray, shard: Path, seed: int, steps: int) -> list[dict]:
     """A client's N real steps from B on its shard → its log records (what its device would upload)."""
-    examples = load_examples(get_task("sst2", None, None), shard)
+    return local_log(setup, b, load_examples(get_task("sst2", None, None), shard), seed, steps)
+
+
+def local_log(
+    setup: Setup, b: np.ndarray, examples: list, seed: int, steps: int, widths: tuple[int, int] | None = None
+) -> list[dict]:
+    """A device's N real MobiZO steps of the step module from B on its rendered examples, in the batches its agent
+    builds (``step_batches``) → its log records (what it would upload; ``shared.replay`` rebuilds its B). With
+    ``widths`` (``ProgramConfig.widths``) each batch runs at its longest row, as a device's program runs it."""
     setup.module.set_lora_b(torch.from_numpy(b.copy()))
     records = []
     with torch.no_grad():
         for k, batch in enumerate(step_batches(examples, setup.tokenizer, setup.shape, seed, steps, setup.lr)):
+            input_ids, attention_mask = fit_width(batch.input_ids, batch.attention_mask, widths)
             losses, g = setup.module(
-                torch.from_numpy(batch.input_ids).long(),
-                torch.from_numpy(batch.attention_mask).long(),
+                torch.from_numpy(input_ids).long(),
+                torch.from_numpy(attention_mask).long(),
                 torch.from_numpy(batch.targets).long(),
                 torch.tensor([batch.seed]),
                 torch.tensor([batch.lr], dtype=torch.float32),

@@ -1,5 +1,6 @@
 """The device program: the .pte trains exactly like the eager step module, replays bit-exactly, shares weights."""
 
+import math
 import shutil
 from pathlib import Path
 
@@ -114,8 +115,10 @@ def test_a_user_s_text_trains_through_the_program_as_eager_and_its_log_replays_b
     bit."""
     import numpy as np
 
+    from benchmarks.personal import EagerEvaluator
     from benchmarks.personal_data import split
     from device_agent.et_program import ProgramSession
+    from device_agent.evaluation import evaluate_program
     from device_agent.local_data import program_shape, step_batches
     from shared.privacy import step_privatizer
     from shared.tasks import get_task
@@ -144,6 +147,14 @@ def test_a_user_s_text_trains_through_the_program_as_eager_and_its_log_replays_b
     final = torch.from_numpy(session.get_b())
     assert final.abs().max() > 0
     assert torch.equal(replay(torch.zeros_like(final), log), final)
+    # the device's held-out figures: the per-token loss of the user's later speeches and its perplexity
+    held_out = [row for record in split()[0].held_out for row in task.rows(record)]
+    found = evaluate_program(session, held_out, tokenizer, program_shape(cfg), "lm")
+    eager.lora_b.copy_(final)
+    expected = evaluate_program(EagerEvaluator(eager, cfg.widths), held_out, tokenizer, program_shape(cfg), "lm")
+    assert found["n"] == expected["n"] == len(held_out) and found["accuracy"] is None
+    assert found["loss"] == pytest.approx(expected["loss"], rel=loss_rtol(eager.model.config))
+    assert found["perplexity"] == math.exp(found["loss"])
 
 
 def test_free_running_eager_training_tracks_the_program(programs, tiny_model_dir):
