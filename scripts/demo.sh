@@ -5,6 +5,8 @@
 #
 #   bash scripts/demo.sh                          # SmolLM2-135M-Instruct, a job's defaults (minutes: the compile)
 #   MOBIZO_DEMO_MODEL=tiny bash scripts/demo.sh   # a tiny seeded random model: the path alone, quickly (the tests')
+#   MOBIZO_DEMO_TASK=personal bash scripts/demo.sh   # one person's own text: base -> population -> personal
+#                                                    # (scripts/demo_personal.sh)
 #
 # Everything is written under runs/demo/ (override with MOBIZO_DEMO_DIR); MOBIZO_DEMO_STEPS (SmolLM2 200, a job's
 # default; tiny 150) and MOBIZO_DEMO_EVAL_LIMIT (SmolLM2 all 872 validation examples; tiny 400) shorten it.
@@ -19,6 +21,8 @@ WORK=$(realpath -m "${MOBIZO_DEMO_DIR:-runs/demo}")
 DATA=$(realpath "${MOBIZO_TASK_DATA_DIR:-data}")
 MODEL=${MOBIZO_DEMO_MODEL:-smollm2}
 case "$MODEL" in smollm2 | tiny) ;; *) echo "demo: MOBIZO_DEMO_MODEL is smollm2 or tiny, not '$MODEL'" >&2; exit 2 ;; esac
+TASK=${MOBIZO_DEMO_TASK:-sst2}
+case "$TASK" in sst2 | personal) ;; *) echo "demo: MOBIZO_DEMO_TASK is sst2 or personal, not '$TASK'" >&2; exit 2 ;; esac
 # SmolLM2: a job's default 200 steps (under a second each through the program on an idle 2-core x86-64 VM, after a
 # compile of about 4 minutes).
 STEPS=${MOBIZO_DEMO_STEPS:-$([ "$MODEL" = smollm2 ] && echo 200 || echo 150)}
@@ -54,6 +58,10 @@ say "admin: create a user and register the model"
 export MOBIZO_TOKEN=$(mobizo users create demo-user | json '["api_key"]')
 mobizo models register demo-model --path "$WORK/model" > /dev/null
 mobizo models list
+if [ "$TASK" = personal ]; then
+  source scripts/demo_personal.sh
+  exit 0
+fi
 
 say "the device: enroll with a one-time code; its private data stays in $WORK/device-data"
 mkdir -p "$WORK/device-data/sst2"
