@@ -100,6 +100,9 @@ class EagerEvaluator:
 
 
 class Bench:
+    """A device as the benchmark runs it: its MobiZO steps (B rebuilt from the log), first-order steps on the same
+    batches, and its held-out measurement, all on one step module."""
+
     def __init__(self, setup: Setup, widths: tuple[int, int] | None) -> None:
         self.setup, self.widths = setup, widths
         self.evaluator = EagerEvaluator(setup.module, widths)
