@@ -13,8 +13,9 @@ The batches are drawn uniformly without replacement, ``batch`` of the device's `
 private generator too (``private_batch``). Replacing one example changes one g_i by at most 2C / E, so each step is
 a Gaussian mechanism with noise multiplier sigma under the replace-one relation, amplified by the sampling; the
 accountant is ``dp-accounting``'s RDP accountant of ``steps`` such sampled Gaussian steps (Wang, Balle and
-Kasiviswanathan's bound for sampling without replacement), nothing written here: ``noise_multiplier`` finds sigma
-for a target (epsilon, delta), ``epsilon_spent`` the epsilon of a run.
+Kasiviswanathan's bound for sampling without replacement), nothing written here and nothing of it here: it lives in
+``shared.accounting`` (torch-free, so the server's processes use it without torch), whose ``noise_multiplier`` finds
+sigma for a target (epsilon, delta) and ``epsilon_spent`` the epsilon of a run.
 
 The server checks a private log without its losses (``g_bound``): every g within C plus the noise's tail, at a
 stated false-rejection rate for the whole log.
@@ -22,62 +23,17 @@ stated false-rejection rate for the whole log.
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+# The accountant's, here for the trainers and benchmarks (its home is torch-free: the server's processes use it).
+from shared.accounting import epsilon_spent as epsilon_spent
+from shared.accounting import ledger_epsilon as ledger_epsilon
+from shared.accounting import noise_multiplier as noise_multiplier
+
 FALSE_REJECTION = 1e-9  # the chance that an honest private log fails g_bound (over all of its values)
-
-
-def _event(noise_multiplier: float, steps: int, batch_size: int, examples: int):
-    from dp_accounting import GaussianDpEvent, SampledWithoutReplacementDpEvent, SelfComposedDpEvent
-
-    step = SampledWithoutReplacementDpEvent(examples, batch_size, GaussianDpEvent(noise_multiplier))
-    return SelfComposedDpEvent(step, steps)
-
-
-def _accountant():
-    from dp_accounting import NeighboringRelation
-    from dp_accounting.rdp import RdpAccountant
-
-    return RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
-
-
-def epsilon_spent(noise_multiplier: float, delta: float, steps: int, batch_size: int, examples: int) -> float:
-    """The epsilon at ``delta`` of ``steps`` private steps with this noise multiplier, each on ``batch_size`` of
-    ``examples`` examples drawn without replacement."""
-    _check_sampling(batch_size, examples)
-    accountant = _accountant()
-    accountant.compose(_event(noise_multiplier, steps, batch_size, examples))
-    return float(accountant.get_epsilon(delta))
-
-
-@functools.lru_cache(maxsize=64)
-def noise_multiplier(epsilon: float, delta: float, steps: int, batch_size: int, examples: int) -> float:
-    """The smallest noise multiplier sigma (within 1e-4) whose ``steps`` steps spend at most ``epsilon`` at
-    ``delta`` (``dp-accounting``'s calibration, a few seconds: remembered per process)."""
-    from dp_accounting import mechanism_calibration
-
-    _check_sampling(batch_size, examples)
-    if not (epsilon > 0 and 0 < delta < 1 and steps >= 1):
-        raise ValueError(f"need epsilon > 0, 0 < delta < 1, steps >= 1 (got {epsilon}, {delta}, {steps})")
-    sigma = mechanism_calibration.calibrate_dp_mechanism(
-        _accountant,
-        lambda s: _event(s, steps, batch_size, examples),
-        epsilon,
-        delta,
-        mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0),  # sigma 0 divides by zero
-        tol=1e-5,
-    )
-    return math.ceil(float(sigma) * 1e4) / 1e4  # rounded up: never below what the target needs
-
-
-def _check_sampling(batch_size: int, examples: int) -> None:
-    if not 1 <= batch_size <= examples:
-        raise ValueError(f"a private batch draws {batch_size} of {examples} examples: need 1 <= batch <= examples")
 
 
 def noise_std(sigma: float, clip: float, examples_per_query: int) -> float:
@@ -115,18 +71,6 @@ def step_sample(private_seed: int, step: int, examples: int, batch_size: int) ->
 def step_privatizer(private_seed: int, step: int, clip: float, std: float) -> Privatizer:
     """The privatizer whose next ``noise`` is step ``step``'s (stream 1), whatever ran before."""
     return Privatizer.seeded(clip, std, stream_seed(private_seed, 1, step))
-
-
-def ledger_epsilon(runs: list[tuple[float, int, int, int]], delta: float) -> float:
-    """The epsilon at ``delta`` of several private runs together, each (noise multiplier, steps, batch size,
-    examples): one accountant composes them all (a user's privacy ledger). 0 for none."""
-    if not runs:
-        return 0.0
-    accountant = _accountant()
-    for sigma, steps, batch_size, examples in runs:
-        _check_sampling(batch_size, examples)
-        accountant.compose(_event(sigma, steps, batch_size, examples))
-    return float(accountant.get_epsilon(delta))
 
 
 @dataclass

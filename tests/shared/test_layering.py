@@ -15,12 +15,14 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 # What the server's routes and the REST client need: they must import (and work) where torch is not installed.
 TORCH_FREE = (
+    "shared.accounting",
     "shared.aggregate",
     "shared.b_file",
     "shared.backends",
     "shared.defaults",
     "shared.errors",
     "shared.files",
+    "shared.lru",
     "shared.manifest",
     "shared.memory",
     "shared.model_files",

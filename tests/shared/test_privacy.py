@@ -37,6 +37,23 @@ def test_the_accountant_is_the_librarys_and_the_calibration_meets_its_target():
     assert privacy.noise_multiplier(1.0, 1e-5, 200, 16, 1000) > privacy.noise_multiplier(8.0, 1e-5, 200, 16, 1000)
 
 
+def test_a_ledger_is_the_accountants_composition_of_its_runs_exactly():
+    """``ledger_epsilon`` adds the runs' remembered RDP curves: bit for bit what dp-accounting's accountant gives
+    composing the runs in the same order, the first time and from memory."""
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.rdp import RdpAccountant
+
+    from shared import accounting
+
+    runs = [(0.9, 10, 4, 1234), (1.3, 50, 16, 1000), (0.9, 10, 4, 1234)]
+    composed = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    for run in runs:
+        composed.compose(accounting._event(*run))
+    want = float(composed.get_epsilon(1e-5))
+    assert privacy.ledger_epsilon(runs, 1e-5) == want and privacy.ledger_epsilon(runs, 1e-5) == want
+    assert accounting.known_rdp(runs[1]) == accounting.run_rdp(runs[1])
+
+
 @pytest.mark.numerics
 def test_a_private_g_is_the_clipped_mean_plus_its_noise():
     differences = torch.tensor([[0.5, -3.0, 10.0, 0.25], [-0.1, -0.2, 0.3, -50.0]])
