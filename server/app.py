@@ -38,6 +38,7 @@ from server.metrics import RequestMetrics, app_registry, serve_metrics
 from server.object_store import shared_objects
 from server.pace import Pace
 from server.pool import WorkerPool
+from server.privacy import ACCOUNTANT_PRELOAD, Accountant
 from server.routes import (
     adapters,
     blobs,
@@ -129,6 +130,8 @@ def _fill_state(
     bounds = Bounds(settings.inference_builds, settings.inference_builds_per_user, settings.inference_builds_per_device)
     state.inference_builds = InferenceBuilds(store, queue, settings.compile_workers, bounds, settings.compile_paused)
     state.metrics_registry = app_registry(engine)
+    accounting = WorkerPool(settings.privacy_workers, preload=ACCOUNTANT_PRELOAD)  # started at the first private submit
+    state.accountant = Accountant(accounting, settings.private_submits_per_user, settings.privacy_timeout_s)
 
 
 def _serve_metrics(state: Any, settings: Settings) -> Any:
@@ -192,6 +195,7 @@ def _lifespan(settings: Settings, queue_factory: QueueFactory | None):
             stop.set()
             queue.close()
             app.state.verify_pool.close()
+            app.state.accountant.close()
             app.state.inference_builds.close()
             for sweeper in sweepers:
                 sweeper.join(timeout=5)

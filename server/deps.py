@@ -32,6 +32,7 @@ from server.limits import UploadSlots
 from server.lru import LRUCache
 from server.pace import Pace
 from server.pool import WorkerPool
+from server.privacy import Accountant
 from server.responses import not_found
 from server.security import DEVICE_TOKEN, USER_KEY, constant_time_equal, parse_token, secret_matches
 from server.settings import Settings
@@ -86,6 +87,10 @@ async def get_upload_slots(request: Request) -> UploadSlots:
     return request.app.state.upload_slots
 
 
+async def get_accountant(request: Request) -> Accountant:
+    return request.app.state.accountant
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
@@ -94,6 +99,7 @@ PaceDep = Annotated[Pace, Depends(get_pace)]
 QueueDep = Annotated[CompileQueue, Depends(get_queue)]
 VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]
+AccountantDep = Annotated[Accountant, Depends(get_accountant)]
 ProgramManifestsDep = Annotated[LRUCache[int, ProgramManifest | InferenceManifest], Depends(get_program_manifests)]
 ObjectId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="an id (ids are positive 32-bit integers)")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

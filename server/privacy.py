@@ -1,14 +1,21 @@
 """Private jobs on the server: the noise a job's (epsilon, delta) needs, and each user's privacy ledger.
 
-At submit the server fixes a private job's noise multiplier sigma (``shared.privacy.noise_multiplier``: the job's
+At submit the server fixes a private job's noise multiplier sigma (``shared.accounting.noise_multiplier``: the job's
 steps, each a sample of ``batch_size`` of the ``min_examples`` the user states), so the device, the result checks
 and the ledger use one value. The ledger composes every private job of the user that may have touched data — all
-but those that ended before any device leased them — with one accountant (``shared.privacy.ledger_epsilon``) and
+but those that ended before any device leased them — with one accountant (``shared.accounting.ledger_epsilon``) and
 reads epsilon at the budget's delta. A job that would take the total past the budget is refused (409, naming what
 remains). Two submits of one user racing for the rest of a budget are serialized by the user's ledger version
 (``accounts.claim_privacy_ledger``): the one that loses its claim reads the ledger again, with the winner's job in
 it. The budget is the user's (``PUT /v1/privacy``), else ``Settings.privacy_budget_epsilon`` at
 ``shared.defaults.DP_DELTA``.
+
+A private submit costs the API process little (``resolve``): the ledger is read first, and a ledger with nothing
+left refuses the job (409) before any calibration; sigma's calibration (seconds of CPU) and each run's RDP curve
+(a tenth of a second) are computed in a worker process of the ``Accountant`` and remembered in this process by their
+inputs, so the ledger's composition here is a sum of remembered curves. One user (or cohort) has at most
+``Settings.private_submits_per_user`` private submits in progress in a process; one more is refused at once (429
+with Retry-After), so that one tenant's submits queue in the worker behind no more than that.
 
 A cohort keeps a ledger of the same kind (``PUT /v1/cohorts/{id}/privacy``, the admin's): its private federated
 jobs, each (epsilon, delta)-DP for any member's data over all of its rounds, composed the same way; a federated
@@ -18,30 +25,117 @@ parts its devices take (``claim_part``), so a member in several cohorts is bound
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import HTTPException, status
 from sqlalchemy.orm import Session
 
 from server import accounts, queries
-from server.responses import field_error
+from server.pool import OwnerBusy, OwnerLimit, WorkerDied, WorkTimedOut
+from server.responses import field_error, try_later
 from server.settings import Settings
 from server.tables import Cohort, Job, User
-from shared import defaults
+from shared import accounting, defaults
 from shared.schemas import TERMINAL_STATUSES, Privacy, PrivacyBudget, PrivacyEntry, PrivacyLedgerPublic
 
+ACCOUNTANT_PRELOAD = ("shared.accounting", "dp_accounting.rdp", "dp_accounting.mechanism_calibration")
+SUBMIT_RETRY_S = 5  # a calibration takes seconds: a refused private submit is asked to come back after about one
 
-def resolve(privacy: Privacy, steps: int, batch_size: int) -> Privacy:
-    """The job's privacy with its noise multiplier (a few seconds of calibration, remembered per process) over
-    ``steps`` (a federated job's: rounds × local steps); 422 naming ``privacy`` when the body set the multiplier."""
-    from shared.privacy import noise_multiplier
 
+class Pool(Protocol):
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class Accountant:
+    """The privacy arithmetic of private submits, off the request path: a calibration and a run's RDP curve are
+    computed in ``pool`` (worker processes below the API's priority, ``server.pool``) and remembered in this
+    process by their inputs (``shared.accounting``); ``submitting`` bounds one owner's private submits at once."""
+
+    def __init__(self, pool: Pool, per_owner: int, timeout_s: float) -> None:
+        self.pool = pool
+        self.timeout_s = timeout_s
+        self.per_owner = per_owner
+        self._submits = OwnerLimit(per_owner)
+
+    @contextmanager
+    def submitting(self, owner: User | Cohort | None) -> Iterator[None]:
+        """One of ``owner``'s places for private submits for the block (None: not a private submit, no bound);
+        429 with Retry-After at once when every place is taken."""
+        if owner is None:
+            yield
+            return
+        try:
+            with self._submits.hold((type(owner).__name__, owner.id)):
+                yield
+        except OwnerBusy:
+            raise try_later(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                f"{_whose(owner)} private submits in progress are at the bound ({self.per_owner}): retry after "
+                "Retry-After",
+                SUBMIT_RETRY_S,
+            ) from None
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return self.pool.run(fn, *args, timeout=self.timeout_s)
+        except ValueError as exc:  # the accountant's refusal of the numbers themselves
+            raise field_error("privacy", str(exc)) from None
+        except (WorkTimedOut, WorkerDied) as exc:
+            raise try_later(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"the privacy accountant did not answer: {exc}", SUBMIT_RETRY_S
+            ) from None
+
+    def noise_multiplier(self, epsilon: float, delta: float, steps: int, batch_size: int, examples: int) -> float:
+        """sigma for the target (remembered here, or calibrated in a worker)."""
+        key = (epsilon, delta, steps, batch_size, examples)
+        sigma = accounting.known_noise_multiplier(key)
+        if sigma is None:
+            sigma = self._run(accounting.noise_multiplier, *key)
+            accounting.remember_noise_multiplier(key, sigma)
+        return sigma
+
+    def know(self, runs: list[accounting.Run]) -> None:
+        """Have the RDP curve of every run here (those not known yet computed in a worker, in one round trip)."""
+        missing = sorted({run for run in runs if accounting.known_rdp(run) is None})
+        if missing:
+            for run, curve in zip(missing, self._run(accounting.run_rdps, missing), strict=True):
+                accounting.remember_rdp(run, curve)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def resolve(
+    session: Session,
+    accountant: Accountant,
+    owner: User | Cohort,
+    settings: Settings,
+    privacy: Privacy,
+    steps: int,
+    batch_size: int,
+) -> Privacy:
+    """The job's privacy with its noise multiplier over ``steps`` (a federated job's: rounds × local steps), the
+    owner's ledger checked first: with nothing left in it the job is refused (409) before any calibration. 422 naming
+    ``privacy`` when the body set the multiplier. The new run's RDP curve is known here afterwards, so the charge
+    (``charge``) composes remembered curves only."""
     if privacy.noise_multiplier is not None:
         raise field_error("privacy", "noise_multiplier is set by the server from epsilon and delta")
-
-    sigma = noise_multiplier(privacy.epsilon, privacy.delta, steps, batch_size, privacy.min_examples)
+    book = ledger(session, owner, settings)
+    accountant.know(book.runs())
+    if (spent := book.spent()) >= book.epsilon:  # any job adds to it: refused without calibrating this one
+        whose = _whose(owner)
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"privacy budget: {whose} private jobs spent epsilon {spent:.3g} (delta {book.delta:g}) of {whose} "
+            f"budget of {book.epsilon:g}; nothing remains",
+        )
+    sigma = accountant.noise_multiplier(privacy.epsilon, privacy.delta, steps, batch_size, privacy.min_examples)
+    accountant.know([(sigma, steps, batch_size, privacy.min_examples)])
     return privacy.model_copy(update={"noise_multiplier": sigma})
 
 
@@ -50,7 +144,7 @@ def spends(job: Job) -> bool:
     return not (job.status in TERMINAL_STATUSES and job.attempts == 0)
 
 
-def _run(spec: dict[str, Any]) -> tuple[float, int, int, int]:
+def _run(spec: dict[str, Any]) -> accounting.Run:
     p = spec["privacy"]
     return p["noise_multiplier"], spec["steps"], spec["batch_size"], p["min_examples"]
 
@@ -66,13 +160,15 @@ class Ledger:
     jobs: list[Job] = field(default_factory=list)
     parts: list = field(default_factory=list)  # the private round parts taken (``queries.private_parts_of``)
 
+    def runs(self) -> list[accounting.Run]:
+        """(noise multiplier, steps, batch size, examples) of the jobs that spend and of the parts."""
+        return [_run(job.spec) for job in self.jobs if spends(job)] + [_run(part.spec) for part in self.parts]
+
     def spent(self, extra: dict[str, Any] | None = None) -> float:
         """Epsilon at the budget's delta of the jobs that spend and the parts (and of a job or part ``extra``'s
-        spec, to be added): one composition by the accountant."""
-        from shared.privacy import ledger_epsilon
-
-        runs = [_run(job.spec) for job in self.jobs if spends(job)] + [_run(part.spec) for part in self.parts]
-        return ledger_epsilon(runs + ([_run(extra)] if extra else []), self.delta)
+        spec, to be added): one composition by the accountant (of remembered curves: a run this process has not seen
+        yet is computed here, once)."""
+        return accounting.ledger_epsilon(self.runs() + ([_run(extra)] if extra else []), self.delta)
 
 
 def ledger(session: Session, owner: User | Cohort, settings: Settings, delta: float | None = None) -> Ledger:

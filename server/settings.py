@@ -133,6 +133,23 @@ class Settings(BaseSettings):
         le=1000,
         description="a user's privacy budget (epsilon at delta 1e-5 over all their private jobs) until they set one",
     )
+    private_submits_per_user: int = Field(
+        default=2,
+        ge=1,
+        description="private job submits one user (or cohort) may have in progress at once in an API process (more: "
+        "429 Retry-After); each may wait on a calibration of its noise",
+    )
+    privacy_workers: int = Field(
+        default=1,
+        ge=1,
+        description="processes calibrating private jobs' noise and composing their privacy (dp-accounting), off the "
+        "API process; about 120 MB each, started at the first private submit",
+    )
+    privacy_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="a calibration running longer is stopped (its worker killed): the submit gets 503",
+    )
     max_active_jobs: int = Field(default=100, ge=1, description="a user's unfinished jobs (more: 429 Retry-After)")
     max_compiles: int = Field(default=8, ge=1, description="a user's jobs queued or compiling (more: 429 Retry-After)")
     enrollment_codes_per_hour: int = Field(

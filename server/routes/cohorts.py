@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from server import accounts, jobstate, privacy, queries
-from server.deps import AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
+from server.deps import AccountantDep, AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
 from server.model_lookup import with_model_prompt
 from server.responses import errors, field_error, not_found
 from server.router import Router
@@ -133,8 +133,11 @@ def _stored_spec(cohort: Cohort, model: Model, body: FederatedJobCreate) -> dict
         409,
         413,
         422,
+        429,
         503,
         e409="a private job that would pass the cohort's privacy budget (the detail names what remains)",
+        e429="the cohort's private submits in progress are at the bound (Retry-After)",
+        e503="other private submits hold the cohort's ledger, or the privacy accountant did not answer (Retry-After)",
     ),
 )
 def submit(
@@ -144,6 +147,7 @@ def submit(
     session: SessionDep,
     settings: SettingsDep,
     queue: QueueDep,
+    accountant: AccountantDep,
 ):
     """A federated job: R rounds of K clients × N local steps; compiled like any job, then leased round by round.
     A private one spends from the cohort's privacy ledger."""
@@ -155,22 +159,23 @@ def submit(
         raise field_error(exc.argument.lstrip("-"), exc.reason) from None
     fed = body.model_dump(mode="json", include=set(FederationSpec.model_fields))
     charge = None
-    if body.privacy is not None:  # each member's data: (epsilon, delta)-DP over every part it could train
-        spec["privacy"] = privacy.resolve(body.privacy, body.steps * body.rounds, body.batch_size).model_dump(
-            mode="json"
+    with accountant.submitting(cohort if body.privacy is not None else None):
+        if body.privacy is not None:  # each member's data: (epsilon, delta)-DP over every part it could train
+            steps = body.steps * body.rounds
+            resolved = privacy.resolve(session, accountant, cohort, settings, body.privacy, steps, body.batch_size)
+            spec["privacy"] = resolved.model_dump(mode="json")
+            charge = privacy.charge(cohort, settings, spec)
+        job = jobstate.submit(
+            session,
+            charge,
+            user_id=None,
+            cohort_id=cohort.id,
+            model_id=model.id,
+            task=cohort.task,
+            spec=spec,
+            private=body.privacy is not None,
+            federation=fed,
         )
-        charge = privacy.charge(cohort, settings, spec)
-    job = jobstate.submit(
-        session,
-        charge,
-        user_id=None,
-        cohort_id=cohort.id,
-        model_id=model.id,
-        task=cohort.task,
-        spec=spec,
-        private=body.privacy is not None,
-        federation=fed,
-    )
     if job is None:
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE, "other private submits hold the cohort's ledger", {"Retry-After": "1"}

@@ -9,7 +9,7 @@ from fastapi import HTTPException, Query, status
 from sqlalchemy.orm import Session
 
 from server import jobstate, privacy, queries, quotas, registry
-from server.deps import CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
+from server.deps import AccountantDep, CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
 from server.model_lookup import registered_model, with_model_prompt
 from server.responses import errors, field_error
 from server.router import Router
@@ -78,13 +78,20 @@ def _check_answer_len(body: JobCreate) -> None:
         503,
         e404="device_id or init_adapter_id names no device or adapter of yours",
         e409="a private job that would pass your privacy budget (the detail names what remains)",
-        e429="too many unfinished or compiling jobs (Retry-After)",
+        e429="too many unfinished or compiling jobs, or private submits in progress (Retry-After)",
+        e503="your other private submits hold the ledger, or the privacy accountant did not answer (Retry-After)",
     ),
 )
 def submit(
-    body: JobCreate, user: CurrentUser, session: SessionDep, queue: QueueDep, settings: SettingsDep
+    body: JobCreate,
+    user: CurrentUser,
+    session: SessionDep,
+    queue: QueueDep,
+    settings: SettingsDep,
+    accountant: AccountantDep,
 ) -> JobPublic:
-    """Submit a fine-tuning job; its program compiles in the background."""
+    """Submit a fine-tuning job; its program compiles in the background. A private job's noise is calibrated
+    first (``server.privacy.resolve``: seconds the first time for its numbers), after its ledger is checked."""
     quotas.check_job_quota(session, user.id, settings)
     model = _check_model(session, body)
     body = with_model_prompt(model, body)
@@ -93,21 +100,23 @@ def submit(
     _check_chat_template(model, body)
     _check_answer_len(body)
     spec, charge = body.model_dump(mode="json"), None
-    if body.privacy is not None:
-        spec["privacy"] = privacy.resolve(body.privacy, body.steps, body.batch_size).model_dump(mode="json")
-        charge = privacy.charge(user, settings, spec)
-    job = jobstate.submit(
-        session,
-        charge,
-        user_id=user.id,
-        model_id=model.id,
-        task=body.task_key,
-        spec=spec,
-        private=body.privacy is not None,
-        device_id=body.device_id,
-        device_backend=body.device_backend,
-        init_adapter_id=body.init_adapter_id,
-    )
+    with accountant.submitting(user if body.privacy is not None else None):
+        if body.privacy is not None:
+            resolved = privacy.resolve(session, accountant, user, settings, body.privacy, body.steps, body.batch_size)
+            spec["privacy"] = resolved.model_dump(mode="json")
+            charge = privacy.charge(user, settings, spec)
+        job = jobstate.submit(
+            session,
+            charge,
+            user_id=user.id,
+            model_id=model.id,
+            task=body.task_key,
+            spec=spec,
+            private=body.privacy is not None,
+            device_id=body.device_id,
+            device_backend=body.device_backend,
+            init_adapter_id=body.init_adapter_id,
+        )
     if job is None:
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE, "your other private submits hold the ledger", {"Retry-After": "1"}

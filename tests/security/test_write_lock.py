@@ -21,7 +21,7 @@ from sqlalchemy import make_url
 
 from server import results
 from server.db import begin_write
-from shared import privacy
+from shared import accounting
 from tests.server.factories import (
     b_flat_bytes,
     create_user,
@@ -88,10 +88,12 @@ def test_a_private_submit_calibrates_and_composes_outside_any_transaction(client
     client = client
     register_model(client, make_fake_model(tmp_path / "model"))
     user = create_user(client)
-    calibrating = _probe(monkeypatch, privacy, "noise_multiplier", client)
-    composing = _probe(monkeypatch, privacy, "ledger_epsilon", client)
-    submit_job(client, user, privacy={"epsilon": 3.0, "min_examples": 100}, q=2, batch_size=4, steps=3)
-    assert calibrating == [True] and composing and all(composing)
+    calibrating = _probe(monkeypatch, accounting, "noise_multiplier", client)
+    curves = _probe(monkeypatch, accounting, "run_rdps", client)
+    composing = _probe(monkeypatch, accounting, "ledger_epsilon", client)
+    fresh = {"epsilon": 3.3, "min_examples": 101}  # calibrated nowhere in this process: the submit calibrates it
+    submit_job(client, user, privacy=fresh, q=2, batch_size=4, steps=3)
+    assert calibrating == [True] and curves == [True] and composing and all(composing)
 
 
 def test_a_dashboard_page_draws_its_charts_outside_any_transaction(client, tmp_path, monkeypatch):

@@ -140,4 +140,5 @@ def client(settings: Settings, queue: FakeCompileQueue) -> Iterator[TestClient]:
     with TestClient(app) as test_client:
         app.state.verify_pool.close()
         app.state.verify_pool = InlinePool()
+        app.state.accountant.pool = InlinePool()  # the privacy arithmetic in the test's process (its memo shared)
         yield test_client

@@ -5,6 +5,7 @@ noise's tail)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -16,6 +17,7 @@ from shared import privacy
 from tests.server.factories import (
     ADMIN_TOKEN,
     FakeCompileQueue,
+    InlinePool,
     b_flat_bytes,
     bearer,
     create_user,
@@ -224,3 +226,111 @@ def test_two_racing_private_federated_submits_cannot_both_spend_the_cohorts_rest
             codes = _race(lambda: admin.post(f"/v1/cohorts/{cohort}/jobs", json=FEDERATED).status_code)  # noqa: B023
             assert sorted(codes) == [202, 409], codes
             assert len(admin.get(f"/v1/cohorts/{cohort}/privacy").json()["jobs"]) == 1
+
+
+# A private submit's cost to the API process: the ledger first, the accountant's arithmetic in a worker process.
+
+
+def _calibrations(monkeypatch: pytest.MonkeyPatch, hold: threading.Event | None = None) -> list[float]:
+    """The target epsilon of every calibration this process runs from now on (dp-accounting's search over sigma),
+    each held until ``hold`` is set, if given."""
+    from dp_accounting import mechanism_calibration
+
+    calls, real = [], mechanism_calibration.calibrate_dp_mechanism
+
+    def recorded(*args, **kwargs):
+        calls.append(args[2])
+        if hold is not None:
+            assert hold.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mechanism_calibration, "calibrate_dp_mechanism", recorded)
+    return calls
+
+
+def test_a_spent_ledger_refuses_a_private_job_before_calibrating_it(client, user, monkeypatch):
+    """With nothing left in the budget, any private job passes it: refused (409) without its calibration (seconds of
+    the server's CPU), however new its numbers."""
+    submit_job(client, user, privacy=PRIVATE)
+    spent = client.get("/v1/privacy", headers=user).json()["spent"]
+    assert client.put("/v1/privacy", json={"epsilon": spent}, headers=user).status_code == 200  # all of it spent
+    calibrations = _calibrations(monkeypatch)
+    fresh = {"epsilon": 2.5, "min_examples": 123}  # calibrated nowhere in this process
+    r = client.post("/v1/jobs", json={"model": "tiny", "task": "sst2", **SPEC, "privacy": fresh}, headers=user)
+    assert r.status_code == 409 and "nothing remains" in r.json()["detail"], r.text
+    assert calibrations == []
+    assert client.get("/v1/jobs", headers=user).json()["count"] == 1
+
+
+def test_one_users_private_submits_at_once_are_bounded(settings, tmp_path, monkeypatch):
+    """Two private submits of one user calibrating: a third answers 429 at once (Retry-After, the reason), while
+    another user's plain submit goes through; once answered, the same numbers again calibrate nothing."""
+    hold = threading.Event()
+    calibrations = _calibrations(monkeypatch, hold)
+    app = create_app(settings, queue_factory=FakeCompileQueue().bind)
+    bodies = [
+        {"model": "tiny", "task": "sst2", **SPEC, "privacy": {"epsilon": 1.1 + i / 10, "min_examples": 97}}
+        for i in range(3)
+    ]
+    with app_in_thread(app) as url:
+        app.state.accountant.pool = InlinePool()  # calibrated in this process, where they are held
+        admin = httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=60)
+        admin.post("/v1/models", json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))})
+        users = [admin.post("/v1/users", json={"name": n}).json()["api_key"] for n in ("alice", "bob")]
+        alice, bob = (httpx.Client(base_url=url, headers=bearer(key), timeout=120) for key in users)
+        answers: dict[int, int] = {}
+
+        def submit(i: int) -> None:
+            answers[i] = alice.post("/v1/jobs", json=bodies[i]).status_code
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(2)]
+        try:
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 30
+            while len(calibrations) < 2:
+                assert time.monotonic() < deadline, "the two submits did not reach their calibration"
+                time.sleep(0.01)
+            third = alice.post("/v1/jobs", json=bodies[2], timeout=10)  # at once: not after a calibration
+            assert third.status_code == 429 and int(third.headers["retry-after"]) >= 1, third.text
+            assert "private submits in progress" in third.json()["detail"]
+            assert bob.post("/v1/jobs", json={k: v for k, v in bodies[0].items() if k != "privacy"}).status_code == 202
+        finally:
+            hold.set()
+            for thread in threads:
+                thread.join()
+        assert answers == {0: 202, 1: 202} and len(calibrations) == 2
+        assert alice.post("/v1/jobs", json=bodies[0]).status_code == 202  # remembered by its numbers
+        assert len(calibrations) == 2
+
+
+def test_the_privacy_arithmetic_runs_in_a_worker_process(settings, tmp_path, monkeypatch):
+    """A private submit's calibration and its run's RDP curve are computed in the accountant's worker process: with
+    dp-accounting's calibration and composition refused in the API's process, the submit is taken with the sigma
+    that meets its target, and the ledger reads what that job spends."""
+    from dp_accounting import mechanism_calibration
+    from dp_accounting.rdp import RdpAccountant
+
+    from shared import accounting
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the accountant ran in the API process")
+
+    monkeypatch.setattr(mechanism_calibration, "calibrate_dp_mechanism", refused)
+    monkeypatch.setattr(RdpAccountant, "compose", refused)
+    app = create_app(settings, queue_factory=FakeCompileQueue().bind)
+    fresh = {"epsilon": 2.7, "min_examples": 211}  # calibrated nowhere in this process
+    with app_in_thread(app) as url:
+        admin = httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=120)
+        admin.post("/v1/models", json={"name": "tiny", "path": str(make_fake_model(tmp_path / "m"))})
+        http = httpx.Client(
+            base_url=url, headers=bearer(admin.post("/v1/users", json={"name": "a"}).json()["api_key"]), timeout=120
+        )
+        r = http.post("/v1/jobs", json={"model": "tiny", "task": "sst2", **SPEC, "privacy": fresh})
+        assert r.status_code == 202, r.text
+        ledger = http.get("/v1/privacy").json()
+    monkeypatch.undo()
+    sigma = r.json()["spec"]["privacy"]["noise_multiplier"]
+    spent = accounting.epsilon_spent(sigma, 1e-5, SPEC["steps"], SPEC["batch_size"], fresh["min_examples"])
+    assert 0.99 * fresh["epsilon"] < spent <= fresh["epsilon"]
+    assert ledger["spent"] == spent  # the composition of the worker's curve is the accountant's, exactly
