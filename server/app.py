@@ -34,6 +34,7 @@ from server.db import make_engine, make_sessionmaker, migrate, startup_lock
 from server.inference_builds import Bounds, InferenceBuilds
 from server.limits import BodyLimits, RefusedUploads, UploadSlots
 from server.lru import LRUCache
+from server.merged_builds import MB, MergeBounds, MergedBuilds
 from server.metrics import RequestMetrics, app_registry, serve_metrics
 from server.object_store import shared_objects
 from server.pace import Pace
@@ -129,6 +130,9 @@ def _fill_state(
     state.sign_in_throttle = SignInThrottle(settings)
     bounds = Bounds(settings.inference_builds, settings.inference_builds_per_user, settings.inference_builds_per_device)
     state.inference_builds = InferenceBuilds(store, queue, settings.compile_workers, bounds, settings.compile_paused)
+    kept = (int(settings.merged_per_user_mb * MB), int(settings.merged_total_mb * MB))
+    merges = MergeBounds(*kept, settings.merged_builds, settings.merged_builds_per_user)
+    state.merged_builds = MergedBuilds(sessions, store, queue, merges, settings.compile_paused)
     state.metrics_registry = app_registry(engine)
     accounting = WorkerPool(settings.privacy_workers, preload=ACCOUNTANT_PRELOAD)  # started at the first private submit
     state.accountant = Accountant(accounting, settings.private_submits_per_user, settings.privacy_timeout_s)
@@ -156,6 +160,7 @@ def _start_up(state: Any, queue: Any, owns_data_dir: bool) -> None:
             return
         if not owns_data_dir:  # shared data dir: only what no live process can still be using
             store.clean_tmp(older_than_s=STALE_TMP_S)
+        state.merged_builds.remove_unrecorded(older_than_s=0 if owns_data_dir else STALE_TMP_S)
         log.info("startup: resubmitted %d unfinished jobs", queue.recover())
         if settings.queue == "local":  # one server per database: nobody else can be closing a round
             with state.sessionmaker() as session:
@@ -197,6 +202,7 @@ def _lifespan(settings: Settings, queue_factory: QueueFactory | None):
             app.state.verify_pool.close()
             app.state.accountant.close()
             app.state.inference_builds.close()
+            app.state.merged_builds.close()
             for sweeper in sweepers:
                 sweeper.join(timeout=5)
             if metrics_server is not None:

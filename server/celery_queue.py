@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate, verify_spool
 from server.compile import build_program
-from server.compile_queue import compile_job, export_inference
+from server.compile_queue import compile_job, export_inference, export_merged
 from server.db import make_engine, make_sessionmaker
 from server.jobstate import CompileInput
 from server.object_store import shared_objects
@@ -57,6 +57,7 @@ from server.verify import ResultRejected, package_adapter, replay_log_only, veri
 log = logging.getLogger(__name__)
 COMPILE_QUEUE, VERIFY_QUEUE = "compile", "verify"
 COMPILE_TASK, VERIFY_TASK, INFERENCE_TASK = "mobizo.compile", "mobizo.verify", "mobizo.compile_inference"
+MERGE_TASK = "mobizo.merge"
 # Every function the server hands its verify pool (``server.uploads.run_verification``, the round close of
 # ``server.federation``), by name: a task names its function, it never carries pickled code.
 VERIFY_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -139,6 +140,7 @@ def make_celery(settings: Settings) -> Celery:
         task_routes={
             COMPILE_TASK: {"queue": COMPILE_QUEUE},
             INFERENCE_TASK: {"queue": COMPILE_QUEUE},
+            MERGE_TASK: {"queue": COMPILE_QUEUE},
             VERIFY_TASK: {"queue": VERIFY_QUEUE},
         },
         task_default_queue=COMPILE_QUEUE,
@@ -178,6 +180,12 @@ def make_celery(settings: Settings) -> Celery:
         """Export the inference program ``key`` into the store (``export_inference``) → its manifest."""
         store = resources.get()[1]
         return export_inference(store, _call, model_dir, model_sha256, config, key)
+
+    @app.task(name=MERGE_TASK, ignore_result=False)
+    def merge(model_dir: str, archive_sha256: str, dtype: str, key: str) -> dict[str, Any]:
+        """Fold an adapter into its base and keep the zip in the store (``export_merged``) → its sha256 and size."""
+        store = resources.get()[1]
+        return export_merged(store, _call, model_dir, archive_sha256, dtype, key)
 
     @app.task(name=VERIFY_TASK, ignore_result=False, time_limit=settings.verify_timeout_s)
     def verify(name: str, args: list[Any], spool: str | None = None) -> dict[str, Any]:
@@ -228,6 +236,11 @@ class CeleryCompileQueue:
         """Send the export to the compile queue's workers and wait for it (in ``InferenceBuilds``' driver thread)."""
         args = [model_dir, model_sha256, config, key]
         return wait_result(self._app, self._app.send_task(INFERENCE_TASK, args=args, queue=COMPILE_QUEUE), None)
+
+    def build_merged(self, model_dir: str, archive_sha256: str, dtype: str, key: str) -> dict[str, Any]:
+        """Send the merge to the compile queue's workers and wait for it (in ``MergedBuilds``' driver thread)."""
+        args = [model_dir, archive_sha256, dtype, key]
+        return wait_result(self._app, self._app.send_task(MERGE_TASK, args=args, queue=COMPILE_QUEUE), None)
 
     def close(self) -> None:
         self._app.close()

@@ -1,18 +1,21 @@
 """The compile queue: the one queue of every export, outside any request. Jobs go in by id and their training
-programs come out; inference programs go in by key (``build_inference``, for ``server.inference_builds``).
+programs come out; inference programs go in by key (``build_inference``, for ``server.inference_builds``), and so do
+merged downloads (``build_merged``, for ``server.merged_builds``: they load a base model too).
 
 ``CompileQueue`` is the whole interface the server sees, so a distributed queue replaces ``LocalCompileQueue``
 without touching it: ``server.celery_queue.CeleryCompileQueue`` (``MOBIZO_QUEUE=celery``), whose workers then run
 both kinds of export. Both run one job the same way (``compile_job``): move it to ``compiling``, export the program
 (``server.compile.build_program``), record ``ready`` or ``failed`` with the error text. The local queue runs one
 driver thread per worker process of its own, so a job is ``compiling`` exactly while a process works on it; an
-inference build waits until no job is waiting to compile or compiling, then for a free process of the same pool:
-devices asking for inference programs never keep a job from compiling (at most the builds already running).
+inference build or a merge waits until no job is waiting to compile or compiling, then for a free process of the
+same pool: devices asking for inference programs and users asking for merges never keep a job from compiling (at most
+the builds already running).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from server import jobstate, metrics
 from server.compile import build_inference, build_program
 from server.jobstate import CompileInput
+from server.merged import merge_archive
 from server.pool import WorkerPool
 from server.store import ArtifactStore
 
@@ -46,6 +50,20 @@ def export_inference(
     manifest = run(build_inference, model_dir, model_sha256, config, programs, blobs, key=key)
     store.publish_program(key, manifest)
     return manifest
+
+
+def export_merged(
+    store: ArtifactStore, run: Callable[..., Any], model_dir: str, archive_sha256: str, dtype: str, key: str
+) -> dict[str, Any]:
+    """One merge, whoever runs it: ``run`` (a worker pool's ``run``, or a call in this process) folds the PEFT archive
+    into its base (``server.merged.merge_archive``) under ``tmp/``, then the zip is kept as ``merged/<key>.zip``
+    (``ArtifactStore.keep_merged``) → its ``sha256`` and ``size``."""
+    tmp = store.tmp_dir()
+    try:
+        run(merge_archive, model_dir, str(store.archive(archive_sha256)), dtype, str(tmp / "merged.zip"))
+        return store.keep_merged(tmp / "merged.zip", key)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def compile_job(
@@ -93,6 +111,10 @@ class CompileQueue(Protocol):
     def build_inference(self, model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
         """Export the inference program ``key`` (``server.compile.build_inference``) and publish it to the store;
         waits for it → its manifest (JSON). Raises the export's error."""
+
+    def build_merged(self, model_dir: str, archive_sha256: str, dtype: str, key: str) -> dict[str, Any]:
+        """Fold an adapter's PEFT archive into its base (``export_merged``) and keep it in the store as the merged
+        download ``key``; waits for it → its ``sha256`` and ``size``. Raises the merge's error."""
 
     def close(self) -> None:
         """Stop taking work; running compilations may be abandoned (``recover`` picks them up on restart)."""
@@ -157,6 +179,12 @@ class LocalCompileQueue:
             self._jobs_done.wait_for(lambda: self._jobs == 0 or self._closing)
         return export_inference(self._store, self._pool.run, model_dir, model_sha256, config, key)
 
+    def build_merged(self, model_dir: str, archive_sha256: str, dtype: str, key: str) -> dict[str, Any]:
+        """Behind every job, as an inference build: waits until none is queued or compiling, then for a worker."""
+        with self._jobs_done:
+            self._jobs_done.wait_for(lambda: self._jobs == 0 or self._closing)
+        return export_merged(self._store, self._pool.run, model_dir, archive_sha256, dtype, key)
+
     def close(self) -> None:
         """Stop the drivers and kill the compile workers; jobs they were compiling are left for ``recover``."""
         self._closing = True
@@ -180,6 +208,9 @@ class PausedCompileQueue:
         return 0
 
     def build_inference(self, model_dir: str, model_sha256: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+        raise RuntimeError("the compile queue is paused (MOBIZO_COMPILE_PAUSED)")
+
+    def build_merged(self, model_dir: str, archive_sha256: str, dtype: str, key: str) -> dict[str, Any]:
         raise RuntimeError("the compile queue is paused (MOBIZO_COMPILE_PAUSED)")
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from server.compile_queue import CompileQueue
 from server.db import read_only
 from server.limits import UploadSlots
 from server.lru import LRUCache
+from server.merged_builds import MergedBuilds
 from server.pace import Pace
 from server.pool import WorkerPool
 from server.privacy import Accountant
@@ -91,6 +92,10 @@ async def get_accountant(request: Request) -> Accountant:
     return request.app.state.accountant
 
 
+async def get_merged_builds(request: Request) -> MergedBuilds:
+    return request.app.state.merged_builds
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
@@ -100,6 +105,7 @@ QueueDep = Annotated[CompileQueue, Depends(get_queue)]
 VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]
 AccountantDep = Annotated[Accountant, Depends(get_accountant)]
+MergedBuildsDep = Annotated[MergedBuilds, Depends(get_merged_builds)]
 ProgramManifestsDep = Annotated[LRUCache[int, ProgramManifest | InferenceManifest], Depends(get_program_manifests)]
 ObjectId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="an id (ids are positive 32-bit integers)")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

@@ -1,27 +1,58 @@
-"""Merged downloads: an adapter folded into its base (``shared.adapter.merge_adapter``: ``W + (alpha / r) B A`` in each
-target linear), as a zipped plain Hugging Face model folder, built once per (adapter archive, dtype) and kept in the
-store by content.
+"""Merged downloads, what a merge is made of and how one is built: an adapter folded into its base
+(``shared.adapter.merge_adapter``: ``W + (alpha / r) B A`` in each target linear), as a zipped plain Hugging Face
+model folder.
 
-A merge holds the base model in memory (float32, with PEFT's copy of the target layers), so a process runs one at a
-time: a request that finds one running is answered 429 with ``Retry-After`` at once, rather than holding a request
-thread while it waits. A finished merge is found again through a pointer file, ``merged/<archive sha256>-<dtype>.json``
-naming the zip's own sha256 (its ETag).
+A merge depends on the base (its ``model_sha256`` and the prompts chosen for it, which the folder carries), B, the
+LoRA layout (rank, alpha, targets, A's seed) and the dtype, and on nothing else of the adapter (not its card, which
+names its job): ``merge_key`` hashes exactly those, so adapters that share them share one file. ``merge_archive``
+runs in a compile worker process, never in the API process (it loads the base in float32 with PEFT's copy of the
+target layers); ``server.merged_builds`` decides when, and keeps the results within their bounds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
-import threading
+import tempfile
 import zipfile
 from pathlib import Path
 
-from server.responses import try_later
-from server.store import ArtifactStore
-from shared.files import atomic_write_bytes
+from shared.prompts import PROMPTS_FILE
 
-RETRY_AFTER_S = 30  # a guess at one merge of a small model; not measured (a client retries on it)
-_MERGING = threading.Lock()
+MERGE_FORMAT = 1  # bumped when the merged folder's contents change for the same inputs
+
+
+def prompts_sha256(model_dir: Path) -> str | None:
+    """The sha256 of the prompts chosen for the base (``shared.prompts.PROMPTS_FILE``, copied into the merged
+    folder), None when it has none."""
+    path = Path(model_dir) / PROMPTS_FILE
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def merge_key(
+    base_sha256: str,
+    base_prompts: str | None,
+    b_sha256: str,
+    rank: int,
+    alpha: float,
+    targets: list[str],
+    a_seed: int,
+    dtype: str,
+) -> str:
+    """The content key of a merge: sha256 of its inputs (the base's identity, B, the LoRA layout, the dtype)."""
+    parts = {
+        "format": MERGE_FORMAT,
+        "base": base_sha256,
+        "prompts": base_prompts,
+        "b": b_sha256,
+        "rank": int(rank),
+        "alpha": float(alpha),
+        "targets": sorted(targets),
+        "a_seed": int(a_seed),
+        "dtype": dtype,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def _zip_folder(folder: Path, out: Path) -> None:
@@ -31,28 +62,16 @@ def _zip_folder(folder: Path, out: Path) -> None:
             zf.write(path, path.name)
 
 
-def merged_archive(store: ArtifactStore, model_path: str, archive_sha256: str, dtype: str) -> tuple[Path, str]:
-    """(path, sha256) of the zipped merged model of the adapter whose PEFT archive is ``archive_sha256`` on the base
-    at ``model_path``, in ``dtype``; built now if it was not before (429 while another merge runs here)."""
-    pointer = store.merged(f"{archive_sha256}-{dtype}.json")
-    if pointer.is_file():
-        sha256 = json.loads(pointer.read_text())["sha256"]
-        path = store.merged(f"{sha256}.zip")
-        if path.is_file():
-            return path, sha256
-    if not _MERGING.acquire(blocking=False):
-        raise try_later(429, "another merged download is being built on this server", RETRY_AFTER_S)
-    tmp = store.tmp_dir()
-    try:
-        from shared.adapter import merge_adapter
+def merge_archive(model_dir: str, archive: str, dtype: str, out: str) -> None:
+    """In a worker process: the PEFT archive ``archive`` folded into the base at ``model_dir`` in ``dtype``, zipped
+    into ``out`` (its folder is the caller's, removed by it)."""
+    from shared.adapter import merge_adapter
 
-        with zipfile.ZipFile(store.archive(archive_sha256)) as zf:
+    tmp = Path(tempfile.mkdtemp(dir=Path(out).parent))
+    try:
+        with zipfile.ZipFile(archive) as zf:
             zf.extractall(tmp / "adapter")
-        merge_adapter(Path(model_path), tmp / "adapter", tmp / "merged", dtype)
-        _zip_folder(tmp / "merged", tmp / "merged.zip")
-        path, sha256 = store.keep(tmp / "merged.zip", "merged", ".zip")
-        atomic_write_bytes(pointer, json.dumps({"sha256": sha256}).encode())
-        return path, sha256
+        merge_adapter(Path(model_dir), tmp / "adapter", tmp / "merged", dtype)
+        _zip_folder(tmp / "merged", Path(out))
     finally:
-        _MERGING.release()
         shutil.rmtree(tmp, ignore_errors=True)

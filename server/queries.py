@@ -19,6 +19,7 @@ from server.tables import (
     CohortMember,
     Device,
     Job,
+    MergedFile,
     Model,
     Program,
     Round,
@@ -35,6 +36,15 @@ def models(session: Session) -> list[Model]:
 
 def model_named(session: Session, name: str) -> Model | None:
     return session.scalar(select(Model).where(Model.name == name))
+
+
+def merged_file(session: Session, key: str) -> MergedFile | None:
+    """A kept merged download by its content key (``server.merged_builds``)."""
+    return session.get(MergedFile, key)
+
+
+def merged_keys(session: Session) -> set[str]:
+    return set(session.scalars(select(MergedFile.key)))
 
 
 def devices_of(session: Session, user_id: int) -> list[Device]:

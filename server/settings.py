@@ -82,6 +82,27 @@ class Settings(BaseSettings):
     inference_builds_per_device: int = Field(
         default=1, ge=1, description="inference programs one device may have building at once"
     )
+    merged_total_mb: float = Field(
+        default=32768.0,
+        gt=0,
+        description="merged downloads kept in the data dir, in all (MiB); past it the least recently downloaded are "
+        "removed, and a merge larger than it alone is refused (422)",
+    )
+    merged_per_user_mb: float = Field(
+        default=8192.0,
+        gt=0,
+        description="merged downloads kept for one user's downloads (MiB); past it that user's least recently "
+        "downloaded are removed first, and a merge larger than it alone is refused (422)",
+    )
+    merged_builds: int = Field(
+        default=1,
+        ge=1,
+        description="merged downloads building at once (each loads its base in a compile worker); more: 429 "
+        "Retry-After. They wait for the compile workers behind every job's compile",
+    )
+    merged_builds_per_user: int = Field(
+        default=1, ge=1, description="merged downloads one user's requests may have building at once"
+    )
     verify_workers: int = Field(
         default=2, ge=1, description="processes replaying uploaded results (MOBIZO_QUEUE=local)"
     )

@@ -7,6 +7,8 @@ Layout (everything but ``tmp/`` is written once and then only read):
   adapters/<sha256>.safetensors              uploaded LoRA-B (``b_flat``)
   logs/<sha256>.jsonl                        training logs
   archives/<sha256>.zip                      PEFT archives
+  merged/<key>.zip                           merged downloads, by what they are made of (``server.merged``); the
+                                             one folder whose files are removed (``drop_merged``: evicted)
   rounds/<sha256>.json                       a federated round's account (its clients, logs, B_r and B_{r+1})
   tmp/                                       uploads and builds in progress (emptied at start, under the lock)
   server.lock                                held (flock) by the one server that runs the in-process queues
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from server.object_store import SharedObjects
-from shared.files import open_private, private_dir, store_by_content
+from shared.files import PRIVATE_FILE, open_private, private_dir, sha256_file, store_by_content
 
 _CHUNK = 1 << 20
 
@@ -111,9 +113,32 @@ class ArtifactStore:
     def archive(self, sha256: str) -> Path:
         return self._here(f"archives/{sha256}.zip")
 
-    def merged(self, name: str) -> Path:
-        """A merged download (``server.merged``): ``<sha256>.zip``, or the pointer ``<archive sha256>-<dtype>.json``."""
-        return self._here(f"merged/{Path(name).name}")
+    def merged(self, key: str) -> Path:
+        """A merged download by its content key (``server.merged.merge_key``)."""
+        return self._here(f"merged/{Path(key).name}.zip")
+
+    def keep_merged(self, src: Path, key: str) -> dict[str, int | str]:
+        """Publish ``src`` (under ``tmp/``) as the merged download ``key`` → its ``sha256`` and ``size``; uploaded to
+        the shared tier, if any, before it is returned."""
+        sha256, size = sha256_file(src), src.stat().st_size
+        with open(src, "rb") as f:
+            os.fchmod(f.fileno(), PRIVATE_FILE)
+            os.fsync(f.fileno())
+        path = self.root / "merged" / f"{Path(key).name}.zip"
+        os.replace(src, path)
+        self._publish(path)
+        return {"sha256": sha256, "size": size}
+
+    def drop_merged(self, key: str) -> None:
+        """Remove the merged download ``key`` here and from the shared tier (evicted: its row is gone)."""
+        name = f"merged/{Path(key).name}.zip"
+        (self.root / name).unlink(missing_ok=True)
+        if self.shared is not None:
+            self.shared.delete_prefix(name)
+
+    def merged_files(self) -> list[Path]:
+        """Every file of this data dir's ``merged/`` (``MergedBuilds.remove_unrecorded`` checks them)."""
+        return sorted((self.root / "merged").iterdir())
 
     def round_record(self, sha256: str) -> Path:
         """A federated round's account (``server.federation``): B_r, its clients in order, their logs, B_{r+1}."""

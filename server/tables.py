@@ -281,6 +281,21 @@ class Adapter(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class MergedFile(Base):
+    """A merged download kept in the store (``server.merged_builds``): ``merged/<key>.zip``, an adapter folded into
+    its base. ``key`` hashes what the merge is made of (``server.merged.merge_key``: the base, B, the LoRA layout and
+    the dtype), so every adapter with the same shares the file. Its bytes count against the user whose download built
+    it; when a bound is passed the least recently downloaded (``used_at``) go first."""
+
+    __tablename__ = "merged_files"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    sha256: Mapped[str] = mapped_column(String(64))  # of the zip: its ETag
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    used_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
 class WebSession(Base):
     """A signed-in browser of the dashboard (``server.dashboard.web``): the cookie holds a random secret, the row its
     SHA-256, the user (or the admin: ``user_id`` None) and the CSRF token its forms carry. Signing out deletes the row.

@@ -5,11 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
 from shared.backends import MERGE_DTYPES
 from shared.errors import ExitCode, UsageError
+
+MERGE_WAIT_S = 3600.0  # a merge waits behind every job's compile on the server, then loads its base
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +34,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         help="the base model with the adapter folded in, a plain Hugging Face model folder (built by the server)",
     )
     download.add_argument("--dtype", choices=MERGE_DTYPES, default=MERGE_DTYPES[0], help="--merged: its weights' dtype")
+    download.add_argument(
+        "--wait-s",
+        type=float,
+        default=MERGE_WAIT_S,
+        help="--merged: how long to wait while the server builds the merge (it answers 503 until it is built)",
+    )
     add_connection_args(download)
 
 
@@ -50,6 +59,11 @@ def _unpack(archive: Path, out: Path) -> None:
         zf.extractall(tmp)
 
 
+def _building(event) -> None:
+    """Say why a merged download waits (stderr: stdout is the folder's path)."""
+    print(f"the server is building the merged model; asking again in {event.delay:.0f} s", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> ExitCode:
     client = client_from_args(args)
     if args.action == "list":
@@ -62,13 +76,16 @@ def run(args: argparse.Namespace) -> ExitCode:
         return ExitCode.OK
     if args.dtype != MERGE_DTYPES[0] and not args.merged:
         raise UsageError("dtype", "applies to --merged downloads")
+    if not args.wait_s > 0:
+        raise UsageError("wait-s", f"must be positive (got {args.wait_s:g})")
     out = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     path = f"/v1/adapters/{args.adapter_id}/" + (f"merged?dtype={args.dtype}" if args.merged else "download")
+    wait = {"wait_s": args.wait_s, "on_wait": _building} if args.merged else {}
     if args.zip:
-        client.download(path, out)
+        client.download(path, out, **wait)
     else:
-        archive = client.download(path, out.parent / f".{out.name}.zip")
+        archive = client.download(path, out.parent / f".{out.name}.zip", **wait)
         try:
             _unpack(archive, out)
         finally:

@@ -3,14 +3,17 @@ own adapters and those of the cohorts they are in now (a cohort's adapter is the
 
 from __future__ import annotations
 
-from fastapi import Query, Response
+from pathlib import Path
+
+from fastapi import Query, Response, status
 from fastapi.responses import FileResponse
 
 from server import queries
-from server.deps import CurrentUser, ObjectId, SessionDep, StoreDep
-from server.merged import merged_archive
+from server.deps import CurrentUser, MergedBuildsDep, ObjectId, SessionDep, StoreDep
+from server.merged import merge_key, prompts_sha256
+from server.merged_builds import RETRY_S, MergeBusy, MergeFailed, MergeTooLarge
 from server.registry import adapter_public as public
-from server.responses import FILE_RESPONSE, RANGE_ERRORS, IfNoneMatch, errors, field_error, serve_file
+from server.responses import FILE_RESPONSE, RANGE_ERRORS, IfNoneMatch, errors, field_error, serve_file, try_later
 from server.router import Router
 from server.tables import Model
 from server.views import archive_response, user_adapter
@@ -67,7 +70,20 @@ def download(
     responses={
         **FILE_RESPONSE,
         200: {"content": {"application/zip": {}}, "description": "a zipped Hugging Face model folder"},
-        **errors(400, 401, 403, 404, 416, 422, 429, **RANGE_ERRORS, e429="another merge is being built here"),
+        **errors(
+            400,
+            401,
+            403,
+            404,
+            416,
+            422,
+            429,
+            503,
+            **RANGE_ERRORS,
+            e422="dtype is not one of the merge's dtypes, or the merged model in it is larger than the server keeps",
+            e429="your downloads, or the server, have as many merges building as allowed: retry after Retry-After",
+            e503="the merge is being built (or failed a moment ago): retry after Retry-After",
+        ),
     },
 )
 def merged(
@@ -75,16 +91,30 @@ def merged(
     user: CurrentUser,
     session: SessionDep,
     store: StoreDep,
+    merges: MergedBuildsDep,
     dtype: str = Query(MERGE_DTYPES[0], description=f"the merged weights' dtype: {', '.join(MERGE_DTYPES)}"),
     if_none_match: str | None = IfNoneMatch,
 ) -> Response:
     """The base model with the adapter folded in (``W + (alpha / r) B A``), a zip of a plain Hugging Face folder
     (safetensors, config, tokenizer) for runtimes without LoRA: ``AutoModelForCausalLM.from_pretrained(that_dir)``.
-    Built on the first request per dtype (one at a time per server process), then served from the store."""
+    Built off the request on the first one (503 + Retry-After until it is), then served from the store, shared by
+    every adapter with the same base, B and LoRA layout (``server.merged_builds``)."""
     if dtype not in MERGE_DTYPES:
         raise field_error("dtype", f"choose one of {', '.join(MERGE_DTYPES)}", where="query")
     adapter = user_adapter(session, user.id, adapter_id)
     model = session.get_one(Model, adapter.model_id)
-    path, sha256 = merged_archive(store, model.path, adapter.archive_sha256, dtype)
+    layout = (adapter.rank, adapter.alpha, adapter.targets, adapter.a_seed)
+    key = merge_key(model.sha256, prompts_sha256(Path(model.path)), adapter.b_sha256, *layout, dtype)
+    try:
+        sha256 = merges.get(session, key, user.id, model.path, adapter.archive_sha256, dtype)
+    except MergeTooLarge as exc:
+        raise field_error("dtype", str(exc), where="query") from exc
+    except MergeBusy as exc:
+        raise try_later(status.HTTP_429_TOO_MANY_REQUESTS, f"{exc}: retry when one is built", RETRY_S) from exc
+    except MergeFailed as exc:
+        detail = f"building the merged model failed: {exc}; it is tried again after Retry-After"
+        raise try_later(status.HTTP_503_SERVICE_UNAVAILABLE, detail, exc.retry_after_s) from exc
+    if sha256 is None:
+        raise try_later(status.HTTP_503_SERVICE_UNAVAILABLE, "building the merged model", RETRY_S)
     filename = f"{model.name}-{adapter.task}-v{adapter.version}-merged-{dtype}.zip"
-    return serve_file(path, sha256, filename, if_none_match, "application/zip")
+    return serve_file(store.merged(key), sha256, filename, if_none_match, "application/zip")

@@ -140,9 +140,10 @@ def test_the_runner_backends_generate_what_the_python_runtime_generates(trained,
 
 
 def test_the_merged_download_is_the_adapter_folded_into_its_base(trained, tiny_model_dir, tmp_path, capsys):
-    """``GET /v1/adapters/{id}/merged``: a zip of a plain model folder whose weights are bit for bit what
+    """``GET /v1/adapters/{id}/merged``: built on the compile queue (503 + Retry-After until it is, which the CLI
+    waits through), a zip of a plain model folder whose weights are bit for bit what
     ``mobizo adapters merge`` folds on the host from the downloaded adapter (whose logits that command's own test
-    checks against PEFT); built once, then served by its ETag; a dtype it does not write is a 422 naming it."""
+    checks against PEFT); then served by its ETag; a dtype it does not write is a 422 naming it."""
     import io
     import zipfile
 
@@ -151,8 +152,10 @@ def test_the_merged_download_is_the_adapter_folded_into_its_base(trained, tiny_m
 
     stack, _, adapter_id, adapter_dir, _ = trained
     key = stack.user.headers["authorization"].split()[1]
+    building = stack.user.get(f"/v1/adapters/{adapter_id}/merged")  # the first request starts the merge
+    assert building.status_code == 503 and int(building.headers["retry-after"]) >= 1, building.text
     cli = ["adapters", "download", str(adapter_id), "--merged", "--server", stack.url, "--token", key]
-    assert main([*cli, "--out", str(tmp_path / "served")]) == 0  # mobizo's own client: fetched and unpacked
+    assert main([*cli, "--out", str(tmp_path / "served")]) == 0  # mobizo's own client: waits, fetches, unpacks
     r = stack.user.get(f"/v1/adapters/{adapter_id}/merged")
     assert r.status_code == 200 and r.headers["content-type"] == "application/zip", r.text
     with zipfile.ZipFile(io.BytesIO(r.content)) as zf:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from safetensors.numpy import save, save_file
 from sqlalchemy.orm import Session, sessionmaker
 
 from server import jobstate
-from server.compile_queue import export_inference
+from server.compile_queue import export_inference, export_merged
 from server.settings import Settings
 from server.store import ArtifactStore
 from shared.files import atomic_write_bytes as write_atomic
@@ -58,14 +59,20 @@ FAKE_PROGRAM_MB = 500  # the memory estimate of every fake program
 class FakeCompileQueue:
     """Compiles synchronously into small fake files, through the real job transitions (``server.jobstate``).
 
-    ``hold = True`` leaves submitted jobs queued until ``run_pending()``; ``fail_with`` makes compiles fail.
+    ``hold = True`` leaves submitted jobs queued until ``run_pending()``; ``fail_with`` makes compiles fail. The
+    LoRA layout of a fake program is the model's own (its linear layers), so a real model's adapters are real too.
+    Merges are real (``export_merged``), run by ``merge_pool`` (default: in this process); each waits for
+    ``merge_gate`` when one is set, and is counted in ``merges``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, merge_pool: Any = None) -> None:
         self.hold = False
         self.fail_with: str | None = None
         self.pending: list[int] = []
         self.cancelled: list[int] = []
+        self.merge_pool = merge_pool or InlinePool()
+        self.merge_gate: threading.Event | None = None
+        self.merges: list[str] = []
 
     def bind(self, sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> FakeCompileQueue:
         self.sessions, self.store = sessions, store
@@ -86,6 +93,12 @@ class FakeCompileQueue:
         """A real export (inference programs are not faked), in this process."""
         return export_inference(self.store, InlinePool().run, model_dir, model_sha256, config, key)
 
+    def build_merged(self, model_dir: str, archive_sha256: str, dtype: str, key: str) -> dict[str, Any]:
+        if self.merge_gate is not None:
+            self.merge_gate.wait(60)
+        self.merges.append(key)
+        return export_merged(self.store, self.merge_pool.run, model_dir, archive_sha256, dtype, key)
+
     def close(self) -> None:
         pass
 
@@ -102,10 +115,10 @@ class FakeCompileQueue:
             if self.fail_with is not None:
                 jobstate.fail(session, job_id, self.fail_with, ("compiling",))
             else:
-                jobstate.finish_compiling(session, job_id, self._build(work.spec, work.model_sha256))
+                jobstate.finish_compiling(session, job_id, self._build(work.spec, work.model_sha256, work.model_dir))
 
-    def _build(self, spec: dict[str, Any], model_sha: str) -> dict[str, Any]:
-        """Files and a manifest shaped like ``shared.program.export_program``'s."""
+    def _build(self, spec: dict[str, Any], model_sha: str, model_dir: str) -> dict[str, Any]:
+        """Files and a manifest shaped like ``shared.program.export_program``'s, its LoRA layout the model's."""
         config = program_config(spec, spec["answer_len"] or 1)
         key = hashlib.sha256(json.dumps([model_sha, config], sort_keys=True).encode()).hexdigest()
         write_atomic(self.store.program(key), f"program {key}".encode())
@@ -113,19 +126,32 @@ class FakeCompileQueue:
         for entry, name, data in (("ptd", "weights", b"w" * 5000), ("tokenizer", "tokenizer", b"{}")):
             files[entry] = write_atomic(self.store.blobs_dir / f"{name}-{hashlib.sha256(data).hexdigest()}", data)
         lora, offset = [], 0
-        for i in range(LAYERS):
-            for t in ("q_proj", "v_proj"):
-                if t in spec["targets"]:
-                    out = HIDDEN if t == "q_proj" else 4
-                    name = f"model.layers.{i}.self_attn.{t}"
-                    lora.append({"name": name, "in_features": HIDDEN, "out_features": out, "offset": offset})
-                    offset += out * spec["rank"]
+        for name, (out, inp) in _targets(model_dir, spec["targets"]):
+            lora.append({"name": name, "in_features": inp, "out_features": out, "offset": offset})
+            offset += out * spec["rank"]
         refs = {
             entry: {"file": path.name, "sha256": sha256_file(path), "size": path.stat().st_size}
             for entry, path in files.items()
         }
         manifest = fake_manifest(config, refs, lora, offset, FAKE_PROGRAM_MB)
         return {"key": key, "manifest": manifest, "answer_len": config["answer_len"]}
+
+
+def _targets(model_dir: str, targets: list[str]) -> list[tuple[str, list[int]]]:
+    """The model's linear layers of ``targets`` (name, [out, in]) in the order a program's LoRA takes them: layer by
+    layer, in the order of the targets within a layer."""
+    from shared.model_files import linear_modules
+
+    found = [(name, shape) for name, shape in linear_modules(Path(model_dir)).items() if name.split(".")[-1] in targets]
+
+    def place(item: tuple[str, list[int]]) -> tuple[int, int]:
+        parts = item[0].split(".")
+        return int(parts[2]), ORDER.index(parts[-1])
+
+    return sorted(found, key=place)
+
+
+ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class InlinePool:

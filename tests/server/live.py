@@ -55,6 +55,27 @@ def server_process(env: dict[str, str], log_file: Path, timeout: float = 60.0, w
                 proc.wait()
 
 
+def server_pid(url: str) -> int:
+    """The pid of the ``mobizo server`` process (``server_process``) listening at ``url``, found by its command
+    line."""
+    port = url.rsplit(":", 1)[1].encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"mobizo" in argv and b"server" in argv and port in argv:
+            return int(proc.name)
+    raise RuntimeError(f"no mobizo server process listens at {url}")
+
+
+def mapped(pid: int, package: str) -> list[str]:
+    """The files of ``package`` (a folder of site-packages: ``torch``) mapped into process ``pid``: the shared
+    libraries of an imported extension."""
+    lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return sorted({line.split()[-1] for line in lines if f"/site-packages/{package}/" in line})
+
+
 def _wait_healthy(url: str, proc: subprocess.Popen, log_file: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

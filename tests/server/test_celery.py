@@ -278,6 +278,37 @@ def _check_spool(storage: dict, tasks: int, answered: int) -> None:
     assert spools["out-"] <= spools["in-"]
 
 
+def test_a_merged_download_is_built_by_a_worker_of_the_compile_queue(env, tmp_path, tiny_model_dir):
+    """``GET /v1/adapters/{id}/merged`` on a server of the Celery queue: 503 + Retry-After while a worker of the
+    compile queue folds the adapter into its base (``mobizo.merge``), then the zip from the shared data dir."""
+    import io
+    import zipfile
+
+    from tests.server.factories import InlinePool
+    from tests.server.test_merged import _adapter
+
+    local = Settings(data_dir=Path(env["MOBIZO_DATA_DIR"]), database_url=env["DATABASE_URL"], admin_token=ADMIN_TOKEN)
+    with TestClient(create_app(local, queue_factory=FakeCompileQueue().bind)) as client:  # the adapter, made here
+        client.app.state.verify_pool = InlinePool()
+        register_model(client, tiny_model_dir)
+        user = create_user(client)
+        adapter_id = _adapter(client, user, enroll_device(client, user))
+    log_file = tmp_path / "worker.log"
+    with (
+        server_process(env, tmp_path / "server.log") as url,
+        worker_process(env, log_file, queues="compile"),
+        httpx.Client(base_url=url, headers=user, timeout=60) as http,
+    ):
+        first = http.get(f"/v1/adapters/{adapter_id}/merged", params={"dtype": "bfloat16"})
+        assert first.status_code == 503 and int(first.headers["retry-after"]) >= 1, first.text
+        deadline = time.monotonic() + 300
+        while (r := http.get(f"/v1/adapters/{adapter_id}/merged", params={"dtype": "bfloat16"})).status_code == 503:
+            assert time.monotonic() < deadline, log_file.read_text()[-3000:]
+            time.sleep(0.5)
+        assert r.status_code == 200 and zipfile.ZipFile(io.BytesIO(r.content)).testzip() is None, r.text
+    assert "mobizo.merge[" in log_file.read_text()
+
+
 def test_uploads_are_verified_by_a_worker_of_the_verify_queue(env, storage, tmp_path):
     """The upload route waits on the verify task: a B the log does not replay to is a 422 naming ``b_flat``, the
     right one a 201 with the replay's checks, both answered by a worker that takes only the verify queue; with a

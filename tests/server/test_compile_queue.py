@@ -110,7 +110,7 @@ def test_a_duplicate_task_leaves_a_compiling_job_alone_and_a_redelivery_takes_it
 
     def export(work):
         exports.append(work.job_id)
-        return queue._build(work.spec, work.model_sha256)
+        return queue._build(work.spec, work.model_sha256, work.model_dir)
 
     with sessions() as session:
         assert jobstate.start_compiling(session, job_id) is not None  # a worker took it ...

@@ -284,23 +284,6 @@ def test_a_forged_log_beyond_the_optimizers_bound_is_refused(client, tmp_path):
     _nothing_stored(client, job)
 
 
-def test_a_merged_download_is_refused_for_others_and_while_another_merge_runs(client, leased):
-    """Only who may see the adapter gets its merge (404 otherwise); a merge holds its base in memory, so while one
-    runs the next request is told to come back (429, Retry-After) at once, with nothing written."""
-    from server import merged
-
-    upload(client, leased["phone"], leased["job"]["id"], b_flat_bytes(leased["b"]), leased["log"])
-    other = create_user(client, "bob")
-    assert client.get("/v1/adapters/1/merged", headers=other).status_code == 404
-    assert merged._MERGING.acquire(blocking=False)
-    try:
-        busy = client.get("/v1/adapters/1/merged", headers=leased["user"])
-    finally:
-        merged._MERGING.release()
-    assert busy.status_code == 429 and int(busy.headers["retry-after"]) == merged.RETRY_AFTER_S
-    assert list((client.app.state.store.root / "merged").iterdir()) == []
-
-
 def test_listing_adapters_costs_the_same_statements_however_many_there_are(client, leased):
     """Each adapter's answer holds its job's prompt contract (from the job's program): the list loads the page's
     jobs and programs with it, so its SQL statements do not grow with the page."""
