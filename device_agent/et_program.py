@@ -143,7 +143,7 @@ class ProgramStep:
             self.session.set_state(flat_state(self.opt_state).numpy())
         private = None
         if self.privatizer is not None:
-            private = (float(np.float32(self.privatizer.clip)), self.privatizer.noise(self.q).numpy())
+            private = (float(np.float32(self.privatizer.clip)), self.privatizer.noise(self.q))
         losses, g = self.session.step(StepBatch(seed, lr32, ids, mask, targets), lr32, self.eps, private)
         self.b = torch.from_numpy(self.session.get_b())
         if self.opt_state:

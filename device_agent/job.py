@@ -151,13 +151,14 @@ def fetch_run(ctx: AgentContext, lease: LeasePublic, jobs: JobDir) -> tuple[Trai
 
 def private_noise(spec: JobSpec, seed: int) -> Callable[[int], tuple[float, np.ndarray]]:
     """A private job's step k -> (clip, the noise of its q g's): the standard deviation the server's noise
-    multiplier gives (``shared.privacy.noise_std``), drawn from the device's private seed (stream 1)."""
+    multiplier gives (``shared.privacy.noise_std``), drawn from the device's private seed (stream 1) by NumPy's
+    generator (``shared.privacy.Privatizer``): every backend takes these values, and they stay on this device."""
     from shared.privacy import noise_std, step_privatizer
 
     p = spec.privacy
     clip = float(np.float32(p.clip))
     std = noise_std(p.noise_multiplier, p.clip, spec.batch_size // spec.q)
-    return lambda k: (clip, step_privatizer(seed, k, p.clip, std).noise(spec.q).numpy())
+    return lambda k: (clip, step_privatizer(seed, k, p.clip, std).noise(spec.q))
 
 
 def prepare_batches(ctx: AgentContext, lease: LeasePublic, tokenizer_file: Path, jobs: JobDir) -> None:
@@ -255,16 +256,15 @@ def b_at_steps(
     init_b: np.ndarray, records: list[dict], steps: list[int], optimizer: str = "sgd"
 ) -> Iterator[tuple[int, np.ndarray]]:
     """(k, B after k steps) for each k of ``steps`` (ascending), replaying the log from ``init_b``: the same
-    update the device ran, so B_k is bit for bit the device's (the server's replay check rests on it)."""
-    import torch
-
+    update the device ran, so B_k is bit for bit the device's (the server's replay check rests on it). NumPy
+    (``shared.replay``): no torch on the device."""
     from shared.replay import replay_state
 
-    b, done, state = torch.from_numpy(np.asarray(init_b, dtype=np.float32)), 0, None
+    b, done, state = np.asarray(init_b, dtype=np.float32), 0, None
     for k in steps:
         b, state = replay_state(b, records[done:k], optimizer, state)
         done = k
-        yield k, b.numpy()
+        yield k, b
 
 
 def train(

@@ -2,10 +2,10 @@
 
 Step k trains on exactly what ``mobizo train`` uses (``shared.train``): the examples
 ``batch_indices(n, batch_size, seed, k)`` of the file, as one left-padded, query-major batch
-(``shared.data.training_batch``), with noise seed ``step_seed(seed, k)``. The one difference is the width: the
-batches file has one record size, so rows are padded to the program's ``seq_len`` and targets to its
-``answer_len`` (the program then runs each step at its longest row, ``batches.fit_width``); prompts are cut from
-the left to fit ``seq_len`` (``shared.data.encode``), as ``mobizo train --seq-len`` does. Each step
+(``shared.data.training_arrays``: NumPy, the device needs no torch), with noise seed ``step_seed(seed, k)``. The one
+difference is the width: the batches file has one record size, so rows are padded to the program's ``seq_len`` and
+targets to its ``answer_len`` (the program then runs each step at its longest row, ``batches.fit_width``); prompts
+are cut from the left to fit ``seq_len`` (``shared.data.encode``), as ``mobizo train --seq-len`` does. Each step
 carries its learning rate from the job's schedule (``shared.schedule.lr_at``) times its optimizer's factor
 (``shared.zo_optim.step_lr``), as ``mobizo train`` computes it.
 
@@ -78,7 +78,7 @@ def step_batches(
     example indices in place of the run's walk through epochs (a private job's, ``shared.privacy.step_sample``).
     ``optimizer``: the program's (``normalized`` folds its bias correction into each step's lr). ``bucket``: batches
     per length bucket (``shared.data.batch_indices``; every example is encoded first, for its length)."""
-    from shared.data import batch_indices, check_candidates, encode, pad_token_id, training_batch
+    from shared.data import batch_indices, check_candidates, encode, pad_token_id, training_arrays
     from shared.noise import step_seed
     from shared.schedule import lrs
     from shared.zo_optim import step_lr
@@ -101,15 +101,9 @@ def step_batches(
     pad = pad_token_id(tokenizer)
     for k, indices in enumerate(chosen):
         try:
-            batch = training_batch([encoded[i] for i in indices], pad, shape.seq_len, shape.answer_len)
+            arrays = training_arrays([encoded[i] for i in indices], pad, shape.seq_len, shape.answer_len)
         except DataError as exc:
             raise DataError(
                 f"step {k}: {exc} (the program fixes seq_len {shape.seq_len}, answer_len {shape.answer_len})"
             ) from None
-        yield StepBatch(
-            step_seed(seed, k),
-            rates[k],
-            batch.input_ids.numpy(),
-            batch.attention_mask.numpy(),
-            batch.targets.numpy(),
-        )
+        yield StepBatch(step_seed(seed, k), rates[k], *arrays)

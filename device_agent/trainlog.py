@@ -70,14 +70,12 @@ def resume_point(
     if ckpt is not None and (init_b is not None or not from_log):
         start, b = (ckpt.next_step, ckpt.b) if covered else (len(records), None)
     if start > 0 and from_log:
-        import torch
-
         from shared.replay import replay_state
         from shared.zo_optim import flat_state
 
-        replayed, kept = replay_state(torch.from_numpy(np.asarray(init_b, np.float32)), records[:start], optimizer)
-        b = replayed.numpy() if b is None else b
-        state = flat_state(kept).numpy() if kept else None
+        replayed, kept = replay_state(np.asarray(init_b, np.float32), records[:start], optimizer)  # NumPy: no torch
+        b = replayed if b is None else b
+        state = flat_state(kept) if kept else None
     atomic_write_bytes(Path(log_path), "".join(map(log_line, records[:start])).encode())
     return Resume(start, b, state)
 

@@ -1,14 +1,17 @@
 """The batch the algorithm trains on: left-padded rows whose answers end at the last column (docs/contracts.md).
 
 Only the type and its layout live here, so the algorithm (``shared.zo``, ``shared.program``) needs no data
-loading; ``shared.data.training_batch`` builds batches from encoded examples.
+loading; ``shared.data.training_batch`` builds batches from encoded examples. Torch-free at import (its tensors are
+the caller's), so the device's batch building needs no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 IGNORE_INDEX = -100  # target value of columns that are not answer tokens (torch's cross_entropy default)
 

@@ -16,7 +16,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import torch
 
 from shared.batch import IGNORE_INDEX, Batch, position_ids
 from shared.errors import DataError, UsageError
@@ -158,29 +157,40 @@ def _check_row(i: int, example: Encoded, seq_len: int, answer_cols: int) -> None
         raise DataError(f"example {i}: {len(example.prompt_ids) + len(answer)} tokens do not fit in seq_len {seq_len}")
 
 
-def training_batch(
+def training_arrays(
     examples: list[Encoded], pad_id: int, seq_len: int | None = None, answer_len: int | None = None
-) -> Batch:
-    """Rows of prompt + correct answer, left-padded to ``seq_len`` (default: the longest row), with the answer
-    tokens as targets in the last ``answer_len`` columns (default: the longest answer). Rows that do not fit are
-    a ``DataError``, never silently cut."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask, targets), int64 arrays: rows of prompt + correct answer, left-padded to
+    ``seq_len`` (default: the longest row), with the answer tokens as targets in the last ``answer_len`` columns
+    (default: the longest answer). Rows that do not fit are a ``DataError``, never silently cut. NumPy, so a device
+    without torch builds its batches (``device_agent.local_data``); ``training_batch`` is the same as tensors."""
     if not examples:
-        raise ValueError("training_batch needs at least one example")
+        raise ValueError("a batch needs at least one example")
     answers = [e.candidate_ids[e.label] for e in examples]
     cols = answer_len if answer_len is not None else max(map(len, answers))
     longest_row = max(len(e.prompt_ids) + len(a) for e, a in zip(examples, answers))
     width = seq_len if seq_len is not None else max(longest_row, cols + 1)
     if width < cols + 1:
         raise DataError(f"seq_len {width} leaves no column before an answer of {cols} tokens")
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    targets = torch.full((len(examples), cols), IGNORE_INDEX, dtype=torch.long)
+    input_ids = np.full((len(examples), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(examples), width), dtype=np.int64)
+    targets = np.full((len(examples), cols), IGNORE_INDEX, dtype=np.int64)
     for i, (example, answer) in enumerate(zip(examples, answers)):
         _check_row(i, example, width, cols)
         row = example.prompt_ids + answer
-        input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        input_ids[i, width - len(row) :] = row
         mask[i, width - len(row) :] = 1
-        targets[i, cols - len(answer) :] = torch.tensor(answer, dtype=torch.long)
+        targets[i, cols - len(answer) :] = answer
+    return input_ids, mask, targets
+
+
+def training_batch(
+    examples: list[Encoded], pad_id: int, seq_len: int | None = None, answer_len: int | None = None
+) -> Batch:
+    """``training_arrays`` as the ``Batch`` of torch tensors the algorithm trains on (its position ids added)."""
+    import torch
+
+    input_ids, mask, targets = (torch.from_numpy(a) for a in training_arrays(examples, pad_id, seq_len, answer_len))
     return Batch(input_ids, mask, position_ids(mask), targets)
 
 

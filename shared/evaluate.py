@@ -11,22 +11,23 @@ correct answers; ``classification``, the mean over examples of the cross-entropy
 from __future__ import annotations
 
 import math
-from typing import Any
-
-import torch
-import torch.nn.functional as F
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from shared.batch import IGNORE_INDEX
 from shared.calibration import calibrated
 from shared.data import Encoded, encode, pad_token_id, resolve_objective, training_batch
 from shared.tasks import Rendered, Task
 
+if TYPE_CHECKING:  # torch only where a model runs: a device scores its program's outputs with candidate_loss alone
+    import torch
+
 
 def _answer_nll(
     model: Any, rows: list[Encoded], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed negative log-likelihood of each row's answer tokens, and how many tokens that is (CPU tensors)."""
+    import torch.nn.functional as F
+
     batch = training_batch(rows, pad_id)
     targets = batch.targets.to(device)
     logits = model(
@@ -49,6 +50,9 @@ def _score_single_tokens(
     model: Any, encoded: list[Encoded], pad_id: int, batch_size: int, progress: bool
 ) -> tuple[list[list[float]], list[list[int]]]:
     """``_score_all`` for examples whose candidates are all single tokens: one row per example."""
+    import torch
+    from tqdm import tqdm
+
     device = next(model.parameters()).device
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].prompt_ids))  # chunks pad little
     nll: list[list[float]] = [[] for _ in encoded]
@@ -72,6 +76,8 @@ def _score_all(
     model: Any, encoded: list[Encoded], pad_id: int, batch_size: int, progress: bool
 ) -> tuple[list[list[float]], list[list[int]]]:
     """Summed NLL and token count for every candidate of every example: ``[example][candidate]``."""
+    from tqdm import tqdm
+
     device = next(model.parameters()).device
     nll = [[0.0] * len(e.candidate_ids) for e in encoded]
     count = [[0] * len(e.candidate_ids) for e in encoded]
@@ -134,6 +140,8 @@ def _scored(
     model: Any, encoded: list[Encoded], pad_id: int, batch_size: int, progress: bool
 ) -> tuple[list[list[float]], list[list[int]]]:
     """Summed NLL and token count of every candidate of every example, in eval mode under ``no_grad``."""
+    import torch
+
     was_training = model.training
     model.eval()
     try:

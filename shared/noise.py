@@ -13,12 +13,19 @@ single float multiply, each of which is exactly rounded on every implementation:
 All integers live in int64 but stay below 2**63: values are kept under 2**32 and multiplied only by constants
 under 2**31, so there is no signed overflow (undefined behaviour in the C++ kernels). Right shifts are written as
 floor division (ExecuTorch has no ``>>`` kernel). Indices must be in [0, 2**32) and seeds in [0, 2**31).
+
+The module imports torch only inside the torch twin's functions: a device without torch draws the same z with the
+NumPy twin (``noise_np``, ``step_noise_np``), and the step seeds are NumPy's (``step_seed``).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 MASK32 = 0xFFFFFFFF
 _MUL1 = 0x7FEB352D  # odd multipliers below 2**31 (the first is lowbias32's)
@@ -35,11 +42,15 @@ MAX_SEED = 1 << 31
 
 
 def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    import torch
+
     return torch.div(x, 1 << k, rounding_mode="floor")
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
     """A bijective 32-bit mixer on int64 tensors holding values in [0, 2**32)."""
+    import torch
+
     x = torch.bitwise_xor(x, _shr(x, 16))
     x = torch.bitwise_and(x * _MUL1, MASK32)
     x = torch.bitwise_xor(x, _shr(x, 15))
@@ -48,12 +59,16 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _keys(seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     base = mix32(torch.bitwise_xor(seed * 2, _SEED_SALT))
     return mix32(base), mix32(torch.bitwise_xor(base, 1))
 
 
 def noise(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """z[i] for each entry of ``index`` (int64) under ``seed`` (int64 tensor, broadcastable); float32, mean 0, var 1."""
+    import torch
+
     k1, k2 = _keys(seed)
     a = mix32(torch.bitwise_xor(index, k1))
     b = mix32(torch.bitwise_xor(a, k2))
@@ -68,12 +83,18 @@ def noise_range(seed: torch.Tensor, count: int, start: int = 0) -> torch.Tensor:
     the int64 temporaries of the generator (several per value, twice the bytes of the float32 result) scale with
     the slice, not with all q*D indices; the values are the same bits as one call over the whole range.
     """
-    if start < 0 or start + count > MAX_INDEX:
-        raise ValueError(f"noise range [{start}, {start + count}) is outside [0, 2**32)")
+    import torch
+
+    _check_range(start, count)
     return noise(seed, torch.arange(start, start + count, dtype=torch.int64, device=seed.device))
 
 
-# --- NumPy twin (server-side replay and tests): the same operations in the same order ---------------------------
+def _check_range(start: int, count: int) -> None:
+    if start < 0 or start + count > MAX_INDEX:
+        raise ValueError(f"noise range [{start}, {start + count}) is outside [0, 2**32)")
+
+
+# --- NumPy twin (the replay of a log, on the server and on a device): the same operations in the same order --------
 
 
 def _mix32_np(x: np.ndarray) -> np.ndarray:
@@ -94,6 +115,21 @@ def noise_np(seed: int, index: np.ndarray) -> np.ndarray:
     b = _mix32_np(a ^ k2)
     total = (a & (_HALF - 1)) + (a >> 16) + (b & (_HALF - 1)) + (b >> 16)
     return (total - _CENTRE).astype(np.float32) * np.float32(SCALE)
+
+
+def noise_range_np(seed: int, count: int, start: int = 0) -> np.ndarray:
+    """NumPy twin of :func:`noise_range`: z[start..start+count) under ``seed``, the same bits."""
+    _check_range(start, count)
+    return noise_np(seed, np.arange(start, start + count, dtype=np.int64))
+
+
+def step_noise_np(seed: int, q: int, size: int) -> np.ndarray:
+    """NumPy twin of ``shared.zo.step_noise``: z [q, D] of one step, query i at indices i*D .. (i+1)*D, generated
+    one query at a time (the int64 temporaries hold D values, not q*D)."""
+    z = np.empty((q, size), np.float32)
+    for i in range(q):
+        z[i] = noise_range_np(seed, size, start=i * size)
+    return z
 
 
 def step_seed(run_seed: int, step: int) -> int:

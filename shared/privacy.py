@@ -6,7 +6,10 @@ A private step (``shared.zo.zo_step`` with a ``Privatizer``):
 1. each example's own projected difference d = (loss(B + eps z_i) - loss(B - eps z_i)) / (2 eps) is clipped to
    [-C, C] (the example belongs to query i, one of q queries of E = batch / q examples each);
 2. g_i = mean of its E clipped differences + Gaussian noise of standard deviation sigma * 2C / E, drawn from a
-   generator whose seed stays on the device (the server cannot subtract it);
+   generator whose seed stays on the device (the server cannot subtract it): NumPy's (PCG64, ``standard_normal``
+   in float32), the one generator of every backend and of eager training, so a device without torch draws the
+   same noise as a run in PyTorch. The noise never leaves the device: the server knows its distribution
+   (``g_bound``), never its values;
 3. B is updated with the noised g, the log records the noised g alone: no losses, no per-example value.
 
 The batches are drawn uniformly without replacement, ``batch`` of the device's ``examples`` at each step, from a
@@ -24,9 +27,12 @@ stated false-rejection rate for the whole log.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 # The accountant's, here for the trainers and benchmarks (its home is torch-free: the server's processes use it).
 from shared.accounting import epsilon_spent as epsilon_spent
@@ -76,24 +82,25 @@ def step_privatizer(private_seed: int, step: int, clip: float, std: float) -> Pr
 @dataclass
 class Privatizer:
     """The device's side of a private step: the clip C, the noise's standard deviation, and the private generator
-    of the noise (seeded on the device, never uploaded); the step takes C and ``noise(q)`` as tensors
-    (``shared.zo.zo_step``)."""
+    of the noise (seeded on the device, never uploaded; NumPy's, whatever runs the step); the step takes C and
+    ``noise(q)`` as tensors or arrays (``shared.zo.zo_step``, a program's inputs)."""
 
     clip: float
     std: float
-    generator: torch.Generator
+    generator: np.random.Generator
 
     @classmethod
     def seeded(cls, clip: float, std: float, seed: int) -> Privatizer:
-        generator = torch.Generator().manual_seed(seed)
-        return cls(clip, std, generator)
+        return cls(clip, std, np.random.default_rng(seed))
 
-    def noise(self, q: int) -> torch.Tensor:
-        """The next step's noise of its q g's: float32, of the run's standard deviation."""
-        return torch.randn(q, generator=self.generator, dtype=torch.float32) * self.std
+    def noise(self, q: int) -> np.ndarray:
+        """The next step's noise of its q g's: float32 standard normals times the run's standard deviation (as a
+        float32), in float32."""
+        return self.generator.standard_normal(q, dtype=np.float32) * np.float32(self.std)
 
 
 def private_g(differences: torch.Tensor, clip: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """[q] private projected gradients: each example's difference [q, E] clipped to [-clip, clip], their mean per
-    query, plus ``noise`` [q]. Tensor arithmetic only, so that a program computes it as eager training does."""
+    query, plus ``noise`` [q]. Tensor arithmetic only (this module imports no torch), so that a program computes it
+    as eager training does."""
     return differences.clamp(-clip, clip).mean(dim=1) + noise

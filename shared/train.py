@@ -324,7 +324,8 @@ class MethodStep:
         if self.privatizer is None:
             return {}
         clip = torch.tensor([self.privatizer.clip], dtype=self.dtype, device=self.device)
-        return {"clip": clip, "g_noise": self.privatizer.noise(self.q).to(self.device, self.dtype)}
+        noise = torch.from_numpy(self.privatizer.noise(self.q))  # NumPy's draw, as every backend's
+        return {"clip": clip, "g_noise": noise.to(self.device, self.dtype)}
 
     def __call__(self, batch: Batch, seed: int, lr: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         lr = self.lr if lr is None else float(lr)

@@ -35,6 +35,7 @@ from shared.batch import Batch
 from shared.lora import MPLoRA
 from shared.noise import noise_range
 from shared.privacy import private_g
+from shared.zo_optim import updated_b
 
 
 def example_losses(
@@ -161,22 +162,10 @@ def weighted_gradients(losses: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     return g * curvature_weights(losses, eps).to(g.dtype)
 
 
-def weighted_sum(z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Σ g_i z_i, summed left to right so every implementation rounds the same way."""
-    acc = z[0] * g[0]
-    for i in range(1, z.shape[0]):
-        acc = acc + z[i] * g[i]
-    return acc
-
-
-def updated_b(b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
-    """B - (lr/q) Σ g_i z_i (the ``sgd`` update of ``shared.zo_optim``)."""
-    return b - weighted_sum(z, g) * (lr / z.shape[0])
-
-
 def step_noise(seed: torch.Tensor, q: int, size: int) -> torch.Tensor:
     """z [q, D] of one step: query i takes indices i*D .. (i+1)*D of the flat range, generated one query at a
-    time so the generator's int64 temporaries hold D values, not q*D (a step's peak memory, issue 11)."""
+    time so the generator's int64 temporaries hold D values, not q*D (a step's peak memory). Its NumPy twin is
+    ``shared.noise.step_noise_np``."""
     return torch.stack([noise_range(seed, size, start=i * size) for i in range(q)])
 
 

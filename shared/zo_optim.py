@@ -1,7 +1,7 @@
 """How a step's projected gradients move B: the ZO optimizers, each a fixed sequence of float32 operations, so that
 eager training and the replay of a log (``shared.replay``) rebuild the same B and optimizer state bit for bit.
 
-With u = (1/q) Σ g_i z_i (summed left to right, as ``shared.zo.updated_b``), step k at learning rate lr:
+With u = (1/q) Σ g_i z_i (summed left to right, ``weighted_sum``), step k at learning rate lr:
 
 - ``sgd`` (the default; today's update): B ← B − lr·u. No state.
 - ``momentum``: m ← β·m + (1 − β)·u, B ← B − lr·m (β = 0.9; an exponential average, so an lr tuned for ``sgd``
@@ -26,47 +26,74 @@ against it), with Z = max|z| (``shared.noise.MAX_Z``, 3.46) and mean|g| over the
 
 So ``sgd`` and ``momentum`` are bounded by the verifier's bound on |g| (each g what its losses give, losses in
 [0, MAX_LOSS]), and ``normalized`` by its learning rate alone.
+
+One sequence of operations for every kind of array: ``weighted_sum``, ``updated_b`` and ``update`` take torch tensors
+(the eager step, the exported program) or NumPy float32 arrays (the replay, ``shared.replay``, on the server and on a
+device without torch) and run the same float32 operations in the same order, so the two give the same bits. With
+NumPy 2's promotion rules (NEP 50) a Python float meets a float32 array as float32, as it meets a float32 tensor in
+torch; the one operation that needs its own spelling, √v, is ``_root``. The module imports torch only inside the
+functions that build torch state.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from shared.backends import OPTIMIZERS
 from shared.noise import MAX_Z
-from shared.zo import updated_b, weighted_sum
+
+if TYPE_CHECKING:
+    import torch
 
 BETA, BETA2, DELTA = 0.9, 0.99, 1e-8
+_STATE_NAMES = {"momentum": "m", "normalized": "v"}
 
 
-def new_state(optimizer: str, d: int, dtype: torch.dtype = torch.float32, device=None) -> dict[str, torch.Tensor]:
-    """The state before the first step: zeros."""
+def state_sizes(optimizer: str, d: int) -> dict[str, int]:
+    """The state's tensors and their lengths for a B of ``d``: momentum's m (D), normalized's v (1), none for sgd."""
     if optimizer == "momentum":
-        return {"m": torch.zeros(d, dtype=dtype, device=device)}
+        return {"m": d}
     if optimizer == "normalized":
-        return {"v": torch.zeros(1, dtype=dtype, device=device)}
+        return {"v": 1}
     if optimizer != "sgd":
         raise ValueError(f"unknown optimizer {optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
     return {}
 
 
+def new_state(optimizer: str, d: int, dtype: torch.dtype | None = None, device=None) -> dict[str, torch.Tensor]:
+    """The state before the first step: zeros (torch tensors, float32 unless ``dtype`` says)."""
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
+    return {name: torch.zeros(n, dtype=dtype, device=device) for name, n in state_sizes(optimizer, d).items()}
+
+
+def new_state_np(optimizer: str, d: int) -> dict[str, np.ndarray]:
+    """``new_state`` as NumPy float32 arrays (the replay's)."""
+    return {name: np.zeros(n, np.float32) for name, n in state_sizes(optimizer, d).items()}
+
+
 def state_size(optimizer: str, d: int) -> int:
     """Floats of the optimizer's state for a B of ``d``: what a program's ``set_opt_state`` takes."""
-    return sum(t.numel() for t in new_state(optimizer, d, device="meta").values())
+    return sum(state_sizes(optimizer, d).values())
 
 
-def flat_state(state: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The state as one flat tensor (every optimizer here keeps at most one tensor)."""
-    return next(iter(state.values())).reshape(-1) if state else torch.zeros(0)
+def flat_state(state: dict[str, Any]) -> Any:
+    """The state as one flat tensor or array (every optimizer here keeps at most one); an empty torch tensor for
+    none."""
+    if state:
+        return next(iter(state.values())).reshape(-1)
+    import torch
+
+    return torch.zeros(0)
 
 
-def state_of(optimizer: str, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The state dict of ``flat_state``'s tensor."""
-    names = {"momentum": "m", "normalized": "v"}
-    return {names[optimizer]: flat} if optimizer in names else {}
+def state_of(optimizer: str, flat: Any) -> dict[str, Any]:
+    """The state dict of ``flat_state``'s tensor or array."""
+    return {_STATE_NAMES[optimizer]: flat} if optimizer in _STATE_NAMES else {}
 
 
 def step_bound(optimizer: str, lr: float, g, carried: float = 0.0) -> tuple[float, float]:
@@ -95,10 +122,34 @@ def step_lr(optimizer: str, lr: float, step: int) -> float:
     return lr if factor == 1.0 else float(np.float32(lr * factor))
 
 
-def update(
-    optimizer: str, b: torch.Tensor, z: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(new B, new state) after one step; ``lr`` [1] is the step's (``lr_factor`` applied)."""
+def weighted_sum(z, g):
+    """Σ g_i z_i, summed left to right so every implementation rounds the same way (z [q, D], g [q]: tensors or
+    arrays)."""
+    acc = z[0] * g[0]
+    for i in range(1, z.shape[0]):
+        acc = acc + z[i] * g[i]
+    return acc
+
+
+def updated_b(b, z, g, lr):
+    """B - (lr/q) Σ g_i z_i (the ``sgd`` update; ``lr`` [1])."""
+    return b - weighted_sum(z, g) * (lr / z.shape[0])
+
+
+def _root(v):
+    """√v in float64, rounded once to float32: the correctly rounded float32 square root everywhere. XNNPACK's
+    float32 sqrt, and ATen's vectorized one, are not (1,347 of 4,096 and 17 % of values an ulp off on an x86-64 VM),
+    and float64 keeps the op in ExecuTorch's portable kernels."""
+    if isinstance(v, np.ndarray):
+        return np.sqrt(v.astype(np.float64)).astype(np.float32)
+    import torch
+
+    return torch.sqrt(v.to(torch.float64)).to(torch.float32)
+
+
+def update(optimizer: str, b, z, g, lr, state: dict) -> tuple[Any, dict]:
+    """(new B, new state) after one step; ``lr`` [1] is the step's (``lr_factor`` applied). Torch tensors or NumPy
+    float32 arrays throughout (the module's one sequence of operations)."""
     if optimizer == "sgd":  # today's exact arithmetic, which every existing log replays with
         return updated_b(b, z, g, lr), state
     u = weighted_sum(z, g) / z.shape[0]
@@ -107,8 +158,5 @@ def update(
         return b - m * lr, {"m": m}
     squares = weighted_sum(g[:, None], g)  # Σ g_i², left to right
     v = state["v"] * BETA2 + (squares / g.shape[0]) * (1.0 - BETA2)
-    # √v in float64, rounded once to float32: the correctly rounded float32 square root everywhere. XNNPACK's float32
-    # sqrt, and ATen's vectorized one, are not (1,347 of 4,096 and 17 % of values an ulp off on an x86-64 VM), and
-    # float64 keeps the op in ExecuTorch's portable kernels.
-    root = torch.sqrt(v.to(torch.float64)).to(torch.float32)
+    root = _root(v)
     return b - u * (lr / (root + DELTA)), {"v": v}

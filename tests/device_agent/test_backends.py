@@ -166,7 +166,7 @@ def test_adb_backend_runs_a_private_program_as_executorch_does(
     pte, manifest = program_factory(TINY_Q4.model_copy(update={"private": True}))
     shape, vocab = tiny_program.shape, tiny_program.vocab
     program = Program(pte, pte.parent / manifest.ptd.file, shape, vocab, manifest.lora_size, manifest)
-    private = lambda k: (0.5, step_privatizer(7, k, 0.5, 0.2).noise(TINY_Q4.q).numpy())  # noqa: E731
+    private = lambda k: (0.5, step_privatizer(7, k, 0.5, 0.2).noise(TINY_Q4.q))  # noqa: E731
     run = replace(train_run(program, make_batches(1500), tmp_path, every=0), private=private)
     full, done = train(make_backend("executorch"), run)
     quiet, _ = train(make_backend("executorch"), replace(run, private=lambda k: (0.5, np.zeros(TINY_Q4.q, np.float32))))

@@ -13,23 +13,32 @@ import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
-# What the server's routes and the REST client need: they must import (and work) where torch is not installed.
+# What the server's routes and the REST client need, and what a device computes (its batches, the replay, a private
+# step's noise): they must import (and work) where torch is not installed.
 TORCH_FREE = (
     "shared.accounting",
     "shared.aggregate",
     "shared.b_file",
     "shared.backends",
+    "shared.batch",
+    "shared.calibration",
+    "shared.data",
     "shared.defaults",
     "shared.errors",
+    "shared.evaluate",
     "shared.files",
     "shared.lru",
     "shared.manifest",
     "shared.memory",
     "shared.model_files",
+    "shared.noise",
+    "shared.privacy",
+    "shared.replay",
     "shared.schedule",
     "shared.schemas",
     "shared.tasks",
     "shared.train_log",
+    "shared.zo_optim",
 )
 
 _NO_TORCH = """

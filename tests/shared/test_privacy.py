@@ -60,9 +60,12 @@ def test_a_private_g_is_the_clipped_mean_plus_its_noise():
     clipped = torch.tensor([[0.5, -1.0, 1.0, 0.25], [-0.1, -0.2, 0.3, -1.0]]).mean(dim=1)
     none = torch.zeros(2)
     assert torch.equal(privacy.private_g(differences, torch.tensor([1.0]), none), clipped)
-    noisy = privacy.Privatizer.seeded(clip=1.0, std=0.5, seed=7)
-    noise = noisy.noise(2)
-    assert torch.equal(noise, torch.randn(2, generator=torch.Generator().manual_seed(7)) * 0.5)
+    noisy = privacy.Privatizer.seeded(clip=1.0, std=0.3, seed=7)
+    noise = noisy.noise(2)  # NumPy's generator (a device without torch draws it), float32
+    assert noise.dtype == np.float32
+    assert np.array_equal(noise, np.random.default_rng(7).standard_normal(2, dtype=np.float32) * np.float32(0.3))
+    assert not np.array_equal(noisy.noise(2), noise)  # the generator moves on
+    noise = torch.from_numpy(noise)
     assert torch.equal(privacy.private_g(differences, torch.tensor([1.0]), noise), clipped + noise)
     assert privacy.noise_std(0.8, 2.0, 4) == pytest.approx(0.8)  # sigma x the replace-one sensitivity 2C/E
 
