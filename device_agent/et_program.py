@@ -105,6 +105,15 @@ class ProgramSession:
         inputs = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays]
         return self._methods["evaluate"].execute(inputs)[0].numpy().copy()
 
+    def evaluate_points(self, points, chunks) -> list[np.ndarray]:
+        """``device_agent.evaluation.Evaluator``: each B of ``points`` set in turn (the last stays set; an optimizer
+        state restarts from zeros) and every chunk of rows evaluated under it, stacked per B."""
+        out = []
+        for b in points:
+            self.set_b(b)
+            out.append(np.stack([self.evaluate(*chunk) for chunk in chunks]))
+        return out
+
 
 class ProgramStep:
     """The program's step behind ``shared.train.MethodStep``'s interface (``b``, ``device``, ``step(batch, seed,

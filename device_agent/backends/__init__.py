@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from device_agent.backends.transports import Host
 from shared.manifest import ProgramManifest
+
+if TYPE_CHECKING:
+    from device_agent.evaluation import Evaluator
 
 
 @dataclass(frozen=True)
@@ -85,3 +88,9 @@ class Backend(Protocol):
 
     def forget(self, run: TrainRun) -> None:
         """Delete what the run left where the steps ran (its batches hold the user's tokens)."""
+
+    def evaluator(self, run: TrainRun) -> Evaluator:
+        """Where the run's held-out points are measured: its program's ``evaluate`` method on the runtime that
+        trained it (``device_agent.evaluation``): the ExecuTorch runtime in this process for ``executorch`` and
+        ``torch``, the native runner's ``evaluate`` mode where the runner runs for a runner backend
+        (``device_agent.runner_evaluator.RunnerEvaluator``)."""

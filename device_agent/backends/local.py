@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from device_agent.backends import OnStep, Outcome, ShouldStop, StepRecord, Train
 from device_agent.backends.transports import Host, ThisMachine
 from device_agent.batches import BatchesFile, StepBatch
 from device_agent.checkpoint import Checkpoint, save_checkpoint
+
+if TYPE_CHECKING:
+    from device_agent.et_program import ProgramSession
 
 
 class Engine(Protocol):
@@ -77,6 +80,9 @@ class LocalBackend:
     def forget(self, run: TrainRun) -> None:
         """Nothing to delete: the run's files are the caller's."""
 
+    def evaluator(self, run: TrainRun) -> ProgramSession:
+        return session_evaluator(run)
+
     def train(
         self,
         run: TrainRun,
@@ -98,6 +104,14 @@ class LocalBackend:
         every = run.checkpoint_every
         done = run_steps(engine, batches, run.eps, start, on_step, should_stop, checkpoint, every, run.private)
         return Outcome(done, engine.get_b() if done == len(batches) else None)
+
+
+def session_evaluator(run: TrainRun) -> ProgramSession:
+    """The run's program in the ExecuTorch runtime of this process, as the held-out evaluator of both local
+    backends (the torch backend's eager module has no ``.pte`` kernels: the device's figures are the program's)."""
+    from device_agent.et_program import ProgramSession
+
+    return ProgramSession(run.program, run.weights, widths=run.manifest.inputs.widths)
 
 
 def executorch_backend() -> LocalBackend:

@@ -104,11 +104,7 @@ int forward(int argc, char** argv) {
     shapes.push_back(sizes);
     tensors.push_back(from_blob(values.back().data(), sizes, ScalarType::Long));
   }
-  if (has_b) {
-    std::vector<float> b(b_size(module), 0.0f);
-    const TensorPtr tensor = from_blob(b.data(), {static_cast<SizesType>(b.size())}, ScalarType::Float);
-    check(module.execute("set_lora_b", std::vector<EValue>{EValue(tensor)}).error(), "set_lora_b");
-  }
+  if (has_b) set_lora_b(module, std::vector<float>(b_size(module), 0.0f));
   std::unique_ptr<BatchesReader> batches;
   if (!kv["--batches"].empty()) {
     batches = std::make_unique<BatchesReader>(kv["--batches"]);

@@ -78,9 +78,7 @@ int generate(int argc, char** argv) {
   // Both methods before any runs: loading a method re-initialises the shared B and KV-cache buffers.
   for (const char* name : {"forward", "set_lora_b"}) check(module.load_method(name), std::string("loading ") + name);
   // Always set, zeros without --b: set_lora_b also empties the KV cache, which the program does not store.
-  std::vector<float> b = kv.count("--b") ? read_b(kv["--b"]) : std::vector<float>(b_size(module), 0.0f);
-  const TensorPtr tensor = from_blob(b.data(), {static_cast<SizesType>(b.size())}, ScalarType::Float);
-  check(module.execute("set_lora_b", std::vector<EValue>{EValue(tensor)}).error(), "set_lora_b");
+  set_lora_b(module, kv.count("--b") ? read_b(kv["--b"]) : std::vector<float>(b_size(module), 0.0f));
   size_t position = 0;
   for (int64_t n = 0; n < max_new[0]; ++n) {
     const auto started = std::chrono::steady_clock::now();

@@ -1,6 +1,7 @@
 // mobizo_runner: runs a mobizo training program (.pte + .ptd) for steps [start, N) on a device;
-// `mobizo_runner generate ...` runs an inference program instead (generate.cpp), and `mobizo_runner forward ...`
-// times any program's forward on rows of ones (forward.cpp).
+// `mobizo_runner evaluate ...` runs the training program's evaluate method on held-out rows under given B's
+// (evaluate.cpp), `mobizo_runner generate ...` runs an inference program instead (generate.cpp), and
+// `mobizo_runner forward ...` times any program's forward on rows of ones (forward.cpp).
 //
 // Usage (see README.md):
 //   mobizo_runner --program P.pte --data W.ptd --batches F.mzb --eps EPS --out-b B.f32
@@ -110,12 +111,6 @@ std::vector<float> get_b(Module& module) {
   return std::vector<float>(p, p + t.numel());
 }
 
-void set_b(Module& module, std::vector<float> b) {
-  const auto size = static_cast<executorch::aten::SizesType>(b.size());
-  const TensorPtr tensor = from_blob(b.data(), {size}, ScalarType::Float);
-  check(module.execute("set_lora_b", std::vector<EValue>{EValue(tensor)}).error(), "set_lora_b");
-}
-
 // Loads every method before any runs: loading a method re-initialises the shared B buffer, so a
 // method loaded lazily after training began would silently reset B.
 void load_methods(Module& module, bool state) {
@@ -123,22 +118,6 @@ void load_methods(Module& module, bool state) {
   for (const char* name : {"forward", "get_lora_b", "set_lora_b"})
     check(module.load_method(name), std::string("loading method ") + name);
   if (state) check(module.load_method("set_opt_state"), "loading method set_opt_state (--init-state)");
-}
-
-void check_shapes(Module& module, const mobizo::BatchesReader& batches) {
-  auto meta = module.method_meta("forward");
-  check(meta.error(), "forward metadata");
-  auto ids = meta->input_tensor_meta(0);
-  auto targets = meta->input_tensor_meta(2);
-  check(ids.error(), "forward input 0");
-  check(targets.error(), "forward input 2");
-  const auto s = ids->sizes();
-  const auto t = targets->sizes();
-  if (s.size() != 2 || t.size() != 2 || uint32_t(s[0]) != batches.rows() || uint32_t(s[1]) != batches.seq_len() ||
-      uint32_t(t[0]) != batches.rows() || uint32_t(t[1]) != batches.answer_len())
-    throw RunnerError("batches shape [" + std::to_string(batches.rows()) + "," + std::to_string(batches.seq_len()) +
-                      "] answer " + std::to_string(batches.answer_len()) +
-                      " does not match the program's forward inputs");
 }
 
 // The initial B and the first step: from the checkpoint when one exists (resume), else --init-b,
@@ -151,7 +130,7 @@ uint64_t restore(Module& module, const Options& o, size_t d) {
     if (ckpt.b.size() != d)
       throw RunnerError(o.checkpoint + ": B has " + std::to_string(ckpt.b.size()) + " values, the program's B has " +
                         std::to_string(d));
-    set_b(module, std::move(ckpt.b));
+    mobizo::set_lora_b(module, std::move(ckpt.b));
     return ckpt.next_step;
   }
   if (!o.init_b.empty()) {
@@ -159,9 +138,9 @@ uint64_t restore(Module& module, const Options& o, size_t d) {
     if (b.size() != d)
       throw RunnerError(o.init_b + ": " + std::to_string(b.size()) + " values, the program's B has " +
                         std::to_string(d));
-    set_b(module, std::move(b));
+    mobizo::set_lora_b(module, std::move(b));
   } else {
-    set_b(module, std::vector<float>(d, 0.0f));
+    mobizo::set_lora_b(module, std::vector<float>(d, 0.0f));
   }
   return 0;
 }
@@ -206,33 +185,12 @@ PrivateInputs read_private(Module& module, const Options& o, uint32_t steps) {
   return p;
 }
 
-// With --min-width, the batch keeps only its last `width` columns: its longest row, at least the
-// minimum (device_agent.batches.fit_width). Rows are left-padded, so the columns cut are padding.
-uint32_t fit_width(mobizo::StepBatch& batch, uint32_t rows, uint32_t columns, uint64_t min_width) {
-  if (min_width == 0) return columns;
-  uint32_t first = columns;
-  for (uint32_t r = 0; r < rows; ++r)
-    for (uint32_t c = 0; c < first; ++c)
-      if (batch.attention_mask[size_t(r) * columns + c]) {
-        first = c;
-        break;
-      }
-  const uint32_t width = std::max<uint32_t>(columns - first, static_cast<uint32_t>(std::min<uint64_t>(min_width, columns)));
-  if (width == columns) return columns;
-  for (auto* values : {&batch.input_ids, &batch.attention_mask}) {
-    for (uint32_t r = 0; r < rows; ++r)
-      std::copy_n(values->begin() + size_t(r) * columns + (columns - width), width, values->begin() + size_t(r) * width);
-    values->resize(size_t(rows) * width);
-  }
-  return width;
-}
-
 void run_step(Module& module, mobizo::BatchesReader& batches, const Options& o, const PrivateInputs& priv,
               uint32_t step) {
   mobizo::StepBatch batch = batches.read(step);
   const auto rows = static_cast<executorch::aten::SizesType>(batches.rows());
-  const auto seq =
-      static_cast<executorch::aten::SizesType>(fit_width(batch, batches.rows(), batches.seq_len(), o.min_width));
+  const auto seq = static_cast<executorch::aten::SizesType>(
+      mobizo::fit_width(batch, batches.rows(), batches.seq_len(), o.min_width));
   const auto ans = static_cast<executorch::aten::SizesType>(batches.answer_len());
   float lr = batch.lr, eps = o.eps;
   // The TensorPtrs own the tensors' metadata, so they must outlive the EValues that view them.
@@ -282,7 +240,7 @@ int train(const Options& o) {
   mobizo::BatchesReader batches(o.batches);
   Module module(o.program, o.data, Module::LoadMode::Mmap, nullptr, nullptr, nullptr, /*share_memory_arenas=*/true);
   load_methods(module, !o.init_state.empty());
-  check_shapes(module, batches);
+  mobizo::check_batch_shapes(module, "forward", batches);
   const uint64_t end = std::min<uint64_t>(o.steps, batches.steps());
   const PrivateInputs priv = read_private(module, o, batches.steps());
   uint64_t step = restore(module, o, b_size(module));
@@ -308,6 +266,7 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
   try {
+    if (argc > 1 && std::string(argv[1]) == "evaluate") return mobizo::evaluate(argc - 2, argv + 2);
     if (argc > 1 && std::string(argv[1]) == "generate") return mobizo::generate(argc - 2, argv + 2);
     if (argc > 1 && std::string(argv[1]) == "forward") return mobizo::forward(argc - 2, argv + 2);
     return train(parse_args(argc - 1, argv + 1));

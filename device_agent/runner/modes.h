@@ -4,6 +4,9 @@
 
 namespace mobizo {
 
+// `mobizo_runner evaluate ARGS...` (evaluate.cpp): a training program's evaluate method on rows, under given B's.
+int evaluate(int argc, char** argv);
+
 // `mobizo_runner generate ARGS...` (generate.cpp): greedy generation with a mobizo inference program.
 int generate(int argc, char** argv);
 
