@@ -29,10 +29,10 @@ So ``sgd`` and ``momentum`` are bounded by the verifier's bound on |g| (each g w
 
 One sequence of operations for every kind of array: ``weighted_sum``, ``updated_b`` and ``update`` take torch tensors
 (the eager step, the exported program) or NumPy float32 arrays (the replay, ``shared.replay``, on the server and on a
-device without torch) and run the same float32 operations in the same order, so the two give the same bits. With
-NumPy 2's promotion rules (NEP 50) a Python float meets a float32 array as float32, as it meets a float32 tensor in
-torch; the one operation that needs its own spelling, √v, is ``_root``. The module imports torch only inside the
-functions that build torch state.
+device without torch) and run the same float32 operations in the same order, so the two give the same bits. A
+Python float meets a float32 array as a float32, in NumPy 2 (NEP 50) and in NumPy 1.26's rules alike, as it meets
+a float32 tensor in torch; the one operation that needs its own spelling, √v, is ``_root``. The module imports torch
+only inside the functions that build torch state.
 """
 
 from __future__ import annotations
