@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
@@ -38,9 +37,6 @@ from shared.errors import MobizoError
 from shared.files import atomic_write_bytes, private_dir
 from shared.retry import Backoff, RetryEvent, RetryPolicy, call_with_retry
 from shared.schemas import JobSpec, LeasePublic, RoundReportPublic
-
-if TYPE_CHECKING:
-    from device_agent.evaluation import Evaluator
 
 # What became of a job: it is over for this device (succeeded, cancelled, failed), or it may come back (stopped:
 # this agent is shutting down; lost: the lease went, the job may be leased again).
@@ -224,10 +220,10 @@ def evaluate_held_out(
     final_b: np.ndarray,
 ) -> list[dict]:
     """Accuracy and loss on the held-out slice with the starting B (step 0), every ``eval_every`` steps when the
-    job asks, and with the trained B ([] without a slice). Measured with the job's own program where the backend
-    says (``held_out_evaluator``: the runtime that trained it), all points in one call. B at an intermediate step k
-    is rebuilt from the log by replay (``b_at_steps``), so training never pauses to evaluate and a resumed job
-    measures the same points."""
+    job asks, and with the trained B ([] without a slice). Measured with the job's own program by the runtime that
+    trained it (``Backend.evaluator``: ExecuTorch's here, or the runner's evaluate mode where the runner runs), all
+    points in one call. B at an intermediate step k is rebuilt from the log by replay (``b_at_steps``), so training
+    never pauses to evaluate and a resumed job measures the same points."""
     from device_agent.evaluation import evaluate_points
     from device_agent.local_data import program_shape
     from shared.tokenizer_file import load_tokenizer_file
@@ -239,24 +235,13 @@ def evaluate_held_out(
     config, steps = run.manifest.config, lease.spec.steps
     at = eval_steps(steps, lease.spec.eval_every)[:-1]
     points = [*b_at_steps(run.init_b, records, at, config.optimizer), (steps, final_b)]
-    evaluator, shape, bs = held_out_evaluator(ctx.backend, run), program_shape(config), [b for _, b in points]
+    evaluator, shape, bs = ctx.backend.evaluator(run), program_shape(config), [b for _, b in points]
     found = evaluate_points(evaluator, bs, held_out, tokenizer, shape, task.kind, config.candidates, config.prior)
     evals = [{"step": step, **figures} for (step, _), figures in zip(points, found, strict=True)]
     for entry in evals:
         ctx.reporter.event("held_out_step", job_id=lease.job_id, **entry)
     ctx.reporter.event("held_out", job_id=lease.job_id, before=evals[0], after=evals[-1])
     return evals
-
-
-def held_out_evaluator(backend: Backend, run: TrainRun) -> Evaluator:
-    """``backend.evaluator(run)`` (``device_agent.evaluation.Evaluator``); a backend without one yet is measured by
-    the ExecuTorch runtime in this process."""
-    own = getattr(backend, "evaluator", None)
-    if own is not None:
-        return own(run)
-    from device_agent.backends.local import session_evaluator
-
-    return session_evaluator(run)
 
 
 def eval_steps(steps: int, every: int | None) -> list[int]:

@@ -1,6 +1,6 @@
 """Held-out evaluation through the native runner's ``evaluate`` mode (``device_agent/runner/README.md``): the
-``device_agent.evaluation.Evaluator`` of a backend that trains with the runner, on this host or on a phone, with
-no ExecuTorch Python runtime and no torch here.
+``device_agent.evaluation.Evaluator`` of the runner backends (``native``, ``adb``: ``RunnerBackend.evaluator``),
+with no ExecuTorch Python runtime and no torch here.
 
 All the points of a job go in one runner call: the chunks of rows as a batches file (``device_agent.batches``,
 records of seed 0 and lr 1, which the mode does not read), every B back to back in one raw float32 file; the runner
@@ -8,8 +8,9 @@ loads the program once, sets each B in turn and prints the ``evaluate`` method's
 line each (``%.9g``: a float32 round-trips exactly, so the figures are the runner's bits).
 
 Where the runner runs is the caller's: ``invoke(args)`` runs ``mobizo_runner`` with ``args`` there and returns its
-stdout (a failure raises). Each ``Path`` in ``args`` is a file on this machine that ``invoke`` makes available
-there first and passes as that path (a phone: pushed; this host: as it is, ``local_invoke``); other arguments are
+stdout's JSON lines (a failure raises ``MobizoError``). Each ``Path`` in ``args`` is a file on this machine that
+``invoke`` makes available there first and passes as that path (the runner backend pushes it through its
+transport; ``local_invoke`` runs a runner on this host with the files where they are); other arguments are
 strings. The files the evaluator writes are gone when the call returns; what ``invoke`` copied elsewhere (the rows
 hold the user's tokens) is its to delete.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,17 +30,17 @@ from device_agent.batches import Shape, StepBatch, write_batches
 from device_agent.checkpoint import save_b
 from shared.errors import MobizoError
 
-Invoke = Callable[[list[str | Path]], str]
+Invoke = Callable[[list[str | Path]], Iterable[dict]]
 
 
 def local_invoke(binary: Path) -> Invoke:
     """``invoke`` for a runner on this host: ``binary`` run with the arguments, files where they are."""
 
-    def invoke(args: list[str | Path]) -> str:
+    def invoke(args: list[str | Path]) -> Iterator[dict]:
         done = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise MobizoError(f"the runner's {args[0]} mode failed ({done.returncode}): {runner_said(done.stderr)}")
-        return done.stdout
+        return (json.loads(line) for line in done.stdout.splitlines() if line.strip())
 
     return invoke
 
@@ -74,14 +75,13 @@ class RunnerEvaluator:
             args += ["--batches", rows, "--b", bs]
             if self.widths is not None:
                 args += ["--min-width", str(self.widths[0])]
-            stdout = self.invoke(args)
-        return parse_evaluations(stdout, len(points), len(chunks))
+            lines = list(self.invoke(args))  # read while the files exist: an invoke may push them as it runs
+        return parse_evaluations(lines, len(points), len(chunks))
 
 
-def parse_evaluations(stdout: str, points: int, chunks: int) -> list[np.ndarray]:
+def parse_evaluations(lines: list[dict], points: int, chunks: int) -> list[np.ndarray]:
     """The evaluate mode's lines as one array per B, the chunks' outputs stacked (float32, the runner's bits);
     ``MobizoError`` unless there is exactly one line per (B, chunk), in order."""
-    lines = [json.loads(line) for line in stdout.splitlines() if line.strip()]
     order = [(line.get("b"), line.get("chunk")) for line in lines]
     if order != [(p, c) for p in range(points) for c in range(chunks)]:
         raise MobizoError(f"the runner's evaluate mode printed {len(lines)} lines, not {points} B's x {chunks} chunks")

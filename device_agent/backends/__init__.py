@@ -92,5 +92,5 @@ class Backend(Protocol):
     def evaluator(self, run: TrainRun) -> Evaluator:
         """Where the run's held-out points are measured: its program's ``evaluate`` method on the runtime that
         trained it (``device_agent.evaluation``): the ExecuTorch runtime in this process for ``executorch`` and
-        ``torch``, the native runner's ``evaluate`` mode where the runner runs for a runner backend
-        (``device_agent.runner_evaluator.RunnerEvaluator``)."""
+        ``torch`` (``device_agent.et_program.ProgramSession``), the runner's ``evaluate`` mode where the runner runs
+        for ``native`` and ``adb`` (``device_agent.runner_evaluator.RunnerEvaluator``)."""

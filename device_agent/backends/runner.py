@@ -5,7 +5,8 @@ this one driver on two transports.
 ``RunnerDriver`` runs any mode of the runner with files pushed: the runner itself (one binary, or a self-contained
 bundle folder started through its own loader, ``build.sh --bundle``), programs and weights go once each under names
 that carry their sha256, so a name there always means a whole file; scratch files go to a folder of their own.
-``RunnerBackend`` trains with it: a job's batches go to the job's folder, the runner's stdout lines stream into
+``RunnerBackend`` trains with it (and measures a job's held-out points with the evaluate mode,
+``device_agent.runner_evaluator``): a job's batches go to the job's folder, the runner's stdout lines stream into
 step records as it prints them, a stop is asked by creating the runner's stop file (no signal crosses adb): it
 finishes the step, checkpoints there and exits 75; the checkpoint is then pulled here. To resume, the agent's
 checkpoint is pushed where the runner looks for it (and a momentum or normalized program's state, rebuilt from the
@@ -27,6 +28,7 @@ import threading
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +37,9 @@ from device_agent.backends.transports import Transport
 from device_agent.checkpoint import Checkpoint, decode, load_b, save_b, save_checkpoint
 from shared.errors import MobizoError
 from shared.files import sha256_file
+
+if TYPE_CHECKING:
+    from device_agent.runner_evaluator import RunnerEvaluator
 
 EXIT_STOPPED = 75  # the runner's "stopped after finishing a step" (device_agent/runner/README.md)
 BUNDLE_PROGRAM = "mobizo_runner.bin"  # the runner in a bundle
@@ -164,6 +169,25 @@ class RunnerBackend:
 
     def forget(self, run: TrainRun) -> None:
         self.host.shell(f"rm -rf {shlex.quote(self._job_dir(run))}", check=False)
+
+    def evaluator(self, run: TrainRun) -> RunnerEvaluator:
+        """The run's held-out points measured by the runner's evaluate mode where it trains: the program and weights
+        pushed once by content (as for training), the rows and B's into the job's folder (gone with it, ``forget``)."""
+        from device_agent.runner_evaluator import RunnerEvaluator
+
+        def invoke(args: list[str | Path]) -> Iterator[dict]:
+            driver = self.driver
+            job = driver.folder(f"jobs/{run.key}")
+            stored = {
+                run.program: driver.store(run.program, run.manifest.pte.sha256, ".pte"),
+                run.weights: driver.store(run.weights, run.manifest.ptd.sha256, ".ptd"),
+            }
+            there = [
+                a if isinstance(a, str) else stored.get(a) or driver.put(a, f"{job}/held-out-{a.name}") for a in args
+            ]
+            return driver.lines(there, "evaluate mode")
+
+        return RunnerEvaluator(invoke, run.program, run.weights, run.manifest.inputs.widths)
 
     def _stage(
         self, run: TrainRun, start: int, start_b: np.ndarray | None, start_state: np.ndarray | None

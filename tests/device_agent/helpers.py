@@ -13,25 +13,6 @@ from device_agent.batches import BatchesFile, Shape, StepBatch
 from device_agent.et_program import ProgramSession
 from shared.manifest import ProgramManifest
 
-# The head of a script run with ``python -c`` as a device install runs it: torch and ExecuTorch are not there (an
-# import fails as for a missing package, and ``importlib.util.find_spec``, which libraries probe with, finds nothing).
-WITHOUT_TORCH = """
-import importlib.abc, importlib.util, sys
-
-def _absent(name):
-    return name.split(".")[0] in ("torch", "executorch")
-
-class _DeviceInstall(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if _absent(name):
-            raise ModuleNotFoundError(f"No module named {name!r} (not on this device)", name=name)
-        return None
-
-sys.meta_path.insert(0, _DeviceInstall())
-_find_spec = importlib.util.find_spec
-importlib.util.find_spec = lambda name, package=None: None if _absent(name) else _find_spec(name, package)
-"""
-
 LR, EPS = "0.05", "0.01"  # LR: every step's lr in random_steps unless told otherwise
 
 

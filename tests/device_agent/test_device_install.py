@@ -38,6 +38,7 @@ DEVICE_MODULES = (
     "device_agent.local_data",
     "device_agent.metrics",
     "device_agent.native_log",
+    "device_agent.runner_evaluator",
     "device_agent.runner_path",
     "device_agent.trainlog",
     "device_agent.backends",

@@ -1,6 +1,6 @@
-"""What the agent computes runs where torch and ExecuTorch's Python runtime cannot be imported (a device install):
-its batches, the replay behind a resume and the held-out points, a private job's noise and the held-out figures,
-each equal, bit for bit, to what the torch path computes in this process."""
+"""What the agent computes runs in a device install (``mobizo[device]``: no torch, ExecuTorch or transformers,
+simulated by ``tests/utils/device_install``): its batches, the replay behind a resume and the held-out points, a
+private job's noise and the held-out figures, each equal, bit for bit, to what the torch path computes here."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.device_agent.helpers import WITHOUT_TORCH
+from tests.device_agent.test_device_install import device_env
 
 pytestmark = pytest.mark.numerics
 
-REPO = Path(__file__).resolve().parents[2]
 
 _DEVICE = """
 import json, sys
@@ -66,7 +65,7 @@ figures = evaluate_points(Table(), [init, init * 2], rendered[:12], tokenizer, S
                           (392, 373))
 np.savez(folder / "out.npz", **out)
 (folder / "figures.json").write_text(json.dumps(figures))
-assert not any(m == "torch" or m.startswith(("torch.", "executorch")) for m in sys.modules)
+assert not {m.partition(".")[0] for m in sys.modules} & {"torch", "executorch", "transformers"}
 """
 
 
@@ -94,7 +93,7 @@ def test_the_device_computes_the_torch_paths_bits_without_torch(tiny_model_dir: 
     case = {"data": str(data), "log": log, "private_seed": 12345, "privacy": private}
     (tmp_path / "case.json").write_text(json.dumps(case))
     run = subprocess.run(
-        [sys.executable, "-c", WITHOUT_TORCH + _DEVICE, str(tmp_path)], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-c", _DEVICE, str(tmp_path)], capture_output=True, text=True, env=device_env()
     )
     assert run.returncode == 0, run.stderr[-3000:]
     got = np.load(tmp_path / "out.npz")

@@ -1,6 +1,7 @@
 """The native runner's evaluate mode against the ExecuTorch Python runtime: the same program, B and rows give the same
 outputs bit for bit (the runner and the pybindings link the same kernels), and a job's held-out figures through the
-runner (``RunnerEvaluator``, in a process without torch or ExecuTorch's Python runtime) are ``ProgramSession``'s."""
+runner (``RunnerEvaluator``, in a device install: no torch, ExecuTorch or transformers) are ``ProgramSession``'s, as
+the runner backends measure them."""
 
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ from device_agent.et_program import ProgramSession
 from device_agent.evaluation import evaluate_program
 from device_agent.runner_evaluator import RunnerEvaluator, local_invoke
 from shared.errors import MobizoError
-from tests.device_agent.helpers import WITHOUT_TORCH, Program, random_steps
+from tests.device_agent.helpers import Program, random_steps
+from tests.device_agent.test_device_install import device_env
 from tests.utils.programs import TINY_Q1, TINY_Q4
 
 pytestmark = pytest.mark.slow  # the session's program exports
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def chunks_of(program: Program, count: int, seed: int, candidates: tuple = ()) -> list[tuple]:
@@ -87,7 +87,7 @@ points = [np.asarray(b, np.float32) for b in case["points"]]
 rendered = load_examples(get_task("sst2"), case["data"], limit=21)
 figures = evaluate_points(evaluator, points, rendered, load_tokenizer_file(Path(case["tokenizer"])),
                           Shape(*case["shape"]), "classification", tuple(case["candidates"]))
-assert not any(m == "torch" or m.startswith(("torch.", "executorch")) for m in sys.modules)
+assert not {m.partition(".")[0] for m in sys.modules} & {"torch", "executorch", "transformers"}
 print(json.dumps(figures))
 """
 
@@ -95,8 +95,8 @@ print(json.dumps(figures))
 def test_held_out_figures_through_the_runner_without_torch_are_the_sessions(
     runner_binary: Path, tiny_program: Program, tmp_path: Path
 ) -> None:
-    """21 SST-2 examples (three chunks of 8, the last padded), three B's in one runner call, in a process that
-    cannot import torch or ExecuTorch: the figures ``evaluate_program`` gives through ``ProgramSession``."""
+    """21 SST-2 examples (three chunks of 8, the last padded), three B's in one runner call, in a device install:
+    the figures ``evaluate_program`` gives through ``ProgramSession``."""
     from shared.data import load_examples
     from shared.tasks import get_task, task_data_dir
     from shared.tokenizer_file import load_tokenizer_file
@@ -109,11 +109,9 @@ def test_held_out_figures_through_the_runner_without_torch_are_the_sessions(
     case |= {"points": [b.tolist() for b in points], "data": str(data), "tokenizer": str(tokenizer_file)}
     case |= {"shape": list(vars(tiny_program.shape).values()), "candidates": list(TINY_Q4.candidates)}
     (tmp_path / "case.json").write_text(json.dumps(case))
+    case_file = tmp_path / "case.json"
     run = subprocess.run(
-        [sys.executable, "-c", WITHOUT_TORCH + _DEVICE, str(tmp_path / "case.json")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+        [sys.executable, "-c", _DEVICE, str(case_file)], capture_output=True, text=True, env=device_env()
     )
     assert run.returncode == 0, run.stderr[-3000:]
     through_runner = json.loads(run.stdout)
@@ -126,26 +124,35 @@ def test_held_out_figures_through_the_runner_without_torch_are_the_sessions(
     assert figures["n"] == 21 and len({f["loss"] for f in through_runner}) == 3
 
 
-def test_the_agent_measures_with_the_backends_evaluator(tiny_program: Program, tmp_path: Path) -> None:
-    """``held_out_evaluator``: the backend's own (the local backends: the ExecuTorch runtime here), and for a
-    backend without one, the ExecuTorch runtime here."""
+def test_each_backend_measures_with_its_runtime_the_same_figures(
+    runner_binary: Path, tiny_program: Program, tmp_path: Path
+) -> None:
+    """``Backend.evaluator``: the local backends' is the ExecuTorch runtime here, the native backend's the runner's
+    evaluate mode under its work folder (the rows in the job's folder until ``forget``); both give the figures of
+    every point alike."""
     from device_agent.backends import TrainRun
     from device_agent.backends.make import make_backend
-    from device_agent.job import held_out_evaluator
+    from device_agent.evaluation import evaluate_points
+    from shared.data import load_examples
+    from shared.tasks import get_task, task_data_dir
+    from shared.tokenizer_file import load_tokenizer_file
 
     zeros = np.zeros(tiny_program.d, np.float32)
     run = TrainRun("job-e", *tiny_program.files, tiny_program.manifest, tmp_path / "b.mzb", 0.01, zeros, tmp_path, 0)
-    own = held_out_evaluator(make_backend("executorch"), run)
-    assert isinstance(own, ProgramSession) and own.widths == tiny_program.manifest.inputs.widths
-
-    class Phone:
-        name = "adb"
-
-        def evaluator(self, run):
-            return ("runner", run.key)
-
-    assert held_out_evaluator(Phone(), replace(run, key="job-f")) == ("runner", "job-f")
-    assert isinstance(held_out_evaluator(object(), run), ProgramSession)
+    local = make_backend("executorch").evaluator(run)
+    assert isinstance(local, ProgramSession) and local.widths == tiny_program.manifest.inputs.widths
+    native = make_backend("native", runner=runner_binary, work_dir=tmp_path / "work")
+    evaluator = native.evaluator(run)
+    assert isinstance(evaluator, RunnerEvaluator)
+    rendered = load_examples(get_task("sst2"), task_data_dir() / "sst2" / "train.jsonl", limit=10)
+    tokenizer = load_tokenizer_file(tiny_program.pte.parent / tiny_program.manifest.tokenizer.file)
+    how = (rendered, tokenizer, tiny_program.shape, "classification", TINY_Q4.candidates)
+    points = points_of(tiny_program.d)
+    assert evaluate_points(evaluator, points, *how) == evaluate_points(local, points, *how)
+    job = tmp_path / "work" / "native" / "jobs" / "job-e"
+    assert sorted(p.name for p in job.iterdir()) == ["held-out-b.f32", "held-out-rows.mzb"]
+    native.forget(run)
+    assert not job.exists()
 
 
 def test_bad_inputs_are_refused_with_the_reason(runner_binary: Path, tiny_program: Program, tmp_path: Path) -> None:
