@@ -4,7 +4,7 @@
 # aarch64 wheels, as `pip install 'mobizo[device]'` installs it on a Raspberry Pi or a Jetson.
 #
 #   arm64_device.sh              build what is missing and print the root's path (the venv is ROOT/opt/mobizo)
-#   arm64_device.sh run CMD...   run CMD inside the root (its own mount namespace, /proc mounted, a clean
+#   arm64_device.sh run CMD...   run CMD inside the root (its own mount namespace, /proc and /sys mounted, a clean
 #                                environment with HOME=/root; MOBIZO_* variables pass through)
 #
 # Cached outside the clone, keyed by their inputs (MOBIZO_ARM64_CACHE, default /var/cache/mobizo/arm64):
@@ -100,6 +100,7 @@ in_root() {  # in_root ROOT CMD...: CMD inside ROOT, in a mount namespace of its
     root="$1"; shift
     mount -t proc proc "$root/proc"
     mount --rbind /dev "$root/dev"
+    mount --rbind /sys "$root/sys"
     mount -t tmpfs tmpfs "$root/tmp"
     exec chroot "$root" "$@"' sh "$root" \
     env -i PATH=/opt/mobizo/bin:/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 "${pass[@]}" "$@"
