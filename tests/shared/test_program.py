@@ -134,7 +134,7 @@ def test_a_user_s_text_trains_through_the_program_as_eager_and_its_log_replays_b
     session.set_b(np.zeros(manifest.lora_size, np.float32))
     eager, log = _eager(tiny_model_dir, cfg), []
     for k, batch in enumerate(batches):
-        noise = step_privatizer(7, k, clip, 0.1).noise(cfg.q).numpy()
+        noise = step_privatizer(7, k, clip, 0.1).noise(cfg.q)  # NumPy float32
         with torch.no_grad():
             eager.lora_b.copy_(torch.from_numpy(session.get_b()))  # the same B: compare the step itself
             columns = [torch.from_numpy(a).long() for a in (batch.input_ids, batch.attention_mask, batch.targets)]
