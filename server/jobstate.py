@@ -6,6 +6,14 @@ routes, the compile queue and the lease sweeper (``tests/server/test_structure.p
                                 └───┘ lease expired: back to ready, attempts counted
     cancelled from any state before succeeded/failed.
 
+A standing job (``standing``) is never leased itself: compiled, it stays ``ready`` — waiting for its next session —
+and each time an eligible device of its user asks for work with no session of it in flight, ``lease_session``
+creates a session, a job of its own that starts ``running`` under that device's lease from the standing job's
+promoted adapter, and then goes the ordinary way (lease expiry, failure, cancel, result). A session's result
+(``accept_result``) promotes its version when its held-out loss after is below before (the version it started
+from, on the same slice); after ``sessions`` sessions that published a version the standing job succeeds.
+Cancelling a standing job cancels its session in flight.
+
 A federated job (``cohort_id`` set) is ``ready`` until its first client leases round 0, then ``running`` through
 its rounds, each of which goes
 
@@ -51,7 +59,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from server import accounts, registry
 from server.db import begin_write
@@ -298,6 +306,8 @@ def accept_result(
             return None
         try:
             adapter = registry.add_version(session, job, spec, files, metrics)
+            if job.standing_job_id is not None:
+                end_session(session, job, adapter)
             publish()
             session.commit()
             return adapter
@@ -306,14 +316,107 @@ def accept_result(
     raise VersionTaken(f"job {job.id}: could not allocate an adapter version")
 
 
-def cancel(session: Session, job: Job) -> bool:
-    """→ cancelled unless the job already finished; the leased device learns it from its next heartbeat."""
+def promotes(held_out: dict[str, Any] | None) -> bool:
+    """The promotion rule of a standing job's session: its held-out loss after training is below its loss before
+    (the version the session started from, measured on the same held-out slice of the same data)."""
+    if held_out is None:
+        return False
+    before, after = held_out["before"].get("loss"), held_out["after"].get("loss")
+    return before is not None and after is not None and after < before
+
+
+def end_session(session: Session, job: Job, adapter: Adapter) -> None:
+    """A session of a standing job published ``adapter``: promoted (``promotes``) if the session started from the
+    standing job's promoted version (else kept, not promoted); the standing job succeeds once ``sessions`` of its
+    sessions published a version. The caller commits, with the session's ``succeeded`` and its adapter."""
     begin_write(session)
+    standing = session.scalars(select(Job).where(Job.id == job.standing_job_id).with_for_update()).one()
+    start = standing.promoted_adapter_id or standing.init_adapter_id
+    adapter.promoted = job.init_adapter_id == start and promotes(adapter.held_out)
+    values: dict[str, Any] = {"updated_at": utcnow()}
+    if adapter.promoted:
+        values["promoted_adapter_id"] = adapter.id
+    cap = standing.spec.get("sessions")
+    if cap is not None and sessions_run(session, standing.id) >= cap:
+        values["status"] = "succeeded"
+    session.execute(update(Job).where(Job.id == standing.id, Job.status == "ready").values(**values))
+
+
+def sessions_run(session: Session, standing_job_id: int) -> int:
+    """A standing job's sessions that published a version."""
+    done = select(func.count(Job.id)).where(Job.standing_job_id == standing_job_id, Job.status == "succeeded")
+    return session.scalar(done) or 0
+
+
+def lease_session(session: Session, device: LeasingDevice, lease_s: int) -> Job | None:
+    """The next session of the oldest standing job of the device's user that fits it (as ``lease_next``) and has
+    no session in flight: a new job, ``running`` under the device's lease, with the standing job's spec and program,
+    starting from its promoted adapter (before a first promotion, the standing job's own starting adapter, if any).
+    None when there is none; commits.
+
+    The standing job's row is locked (``FOR UPDATE SKIP LOCKED``), so two devices of one user asking at once cannot
+    both start a session of it."""
+    begin_write(session)
+    live = aliased(Job)
+    in_flight = exists().where(live.standing_job_id == Job.id, live.status.not_in(TERMINAL_STATUSES))
+    standing = session.scalars(
+        select(Job)
+        .where(
+            Job.user_id == device.user_id,
+            Job.standing.is_(True),
+            Job.status == "ready",
+            ~in_flight,
+            or_(Job.device_id.is_(None), Job.device_id == device.id),
+            or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
+            fits_memory(device.memory_mb),
+        )
+        .order_by(Job.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    ).first()
+    if standing is None:
+        session.commit()
+        return None
+    now = utcnow()
+    start = standing.promoted_adapter_id or standing.init_adapter_id
+    job = Job(
+        user_id=standing.user_id,
+        model_id=standing.model_id,
+        task=standing.task,
+        spec={**standing.spec, "standing": False, "sessions": None, "init_adapter_id": start},
+        answer_len=standing.answer_len,
+        status="running",
+        device_id=standing.device_id,
+        device_backend=standing.device_backend,
+        init_adapter_id=start,
+        program_id=standing.program_id,
+        standing_job_id=standing.id,
+        leased_device_id=device.id,
+        lease_expires_at=now + timedelta(seconds=lease_s),
+        attempts=1,
+    )
+    session.add(job)
+    standing.updated_at = now
+    session.commit()
+    return job
+
+
+def cancel(session: Session, job: Job) -> bool:
+    """→ cancelled unless the job already finished, a standing job's session in flight with it; the leased device
+    learns it from its next heartbeat."""
+    begin_write(session)
+    now = utcnow()
     moved = session.execute(
         update(Job)
         .where(Job.id == job.id, Job.status.not_in(TERMINAL_STATUSES))
-        .values(status="cancelled", lease_expires_at=None, updated_at=utcnow())
+        .values(status="cancelled", lease_expires_at=None, updated_at=now)
     ).rowcount
+    if moved and job.standing:
+        session.execute(
+            update(Job)
+            .where(Job.standing_job_id == job.id, Job.status.not_in(TERMINAL_STATUSES))
+            .values(status="cancelled", lease_expires_at=None, updated_at=now)
+        )
     session.commit()
     session.refresh(job)
     return bool(moved)
@@ -432,7 +535,8 @@ def fits_memory(free_mb: int | None):
 
 
 def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | None:
-    """Hand the oldest ready job of the device's user that fits it to the device (ready → running).
+    """Hand the oldest ready job of the device's user that fits it to the device (ready → running); never a
+    standing job itself (``lease_session`` starts its sessions).
 
     Fits: the job names this device or none, wants this device's backend or any, and its program's memory
     estimate is within the free memory the device last reported (unknown on either side: it fits).
@@ -446,6 +550,7 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
         .where(
             Job.user_id == device.user_id,
             Job.status == "ready",
+            Job.standing.is_(False),  # a standing job's work is its sessions (lease_session)
             or_(Job.device_id.is_(None), Job.device_id == device.id),
             or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
             fits_memory(device.memory_mb),

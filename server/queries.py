@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select
+from sqlalchemy import Connection, Row, func, or_, select
 from sqlalchemy.orm import Session
 
 from server import registry
@@ -80,7 +80,7 @@ def jobs_of(session: Session, user_id: int | None, skip: int, limit: int) -> tup
     rows = session.execute(
         select(Job, Model.name, Adapter.id, Adapter.held_out)
         .join(Model, Model.id == Job.model_id)
-        .outerjoin(Adapter, Adapter.job_id == Job.id)
+        .outerjoin(Adapter, or_(Adapter.job_id == Job.id, Adapter.id == Job.promoted_adapter_id))  # standing: promoted
         .where(mine)
         .order_by(Job.id.desc())
         .offset(skip)

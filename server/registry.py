@@ -161,6 +161,7 @@ def adapter_public(session: Session, adapter: Adapter, model_name: str) -> Adapt
         base_sha256=session.get_one(Model, adapter.model_id).sha256,
         metrics=adapter.metrics,
         held_out=adapter.held_out,
+        promoted=adapter.promoted,
         privacy=None if job is None else adapter_privacy(job.spec, (job.federation or {}).get("rounds", 1)),
         prompt=None if job is None or job.program_id is None else adapter_prompt(job, _manifest(session, job)),
         created_at=adapter.created_at,

@@ -188,6 +188,11 @@ class Job(Base):
     private: Mapped[bool] = mapped_column(default=False, server_default=false(), doc="spec has privacy")
     # No foreign key: adapters already point at jobs, and a cycle of keys needs ALTER TABLE, which SQLite lacks.
     init_adapter_id: Mapped[int | None]
+    # A standing job (``standing``) leases a new session job each time (``jobstate.lease_session``); a session names
+    # its standing job (``standing_job_id``); the standing job names its promoted version (``promoted_adapter_id``).
+    standing: Mapped[bool] = mapped_column(default=False, server_default=false())
+    standing_job_id: Mapped[int | None] = mapped_column(index=True)
+    promoted_adapter_id: Mapped[int | None]
     program_id: Mapped[int | None] = mapped_column(ForeignKey("programs.id"))
     leased_device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"))
     lease_expires_at: Mapped[datetime | None]
@@ -278,6 +283,7 @@ class Adapter(Base):
     archive_size: Mapped[int] = mapped_column(BigInteger)
     metrics: Mapped[dict[str, Any]]
     held_out: Mapped[dict[str, Any] | None]  # shared.schemas.HeldOut: before/after on the device's held-out data
+    promoted: Mapped[bool | None]  # a standing job's session's version: whether it was promoted; None: not a session's
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

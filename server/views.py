@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import federation, registry
+from server import federation, jobstate, registry
 from server.responses import not_found, serve_file
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, User
@@ -23,10 +23,11 @@ def job_public(
     held_out: dict | None = None,
 ) -> JobPublic:
     """``model_name``, ``adapter_id`` and the adapter's ``held_out`` may be given when the caller already joined
-    them in."""
+    them in. A standing job's adapter is its promoted version."""
     if model_name is None:
         model_name = session.get_one(Model, job.model_id).name
-        adapter = session.execute(select(Adapter.id, Adapter.held_out).where(Adapter.job_id == job.id)).first()
+        own = Adapter.id == job.promoted_adapter_id if job.standing else Adapter.job_id == job.id
+        adapter = session.execute(select(Adapter.id, Adapter.held_out).where(own)).first()
         adapter_id, held_out = adapter or (None, None)
     fed = job.federation is not None
     return JobPublic(
@@ -45,6 +46,8 @@ def job_public(
         cohort_id=job.cohort_id,
         federation=FederationSpec.model_validate(job.federation) if fed else None,
         federation_progress=federation.progress(session, job) if fed else None,
+        standing_job_id=job.standing_job_id,
+        sessions_run=jobstate.sessions_run(session, job.id) if job.standing else None,
     )
 
 

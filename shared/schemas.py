@@ -428,11 +428,30 @@ class JobCreate(TaskSpec, HyperParams):
     upload: UploadMode = Field(
         default="full", description="full: the device uploads B and its log; log: the log alone (B = its replay)"
     )
+    standing: bool = Field(
+        default=False,
+        description="a standing job: a new session each time an eligible device of yours asks for work, from the "
+        "job's promoted adapter, on the data the device holds then; a session's version is promoted when it lowers "
+        "the held-out loss of the version it started from (docs/guide/jobs.md)",
+    )
+    sessions: int | None = Field(
+        default=None, ge=1, le=100_000, description="a standing job: end after this many sessions (default: never)"
+    )
 
     @model_validator(mode="after")
     def _room_for_a_prompt(self) -> JobCreate:
         if self.answer_len is not None:
             check_prompt_room(self.seq_len, self.answer_len)
+        return self
+
+    @model_validator(mode="after")
+    def _standing(self) -> JobCreate:
+        if self.sessions is not None and not self.standing:
+            raise FieldError("sessions", "only a standing job has sessions")
+        if self.standing and self.eval_examples == 0:
+            raise FieldError("eval_examples", "a standing job needs held-out examples: promotion compares their loss")
+        if self.standing and self.privacy is not None:
+            raise FieldError("standing", "a private job cannot be standing: every session would spend the budget")
         return self
 
 
@@ -619,6 +638,10 @@ class JobPublic(BaseModel):
     cohort_id: int | None = None
     federation: FederationSpec | None = None
     federation_progress: FederationProgress | None = None
+    standing_job_id: int | None = Field(default=None, description="a session: the standing job it is a session of")
+    sessions_run: int | None = Field(
+        default=None, description="a standing job: its sessions that published a version (adapter_id: the promoted)"
+    )
 
 
 class JobsPublic(BaseModel):
@@ -892,6 +915,11 @@ class AdapterPublic(BaseModel):
     )
     metrics: dict[str, Any]
     held_out: HeldOut | None = Field(default=None, description="accuracy and loss on the device's held-out data")
+    promoted: bool | None = Field(
+        default=None,
+        description="a standing job's session's version: whether it lowered the held-out loss of the version it "
+        "started from, and so became the job's adapter; None: not a session's",
+    )
     privacy: AdapterPrivacy | None = Field(default=None, description="a private job's guarantee; None: not private")
     prompt: AdapterPrompt | None = Field(
         default=None, description="how it must be prompted (its card's contract); None: an adapter without a job"

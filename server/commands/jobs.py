@@ -68,6 +68,8 @@ _FIELDS = (
     "device_backend",
     "init_adapter_id",
     "upload",
+    "standing",
+    "sessions",
 )
 # FederatedJobCreate fields of a federated job's options (besides the hyperparameters)
 _FEDERATION = (
@@ -95,6 +97,8 @@ _PERSONAL_ONLY = (
     "device_id",
     "device_backend",
     "init_adapter_id",
+    "standing",
+    "sessions",
 )
 
 
@@ -185,6 +189,14 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--upload", choices=("full", "log"), help="full: the device sends B and its log (default); log: the log alone"
     )
+    p.add_argument(
+        "--standing",
+        action="store_true",
+        default=None,
+        help="a standing job: a session each time an eligible device asks, from the promoted adapter (promoted: a "
+        "lower held-out loss); see docs/guide/jobs.md",
+    )
+    p.add_argument("--sessions", type=int, help="a standing job: end after this many sessions (default: never)")
     dp = p.add_argument_group("private jobs (docs/guide/privacy.md: the device uploads noised g alone, no losses)")
     dp.add_argument("--dp-epsilon", type=float, help="(epsilon, delta)-DP for each of the device's examples")
     dp.add_argument("--dp-delta", type=float, help=f"delta (default {defaults.DP_DELTA:g})")

@@ -116,6 +116,7 @@ def submit(
             device_id=body.device_id,
             device_backend=body.device_backend,
             init_adapter_id=body.init_adapter_id,
+            standing=body.standing,
         )
     if job is None:
         raise HTTPException(

@@ -1,8 +1,9 @@
 """Devices take work: ``POST /v1/leases`` hands out the next ready job, heartbeats keep the lease alive.
 
-With no job of its own user ready, an eligible device (``eligible`` not false) may get a part in a federated round
-of a cohort its user is in (``server.federation.lease_round``): the lease then carries ``round``, and its
-work is ``part-{round client id}`` in the work exchange (``routes/work.py``). Either way the lease names its
+With no job of its own user ready, an eligible device (``eligible`` not false) starts the next session of a standing
+job of its user (``jobstate.lease_session``: a job of its own, leased as any), or else may get a part in a
+federated round of a cohort its user is in (``server.federation.lease_round``): the lease then carries ``round``,
+and its work is ``part-{round client id}`` in the work exchange (``routes/work.py``). Either way the lease names its
 files by content: the device downloads each from ``GET /v1/blobs/{sha256}`` (``routes/blobs.py``), which grants
 them while the device holds the work.
 
@@ -124,7 +125,12 @@ def lease(
         metrics.LEASES.labels("job").inc()
         manifest = device_manifest(session, manifests, job.program_id)
         return _lease(session, store, manifest, job, settings.heartbeat_s)
-    if body is None or body.eligible is not False:  # round work only for devices whose policy holds
+    if body is None or body.eligible is not False:  # sessions and round work only for devices whose policy holds
+        job = jobstate.lease_session(session, asking, settings.lease_s)
+        if job is not None:
+            metrics.LEASES.labels("job").inc()
+            manifest = device_manifest(session, manifests, job.program_id)
+            return _lease(session, store, manifest, job, settings.heartbeat_s)
         client = federation.lease_round(session, store, asking, settings.lease_s, settings)
         if client is not None:
             metrics.LEASES.labels("round").inc()

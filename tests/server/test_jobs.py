@@ -52,6 +52,20 @@ def test_bad_specs_answer_4xx_naming_the_field_and_store_nothing(client, user, c
     assert client.get("/v1/jobs", headers=user).json()["count"] == 0
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"sessions": 3}, "sessions"),
+        ({"standing": True, "eval_examples": 0}, "eval_examples"),
+        ({"standing": True, "privacy": {"epsilon": 3.0, "min_examples": 100}}, "standing"),
+    ],
+)
+def test_a_standing_job_s_bad_spec_answers_422_naming_its_field(client, user, change, field):
+    r = client.post("/v1/jobs", json={**GOOD, **change}, headers=user)
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith(f"Value error, {field}:"), r.text
+    assert client.get("/v1/jobs", headers=user).json()["count"] == 0
+
+
 @pytest.mark.parametrize("change", [{"parallel": "outer"}, {"privacy": {"epsilon": 3.0, "min_examples": 100}}])
 def test_curvature_weights_where_they_do_not_apply_answer_422_naming_them(client, user, change):
     r = client.post("/v1/jobs", json={**GOOD, "probe_weights": "curvature", **change}, headers=user)

@@ -225,3 +225,36 @@ def test_the_population_count_is_read_at_most_every_count_every_s(client, user):
         assert pace.devices(session) == 0  # as last counted
         now[0] = COUNT_EVERY_S
         assert pace.devices(session) == 1
+
+
+def test_a_standing_job_starts_one_session_at_a_time_for_eligible_devices_and_cancel_ends_both(client, user):
+    """A standing job is never leased itself: an eligible device gets a new session (a job of its own, naming the
+    standing job, from its promoted adapter: none yet), one at a time; the standing job stays ready (waiting), and
+    cancelling it cancels the session in flight."""
+    phone, tablet = enroll_device(client, user, "phone"), enroll_device(client, user, "tablet")
+    standing = submit_job(client, user, standing=True, sessions=2)
+    assert client.post("/v1/leases", json={"eligible": False}, headers=phone["headers"]).status_code == 204
+    lease = client.post("/v1/leases", json={"eligible": True}, headers=phone["headers"]).json()
+    session_id = lease["job_id"]
+    assert session_id != standing["id"] and lease["init"] is None and lease["spec"]["steps"] == 3
+    assert client.post("/v1/leases", headers=tablet["headers"]).status_code == 204  # one session in flight
+    shown = client.get(f"/v1/jobs/{standing['id']}", headers=user).json()
+    assert shown["status"] == "ready" and shown["sessions_run"] == 0 and shown["adapter_id"] is None
+    session = client.get(f"/v1/jobs/{session_id}", headers=user).json()
+    assert session["status"] == "running" and session["standing_job_id"] == standing["id"]
+    assert session["spec"]["standing"] is False and session["spec"]["sessions"] is None
+    assert client.post(f"/v1/jobs/{standing['id']}/cancel", headers=user).json()["status"] == "cancelled"
+    r = client.post(f"/v1/work/job-{session_id}/heartbeat", json={"step": 1}, headers=phone["headers"])
+    assert r.status_code == 200 and r.json()["cancelled"] is True
+    assert client.post("/v1/leases", headers=tablet["headers"]).status_code == 204
+
+
+def test_a_lost_session_goes_back_to_ready_and_no_second_session_starts(client, user):
+    """A session whose lease ran out is an ordinary job again (ready, for any device), not a reason to start
+    another session."""
+    phone, tablet = enroll_device(client, user, "phone"), enroll_device(client, user, "tablet")
+    submit_job(client, user, standing=True)
+    session_id = client.post("/v1/leases", headers=phone["headers"]).json()["job_id"]
+    _expire(client, session_id)
+    lease = client.post("/v1/leases", headers=tablet["headers"]).json()
+    assert lease["job_id"] == session_id and lease["attempt"] == 2
