@@ -119,6 +119,17 @@ def rounds_of(session: Session, job_id: int) -> list[tuple[Round, list[RoundClie
     return [(round_, list(session.scalars(clients.where(RoundClient.round_id == round_.id)))) for round_ in rounds]
 
 
+def sessions_of(session: Session, standing_job_id: int) -> list[tuple[Job, Adapter | None]]:
+    """A standing job's sessions in order, each with the version it published (None: none, yet or ever)."""
+    rows = session.execute(
+        select(Job, Adapter)
+        .outerjoin(Adapter, Adapter.job_id == Job.id)
+        .where(Job.standing_job_id == standing_job_id)
+        .order_by(Job.id)
+    ).all()
+    return [(job, adapter) for job, adapter in rows]
+
+
 def heartbeat_refusal(conn: Connection, job_id: int, device_id: int) -> tuple[Row[Any] | None, Any]:
     """Why a job heartbeat did not apply, read after the fact: (the job's status, user, leaseholder and spec, or
     None; the device's ``revoked_at``)."""

@@ -204,6 +204,27 @@ def _rounds(session: Session, job_id: int) -> tuple[list[dict[str, Any]], list[s
     return rounds, charts
 
 
+def _sessions(session: Session, job_id: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """A standing job's sessions (each with its version, held-out figures and whether it was promoted) and the chart
+    of its held-out perplexity across sessions (an lm task's; loss for other tasks): each session's version after
+    training beside the version it started from (before), both measured on that session's held-out slice."""
+    listed = []
+    for number, (job_row, adapter) in enumerate(queries.sessions_of(session, job_id), start=1):
+        held = None if adapter is None or adapter.held_out is None else HeldOut.model_validate(adapter.held_out)
+        listed.append({"number": number, "job": job_row, "adapter": adapter, "held_out": held})
+    measured = [s for s in listed if s["held_out"] is not None]
+    if not measured:
+        return listed, []
+    lm = all(s["held_out"].after.perplexity is not None for s in measured)
+    name = "perplexity" if lm else "loss"
+    series = [
+        Series(f"{when} ({what})", [(s["number"], getattr(getattr(s["held_out"], when), name)) for s in measured])
+        for when, what in (("before", "the version it started from"), ("after", "the new version"))
+    ]
+    title = f"held-out {name} by session (each on the device's held-out slice then)"
+    return listed, [line_chart(series, title, "session", name)]
+
+
 @router.get("/jobs/{job_id}")
 def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: SessionDep) -> Response:
     """One job: its learning curves, held-out accuracy and rounds."""
@@ -211,6 +232,7 @@ def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: Sess
     shown = job_public(session, found)
     adapter = registry.job_adapter(session, job_id)
     rounds, rounds_charts = _rounds(session, job_id) if found.federation is not None else ([], [])
+    sessions, sessions_charts = _sessions(session, job_id) if found.standing else ([], [])
     return page(
         request,
         "job.html",
@@ -223,6 +245,9 @@ def job(request: Request, job_id: ObjectId, viewer: CurrentViewer, session: Sess
         held_out=held_out_charts(shown.held_out),
         rounds=rounds,
         rounds_charts=rounds_charts,
+        standing=found.standing,
+        sessions=sessions,
+        sessions_charts=sessions_charts,
     )
 
 

@@ -19,6 +19,7 @@ from tests.server.factories import (
     b_flat_bytes,
     create_user,
     enroll_device,
+    fake_training,
     leased_job,
     make_fake_model,
     register_model,
@@ -229,3 +230,40 @@ def test_the_metrics_port_serves_them_without_a_token(settings, queue) -> None:
         assert scraped.status_code == 200 and 'mobizo_jobs{status="queued"} 0.0' in scraped.text
     with pytest.raises(httpx.ConnectError):  # closed with the app
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_a_standing_job_s_page_shows_its_held_out_figures_session_by_session(client: TestClient, tmp_path: Path):
+    """Two sessions of a standing job, uploaded as a device would: the first lowers its held-out loss (promoted),
+    the second raises it (kept, not promoted); the page charts before and after by session and tables each
+    session's version and whether it was promoted; the standing job's adapter is the promoted one."""
+    from safetensors.numpy import load
+
+    client = browser(client)
+    register_model(client, make_fake_model(tmp_path / "model"))
+    user = create_user(client)
+    phone = enroll_device(client, user)
+    standing = submit_job(client, user, standing=True, sessions=2)["id"]
+    figures = [(2.0, 1.5), (1.5, 1.75)]  # held-out loss (before, after) of each session
+    for seed, (before, after) in enumerate(figures, start=1):
+        lease = client.post("/v1/leases", headers=phone["headers"]).json()
+        start = (
+            None if lease["init"] is None else load(client.get(lease["init"]["url"], headers=phone["headers"]).content)
+        )
+        b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"], init=start and start["b_flat"], seed=seed)
+        evals = [{"step": 0, "loss": before, "n": 4}, {"step": 3, "loss": after, "n": 4}]
+        metrics = json.dumps({"steps": 3, "eval": evals}).encode()
+        assert upload(client, phone, lease["job_id"], b_flat_bytes(b), log, metrics).status_code == 201
+    shown = client.get(f"/v1/jobs/{standing}", headers=user).json()
+    assert shown["status"] == "succeeded" and shown["sessions_run"] == 2
+    adapters = client.get("/v1/adapters", headers=user).json()["data"][::-1]  # oldest first
+    assert [a["promoted"] for a in adapters] == [True, False] and shown["adapter_id"] == adapters[0]["id"]
+    assert adapters[1]["parent_adapter_id"] == adapters[0]["id"]  # the second session started from the promoted
+    sign_in(client, key_of(user))
+    page = client.get(f"/ui/jobs/{standing}").text
+    assert re.findall(r'<td class="promoted">(\w+)</td>', page) == ["yes", "no"]
+    for series in ("before (the version it started from)", "after (the new version)"):
+        curve = re.search(rf'data-series="{re.escape(series)}" data-points="(\d+)" points="([^"]+)"', page)
+        assert curve is not None and int(curve.group(1)) == 2
+    after = re.search(r'data-series="after \(the new version\)" data-points="2" points="([^"]+)"', page)
+    ys = [float(p.split(",")[1]) for p in after.group(1).split()]
+    assert ys[0] > ys[1]  # SVG's y grows downwards: the second session's higher loss is drawn lower
