@@ -348,11 +348,12 @@ def sessions_run(session: Session, standing_job_id: int) -> int:
     return session.scalar(done) or 0
 
 
-def lease_session(session: Session, device: LeasingDevice, lease_s: int) -> Job | None:
+def lease_session(session: Session, device: LeasingDevice, lease_s: int, max_attempts: int) -> Job | None:
     """The next session of the oldest standing job of the device's user that fits it (as ``lease_next``) and has
     no session in flight: a new job, ``running`` under the device's lease, with the standing job's spec and program,
     starting from its promoted adapter (before a first promotion, the standing job's own starting adapter, if any).
-    None when there is none; commits.
+    None when there is none; commits. A standing job whose last ``max_attempts`` sessions all failed fails instead,
+    with the last one's reason (a device that cannot run it would otherwise start a session at every poll).
 
     The standing job's row is locked (``FOR UPDATE SKIP LOCKED``), so two devices of one user asking at once cannot
     both start a session of it."""
@@ -378,6 +379,17 @@ def lease_session(session: Session, device: LeasingDevice, lease_s: int) -> Job 
         session.commit()
         return None
     now = utcnow()
+    recent = session.execute(
+        select(Job.status, Job.error)
+        .where(Job.standing_job_id == standing.id)
+        .order_by(Job.id.desc())
+        .limit(max_attempts)
+    ).all()
+    if len(recent) == max_attempts and all(row.status == "failed" for row in recent):
+        standing.status, standing.updated_at = "failed", now
+        standing.error = f"its last {max_attempts} sessions failed; the last: {recent[0].error}"[:4000]
+        session.commit()
+        return None
     start = standing.promoted_adapter_id or standing.init_adapter_id
     job = Job(
         user_id=standing.user_id,

@@ -126,7 +126,7 @@ def lease(
         manifest = device_manifest(session, manifests, job.program_id)
         return _lease(session, store, manifest, job, settings.heartbeat_s)
     if body is None or body.eligible is not False:  # sessions and round work only for devices whose policy holds
-        job = jobstate.lease_session(session, asking, settings.lease_s)
+        job = jobstate.lease_session(session, asking, settings.lease_s, settings.max_attempts)
         if job is not None:
             metrics.LEASES.labels("job").inc()
             manifest = device_manifest(session, manifests, job.program_id)

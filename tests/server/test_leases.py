@@ -258,3 +258,19 @@ def test_a_lost_session_goes_back_to_ready_and_no_second_session_starts(client, 
     _expire(client, session_id)
     lease = client.post("/v1/leases", headers=tablet["headers"]).json()
     assert lease["job_id"] == session_id and lease["attempt"] == 2
+
+
+def test_a_standing_job_whose_sessions_keep_failing_fails_with_the_last_reason(client, user, settings):
+    """A device that cannot run the standing job fails each session; after ``max_attempts`` failed sessions in a
+    row the standing job fails too, instead of starting a session at every poll."""
+    phone = enroll_device(client, user)
+    standing = submit_job(client, user, standing=True)
+    body = {"error": "no training data for task 'sst2'"}
+    for _ in range(settings.max_attempts):
+        session_id = client.post("/v1/leases", headers=phone["headers"]).json()["job_id"]
+        assert client.post(f"/v1/work/job-{session_id}/fail", json=body, headers=phone["headers"]).status_code == 204
+        assert client.get(f"/v1/jobs/{standing['id']}", headers=user).json()["status"] == "ready"
+    assert client.post("/v1/leases", headers=phone["headers"]).status_code == 204
+    shown = client.get(f"/v1/jobs/{standing['id']}", headers=user).json()
+    assert shown["status"] == "failed" and shown["error"].endswith("no training data for task 'sst2'")
+    assert f"last {settings.max_attempts} sessions failed" in shown["error"]
