@@ -375,7 +375,7 @@ def lease_session(session: Session, device: LeasingDevice, lease_s: int, max_att
         .limit(1)
         .with_for_update(skip_locked=True)
     ).first()
-    if standing is None:
+    if standing is None or _has_live_session(session, standing.id):
         session.commit()
         return None
     now = utcnow()
@@ -411,6 +411,14 @@ def lease_session(session: Session, device: LeasingDevice, lease_s: int, max_att
     standing.updated_at = now
     session.commit()
     return job
+
+
+def _has_live_session(session: Session, standing_job_id: int) -> bool:
+    """Read again once the standing job's row is locked (a new statement: on PostgreSQL a new snapshot, in which a
+    racing request's session committed before the lock was granted is visible; the query that took the lock may
+    have judged by an older one)."""
+    live = select(Job.id).where(Job.standing_job_id == standing_job_id, Job.status.not_in(TERMINAL_STATUSES))
+    return session.scalar(live.limit(1)) is not None
 
 
 def cancel(session: Session, job: Job) -> bool:

@@ -194,3 +194,26 @@ def test_two_devices_of_one_user_racing_for_a_round_part_take_it_once(client: Te
             assert session.query(RoundClient).filter(RoundClient.round_id == rounds[0].id).count() == 1
             assert session.get_one(Job, job["id"]).status == "running"
         client.post(f"/v1/jobs/{job['id']}/cancel", headers=ADMIN)  # out of the next repeat's way
+
+
+def _lease_session(sessions, user_id: int, device_id: int) -> int | None:
+    with sessions() as session:
+        leased = jobstate.lease_session(session, LeasingDevice(device_id, user_id, "executorch", None), 60, 3)
+        return None if leased is None else leased.id
+
+
+def test_two_devices_of_one_user_racing_for_a_standing_job_start_one_session(client: TestClient, tmp_path: Path):
+    world = _world(client, tmp_path)
+    sessions = client.app.state.sessionmaker
+    phone, tablet = world["phone"]["id"], world["tablet"]["id"]
+    for _ in range(REPEATS):
+        standing = submit_job(client, world["user"], standing=True)
+        user_id = _job_owner(client)
+        got = _race(
+            partial(_lease_session, sessions, user_id, phone), partial(_lease_session, sessions, user_id, tablet)
+        )
+        assert len([g for g in got if g is not None]) == 1, got
+        with sessions() as session:
+            live = session.query(Job).filter(Job.standing_job_id == standing["id"]).all()
+            assert [(j.status, j.leased_device_id) for j in live] == [("running", phone if got[0] else tablet)]
+        _cancel(sessions, standing["id"])  # and its session: the next standing job is the only one ready
