@@ -10,7 +10,8 @@ from typing import Literal, get_args
 
 ProgramBackend = Literal["xnnpack", "portable"]  # XNNPACK delegate, or ExecuTorch's portable kernels only
 PROGRAM_BACKENDS: tuple[str, ...] = get_args(ProgramBackend)
-MERGE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")  # what ``mobizo adapters merge`` stores
+MergeDtype = Literal["float32", "bfloat16", "float16"]  # what ``mobizo adapters merge`` stores
+MERGE_DTYPES: tuple[str, ...] = get_args(MergeDtype)
 Quantization = Literal["none", "8da4w"]  # the base linears: float32, or int4 groupwise with int8 activations
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 # ExecuTorch runtime here, eager PyTorch, the native runner on a phone over adb, the native runner here

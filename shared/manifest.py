@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 from shared import defaults
 from shared.backends import Objective, Optimizer, Parallel, ProbeWeights, ProgramBackend, Quantization
 from shared.errors import FieldError
+from shared.text import Line
 
 # 2: the .pte carries no B; the device sets it before step 1. 3: forward and evaluate take any number of columns in
 # ``ProgramInputs.widths`` (a batch runs at its longest row, not at seq_len).
@@ -271,7 +272,7 @@ class InferenceConfig(BaseModel):
     max_context: int = Field(default=defaults.MAX_CONTEXT, ge=2, le=defaults.MAX_CONTEXT_LIMIT)
     rank: int = Field(default=defaults.RANK, ge=1)
     alpha: float = Field(default=defaults.ALPHA, gt=0)
-    targets: tuple[str, ...] = Field(default=defaults.TARGETS, min_length=1)
+    targets: tuple[Line, ...] = Field(default=defaults.TARGETS, min_length=1)
     a_seed: int = Field(default=defaults.A_SEED, ge=0)
     backend: ProgramBackend = defaults.PROGRAM_BACKEND
 

@@ -38,6 +38,7 @@ from shared.cpuinfo import CPU_FEATURES, CpuArch, CpuFeature
 from shared.errors import FieldError, UsageError
 from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
 from shared.schedule import Schedule, check_schedule
+from shared.text import Line, Report, Text
 
 RESULT_PARTS = ("b_flat", "log", "metrics")
 
@@ -80,7 +81,7 @@ class UserCreated(BaseModel):
 
 class ModelCreate(_Strict):
     name: str = Field(min_length=1, max_length=128, pattern=_NAME)
-    path: str = Field(
+    path: Line = Field(
         min_length=1,
         max_length=MAX_MODEL_PATH,
         description=f"a Hugging Face model directory on the server (at most {MAX_MODEL_PATH} characters)",
@@ -124,9 +125,9 @@ class CpuReport(_Strict):
 
 
 class DeviceCreate(_Strict):
-    code: str = Field(min_length=1, max_length=64, description="a one-time enrollment code")
-    name: str = Field(min_length=1, max_length=128)
-    platform: str = Field(default="", max_length=128)
+    code: Line = Field(min_length=1, max_length=64, description="a one-time enrollment code")
+    name: Line = Field(min_length=1, max_length=128)
+    platform: Line = Field(default="", max_length=128)
     backend: DeviceBackend = "executorch"
     memory_mb: int | None = Field(default=None, ge=0, le=MAX_DB_INT)
     cpu: CpuReport | None = Field(default=None, description="the device's CPU where it trains")
@@ -165,9 +166,9 @@ class TaskSpec(BaseModel):
     Checked by ``shared.tasks.get_task``, the one home of what a well-formed task is.
     """
 
-    task: str | None = Field(default=None, min_length=1, max_length=64, description="a task name (sst2, rte, lm, …)")
-    template: str | None = Field(default=None, min_length=1, max_length=4096, examples=["{text} It was"])
-    verbalizer: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] | None = Field(
+    task: Line | None = Field(default=None, min_length=1, max_length=64, description="a task name (sst2, rte, lm, …)")
+    template: Text | None = Field(default=None, min_length=1, max_length=4096, examples=["{text} It was"])
+    verbalizer: dict[Annotated[Line, Field(max_length=64)], Annotated[Text, Field(max_length=256)]] | None = Field(
         default=None,
         max_length=MAX_LABELS,
         examples=[{"0": " terrible", "1": " great"}],
@@ -338,7 +339,7 @@ class HyperParams(BaseModel):
         le=4096,
         description=f"LoRA alpha (scaling alpha/rank); default: {defaults.SCALING:g} x rank",
     )
-    targets: list[str] = Field(default=list(defaults.TARGETS), min_length=1, max_length=16)
+    targets: list[Line] = Field(default=list(defaults.TARGETS), min_length=1, max_length=16)
     seq_len: int = Field(default=defaults.SEQ_LEN, ge=8, le=4096)
     seed: int = Field(default=defaults.SEED, ge=0, le=_MAX_SEED)
     a_seed: int = Field(default=defaults.A_SEED, ge=0, le=_MAX_SEED, description="seed of the frozen LoRA A matrices")
@@ -418,7 +419,7 @@ class HyperParams(BaseModel):
 class JobCreate(TaskSpec, HyperParams):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(min_length=1, max_length=128, description="a registered model's name")
+    model: Line = Field(min_length=1, max_length=128, description="a registered model's name")
     answer_len: int | None = Field(default=None, ge=1, le=256, description="default: from the task's verbalizer")
     device_id: int | None = Field(
         default=None, ge=1, le=MAX_DB_INT, description="run on this device only (default: any that fits)"
@@ -468,8 +469,8 @@ class JobSpec(TaskSpec, HyperParams):
 
 class CohortCreate(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=_NAME)
-    model: str = Field(min_length=1, max_length=128, description="a registered model's name")
-    task: str = Field(min_length=1, max_length=64, description="a built-in task name (sst2, rte, …)")
+    model: Line = Field(min_length=1, max_length=128, description="a registered model's name")
+    task: Line = Field(min_length=1, max_length=64, description="a built-in task name (sst2, rte, …)")
 
     @model_validator(mode="after")
     def _known_task(self) -> CohortCreate:
@@ -752,7 +753,10 @@ class HeartbeatPublic(BaseModel):
 class JobFailureCreate(_Strict):
     """A device gives up on its leased job (unreadable local data, a program that does not load, …)."""
 
-    error: str = Field(min_length=1, max_length=4000)
+    error: Report = Field(
+        description="why (at most 4000 characters; control characters but tabs and newlines are stored as escapes, "
+        "\\x00, and the escaped text cut to 4000 characters: a report is never refused for what it holds)"
+    )
 
 
 class ResultPublic(BaseModel):
@@ -765,7 +769,7 @@ _Finite = Annotated[float, Field(allow_inf_nan=False)]
 _NonNegative = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]  # seconds, megabytes
 _Loss = Annotated[float, Field(ge=0, le=MAX_LOSS, allow_inf_nan=False)]
 _Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-_Text = Annotated[str, Field(max_length=256)]
+_Text = Annotated[Line, Field(max_length=256)]
 
 
 class _Metrics(BaseModel):
@@ -959,7 +963,7 @@ class InferenceCreate(_Strict):
     """The inference program a device asks for: a model and the LoRA layout of the adapters it will run (an
     adapter's ``rank``, ``alpha``, ``targets``, ``a_seed``), with ``max_context`` positions of KV cache."""
 
-    model: str = Field(min_length=1, max_length=128)
+    model: Line = Field(min_length=1, max_length=128)
     config: InferenceConfig = Field(default_factory=InferenceConfig)
 
 

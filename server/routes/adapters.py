@@ -4,6 +4,7 @@ own adapters and those of the cohorts they are in now (a cohort's adapter is the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import Query, Response, status
 from fastapi.responses import FileResponse
@@ -17,8 +18,9 @@ from server.responses import FILE_RESPONSE, RANGE_ERRORS, IfNoneMatch, errors, f
 from server.router import Router
 from server.tables import Model
 from server.views import archive_response, user_adapter
-from shared.backends import MERGE_DTYPES
+from shared.backends import MERGE_DTYPES, MergeDtype
 from shared.schemas import MAX_DB_INT, AdapterPublic, AdaptersPublic
+from shared.text import Line
 
 router = Router(prefix="/v1/adapters", tags=["adapters"])
 
@@ -27,8 +29,8 @@ router = Router(prefix="/v1/adapters", tags=["adapters"])
 def list_adapters(
     user: CurrentUser,
     session: SessionDep,
-    model: str | None = Query(None, description="only this model's adapters"),
-    task: str | None = Query(None, description="only this task's adapters"),
+    model: Annotated[Line | None, Query(description="only this model's adapters")] = None,
+    task: Annotated[Line | None, Query(description="only this task's adapters")] = None,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> AdaptersPublic:
@@ -92,7 +94,7 @@ def merged(
     session: SessionDep,
     store: StoreDep,
     merges: MergedBuildsDep,
-    dtype: str = Query(MERGE_DTYPES[0], description=f"the merged weights' dtype: {', '.join(MERGE_DTYPES)}"),
+    dtype: Annotated[MergeDtype, Query(description="the merged weights' dtype")] = MERGE_DTYPES[0],
     if_none_match: str | None = IfNoneMatch,
 ) -> Response:
     """The base model with the adapter folded in (``W + (alpha / r) B A``), a zip of a plain Hugging Face folder

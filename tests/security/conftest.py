@@ -4,7 +4,7 @@ device, a queued job), and ``world`` (the app on loopback with the fake compile 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from tests.server.conftest import (  # noqa: F401 - the server tests' database a
     db_url,
     fresh_pg_schema,
     pg_migrated,
+    pg_schema,
     pg_url,
     queue,
     settings,
@@ -33,11 +34,22 @@ from tests.server.factories import (
     submit_job,
 )
 
+# The databases a test of ``live`` runs on, where it opts in: ``@on_both_databases`` (PostgreSQL when
+# MOBIZO_TEST_DATABASE_URL names one, else that run is skipped); every other test of ``live`` runs on SQLite.
+DATABASES = ("sqlite", "postgresql")
+on_both_databases = pytest.mark.parametrize("live", DATABASES, indirect=True, scope="module")
+
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with live_server(tmp_path_factory.mktemp("live")) as server:
-        yield server
+def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """``mobizo server`` in its own process on SQLite in its data dir, or (``request.param`` "postgresql", from
+    ``on_both_databases``) on a fresh PostgreSQL schema it migrates itself."""
+    database = getattr(request, "param", "sqlite")
+    with ExitStack() as stack:
+        env = {}
+        if database == "postgresql":
+            env["DATABASE_URL"] = stack.enter_context(pg_schema(request.getfixturevalue("pg_url")))
+        yield stack.enter_context(live_server(tmp_path_factory.mktemp(f"live-{database}"), **env))
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.security.conftest import on_both_databases
 from tests.server.factories import ADMIN, bearer, make_fake_model, register_model
 
 ECHO = "ECHO-ME-../../etc/passwd"
@@ -20,6 +21,7 @@ LABELS = {ECHO: "", "1": " yes"}
 JOB = {"model": "tiny", "task": "sst2", "q": 2, "batch_size": 4, "steps": 3, "rank": 2}
 
 
+@on_both_databases
 def test_errors_name_the_field_and_the_rule_never_the_value(live, people):
     http, user, device = people["client"], people["user"], people["device"]["headers"]
     answers = [
@@ -57,6 +59,7 @@ def _field(item: dict) -> str:
     return item["msg"].removeprefix("Value error, ").split(":")[0]
 
 
+@on_both_databases
 def test_request_booleans_are_strict(live, people):
     http, device = people["client"], people["device"]["headers"]
     for value in (0, 1, "true", "yes", None):
@@ -72,6 +75,7 @@ def test_request_booleans_are_strict(live, people):
     assert http.post("/v1/leases", json={"eligible": True}, headers=device).status_code in (200, 204)
 
 
+@on_both_databases
 def test_chat_template_on_a_model_without_one_answers_422_at_submit(live, people, tmp_path: Path):
     http, user = people["client"], people["user"]
     response = http.post("/v1/jobs", json={**JOB, "chat_template": True}, headers=user)
@@ -95,6 +99,7 @@ def _median_and_error(samples: list[float]) -> tuple[float, float]:
     return median, 1.2533 * sigma / len(samples) ** 0.5
 
 
+@on_both_databases
 def test_a_wrong_device_secret_is_refused_in_the_same_time_for_known_and_unknown_ids(live, people):
     """Rejections alternate between an enrolled device's id and an id no device has, both with a wrong secret: the
     difference of their median times must be within 4 standard errors of that difference (the spread of this run

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.security.conftest import on_both_databases
 from tests.server.factories import bearer
 
 HUGE = [2**31, 2**63 - 1, 2**63, 2**64, 10**30]
 
 
+@on_both_databases
 @pytest.mark.parametrize("value", HUGE)
 def test_ids_in_paths_answer_422(live, people, value):
     user, device = people["user"], people["device"]["headers"]
@@ -28,6 +30,7 @@ def test_ids_in_paths_answer_422(live, people, value):
         assert response.status_code == 422, (path, response.status_code)
 
 
+@on_both_databases
 @pytest.mark.parametrize("value", HUGE)
 def test_counts_and_ids_in_queries_and_bodies_answer_422(live, people, value):
     client, user, device = people["client"], people["user"], people["device"]["headers"]
@@ -44,6 +47,7 @@ def test_counts_and_ids_in_queries_and_bodies_answer_422(live, people, value):
     assert [r.status_code for r in responses] == [422] * len(responses), [r.text for r in responses]
 
 
+@on_both_databases
 @pytest.mark.parametrize("kind", ["mbzu", "mbzd"])
 @pytest.mark.parametrize("row_id", [2**31, 2**63, 9999999999999999999])
 def test_a_token_naming_an_impossible_id_answers_401(live, people, kind, row_id):

@@ -37,6 +37,7 @@ TORCH_FREE = (
     "shared.schedule",
     "shared.schemas",
     "shared.tasks",
+    "shared.text",
     "shared.train_log",
     "shared.zo_optim",
 )
