@@ -20,7 +20,7 @@ import argparse
 import importlib
 import sys
 
-from shared.errors import ExitCode, MobizoError, UsageError
+from shared.errors import ExitCode, MobizoError, SettingError, UsageError
 
 COMMANDS: dict[str, str] = {
     "make-tiny-model": "shared.commands.make_tiny_model",
@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         args._parser.print_usage(sys.stderr)
         command = args._parser.prog.partition(" ")[2]  # "mobizo export" → "export"
         print(f"{args._parser.prog}: error: {exc.message(command)}", file=sys.stderr)
+        return ExitCode.USAGE
+    except SettingError as exc:
+        print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     except MobizoError as exc:
         print(f"{args._parser.prog}: error: {exc}", file=sys.stderr)

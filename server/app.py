@@ -105,9 +105,15 @@ ROUND_SWEEP_S = 0.5
 
 
 def _sweep_rounds(state: Any, stop: threading.Event) -> None:
-    """Close, reopen or fail federated rounds at their deadline, even when no device is asking for work (the pool
-    is looked up on each sweep: tests swap it)."""
-    while not stop.wait(ROUND_SWEEP_S):
+    """Close, reopen or fail federated rounds at their deadline, even when no device is asking for work, every
+    ``ROUND_SWEEP_S`` and at once when a report fills a round (``state.round_sweep`` set: the device that sent it
+    is not kept waiting for the close). The pool is looked up on each sweep: tests swap it."""
+    due = state.round_sweep
+    while not stop.is_set():
+        due.wait(ROUND_SWEEP_S)
+        due.clear()
+        if stop.is_set():
+            return
         try:
             with state.sessionmaker() as session:
                 federation.sweep(session, state.store, state.verify_pool, state.settings)
@@ -124,6 +130,7 @@ def _fill_state(
     state.store = store
     state.device_tokens, state.program_manifests = LRUCache(100_000), LRUCache(1_000)
     state.pace = Pace()
+    state.round_sweep = threading.Event()  # set: the round sweeper runs now (a report filled a round)
     state.compile_queue, state.verify_pool = queue, _verify_pool(settings)
     per = (settings.max_uploads_per_device, settings.max_uploads_per_user)
     state.upload_slots = UploadSlots(settings.max_uploads, *per)
@@ -198,6 +205,7 @@ def _lifespan(settings: Settings, queue_factory: QueueFactory | None):
             yield
         finally:
             stop.set()
+            app.state.round_sweep.set()  # the round sweeper sees the stop at once
             queue.close()
             app.state.verify_pool.close()
             app.state.accountant.close()

@@ -16,6 +16,7 @@ heard from: ``accounts.heard_from``). Plain getters are ``async`` so that they n
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -96,6 +97,11 @@ async def get_merged_builds(request: Request) -> MergedBuilds:
     return request.app.state.merged_builds
 
 
+async def get_round_sweep(request: Request) -> threading.Event:
+    """Set it and the round sweeper runs now (``server.app``): a report that filled its round."""
+    return request.app.state.round_sweep
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
@@ -106,6 +112,7 @@ VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]
 AccountantDep = Annotated[Accountant, Depends(get_accountant)]
 MergedBuildsDep = Annotated[MergedBuilds, Depends(get_merged_builds)]
+RoundSweepDep = Annotated[threading.Event, Depends(get_round_sweep)]
 ProgramManifestsDep = Annotated[LRUCache[int, ProgramManifest | InferenceManifest], Depends(get_program_manifests)]
 ObjectId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="an id (ids are positive 32-bit integers)")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

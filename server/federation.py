@@ -306,12 +306,12 @@ def _aggregate_and_publish(
     return [round_.index - started[c.id].index for c in clients]
 
 
-def close_if_full(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Settings, client: RoundClient):
-    """After a report: close the job's open round once K reports wait for it (``pending_parts``)."""
+def is_full(session: Session, client: RoundClient) -> bool:
+    """After a report: whether the job's open round has K reports waiting for it (``pending_parts``), so that the
+    sweeper should close it now."""
     job = session.get_one(Job, session.get_one(Round, client.round_id).job_id)
     round_ = open_round_of(session, job)
-    if round_ is not None and len(pending_parts(session, job, round_)) >= federation(job).clients_per_round:
-        close_round(session, store, pool, settings, round_.id)
+    return round_ is not None and len(pending_parts(session, job, round_)) >= federation(job).clients_per_round
 
 
 CLOSE_MARGIN_S = 300

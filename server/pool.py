@@ -9,9 +9,12 @@ counts from then, so it measures the task, not the start of the process that run
 from outside (out of memory) is replaced the same way and its task reports ``WorkerDied``.
 
 Processes are started with ``spawn``: forking a server that runs threads (uvicorn's thread pool, SQLAlchemy's
-connection pool) can copy held locks into the child. Every worker watches its parent's pid and exits when the
-server is gone, even after a SIGKILL that left no chance to stop it (``prctl(PR_SET_PDEATHSIG)`` would be tied to
-the thread that started the worker, and the server's threads come and go).
+connection pool) can copy held locks into the child. Every worker dies with the server, even after a SIGKILL that
+left no chance to stop it, at once: the kernel kills it when its parent dies (``shared.processes.die_with_parent``,
+``prctl(PR_SET_PDEATHSIG)``), whatever it is doing. That signal is tied to the thread that started the worker and
+the server's threads come and go, so every worker of the process is started by one thread that lives as long as
+the process (``_STARTER``). Where there is no such signal (not Linux), a thread of the worker watches its parent's
+pid instead, every ``PARENT_POLL_S``, and can only act between the task's Python steps.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
@@ -64,12 +68,15 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def _serve(conn: Connection, parent_pid: int, preload: tuple[str, ...]) -> None:
-    """The worker's loop: lower its priority (``NICENESS``), import ``preload``, send ``READY``; then receive
-    ``(fn, args)``, send back ``(True, result)`` or ``(False, exception)``."""
+    """The worker's loop: die with the server, lower its priority (``NICENESS``), import ``preload``, send
+    ``READY``; then receive ``(fn, args)``, send back ``(True, result)`` or ``(False, exception)``."""
     import importlib
 
+    from shared.processes import die_with_parent
+
+    if not die_with_parent(parent_pid):
+        _exit_with_parent(parent_pid)
     os.nice(NICENESS)
-    _exit_with_parent(parent_pid)
     for name in preload:
         importlib.import_module(name)
     conn.send(READY)
@@ -88,6 +95,11 @@ def _serve(conn: Connection, parent_pid: int, preload: tuple[str, ...]) -> None:
             conn.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
 
 
+# Starts every worker process of this process, from a thread that lives as long as the process does: a worker's
+# parent-death signal fires when the thread that started it ends (``shared.processes``).
+_STARTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-starter")
+
+
 class _Worker:
     """One process and the pipe to it."""
 
@@ -95,7 +107,7 @@ class _Worker:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, os.getpid(), preload), name="mobizo-worker", daemon=True)
-        self.process.start()
+        _STARTER.submit(self.process.start).result()
         child.close()
         self.cancelled = False
         self.broken = False

@@ -18,6 +18,7 @@ closed or the part's lease ran out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -172,8 +173,14 @@ def round_of(session: Session, client: RoundClient) -> tuple[Round, Job]:
     return round_, session.get_one(Job, round_.job_id)
 
 
-def _late(client: RoundClient, job: Job) -> HTTPException:
-    if jobstate.buffered(job.federation):
+def _late(session: Session, client: RoundClient, job: Job) -> HTTPException:
+    """409 for a part that takes no report, saying why as its row says now: its report was received before (a
+    device re-sending one whose answer it lost), or it is too late."""
+    session.refresh(client)
+    if client.status == "reported":
+        counted = "" if client.counted_in_round_id is None else ", and counted"
+        reason = f"its report was received before{counted} (this upload changes nothing)"
+    elif jobstate.buffered(job.federation):
         bound = job.federation["max_staleness"]
         reason = f"its lease ran out, the job ended, or its version is more than {bound} versions old (stale upload)"
     else:
@@ -189,12 +196,15 @@ def part_upload(
     pool: WorkerPool,
     slots: UploadSlots,
     request: Request,
+    close_soon: Callable[[], None],
 ) -> RoundReportPublic:
     """A round part's result (``POST /v1/work/part-{id}/result``): multipart ``log`` and ``metrics``; the log is
-    checked and replayed from B_r (no B is uploaded)."""
+    checked and replayed from B_r (no B is uploaded). The report that fills its round calls ``close_soon`` (the
+    round sweeper's wake-up) and is answered at once: the close (aggregation, the adapter's packaging) is the
+    sweeper's."""
     round_, job = round_of(session, client)
     if not federation.part_is_open(session, client, round_, job):
-        raise _late(client, job)
+        raise _late(session, client, job)
     ctx = federation.replay_context(session, job, client)
     init = store.adapter_b(round_.b_sha256)
     spec = federation.client_spec(job, client)  # upload: log, as every round part
@@ -216,6 +226,7 @@ def part_upload(
             "log_bytes": store.log(log_sha).stat().st_size,
         }
         if not jobstate.client_reported(session, client, report):
-            raise _late(client, job)
-    federation.close_if_full(session, store, pool, settings, client)
+            raise _late(session, client, job)
+    if federation.is_full(session, client):  # closed by the round sweeper: this device does not wait for it
+        close_soon()
     return RoundReportPublic(client_id=client.id, round=round_.index, b_sha256=b_sha)

@@ -6,8 +6,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import SettingError
 
 MIN_ADMIN_TOKEN = 16  # characters; `openssl rand -hex 32` gives 64
 
@@ -252,6 +254,27 @@ class Settings(BaseSettings):
         return max(1, self.lease_s // 3)
 
 
+def _env_name(field: str) -> str:
+    alias = Settings.model_fields[field].validation_alias
+    return alias.choices[0] if isinstance(alias, AliasChoices) else f"MOBIZO_{field.upper()}"
+
+
+def setting_error(exc: ValidationError) -> SettingError:
+    """Why the environment's settings were refused, in one line naming each variable (no traceback: the server
+    stops with this line)."""
+    reasons = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        name = _env_name(field) if field in Settings.model_fields else field
+        reason = error["msg"].removeprefix("Value error, ")
+        reasons.append(reason if name and reason.startswith(name) else f"{name}: {reason}")
+    return SettingError("; ".join(reasons))
+
+
 @lru_cache
 def get_settings() -> Settings:
-    return Settings()
+    """The settings from the environment; ``SettingError`` naming the variables it refuses."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise setting_error(exc) from None

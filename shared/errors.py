@@ -87,5 +87,9 @@ def usage_error(exc: ValidationError) -> UsageError:
     return UsageError(str(error["loc"][0]), error["msg"])
 
 
+class SettingError(MobizoError):
+    """A setting (an environment variable) the program cannot start with, named in one line (``ExitCode.USAGE``)."""
+
+
 class DataError(MobizoError):
     """A data file that cannot be read fully; the message names the file and the line."""

@@ -32,6 +32,7 @@ from shared import memory
 from shared.et_patches import less_bookkeeping, subclass_weights_as_params
 from shared.layers import ROTATION
 from shared.manifest import ProgramFile
+from shared.processes import die_with_parent
 from shared.ptd import WEIGHTS_TAG, store_weights
 
 # method name -> (example inputs, dynamic shapes of those inputs or None)
@@ -372,7 +373,7 @@ def _lowered_in_two_processes(programs: dict, partitioner: list, passes: list, k
         if pid == 0:  # the child: lower, write, exit without running the parent's cleanup
             code = 1
             try:
-                _die_with(parent)
+                die_with_parent(parent)  # a compile worker killed for its timeout leaves no lowering behind
                 torch.set_num_threads(1)  # OpenMP's threads do not survive a fork (as in DataLoader's workers)
                 edge = _decomposed_once({name: programs[name] for name in apart}, partitioner, passes, kept)
                 sent = {name: _weights_out(edge.exported_program(name), programs[name]) for name in apart}
@@ -402,20 +403,6 @@ def _lowered_in_two_processes(programs: dict, partitioner: list, passes: list, k
         lowered = {name: lowered.exported_program(name) for name in apart}
     edge = {name: lowered[name] if name in apart else here.exported_program(name) for name in programs}
     return EdgeProgramManager(edge, here._config_methods, edge_config())
-
-
-def _die_with(parent: int) -> None:
-    """In a forked child: be killed when the process that forked it dies (Linux's parent-death signal), so that a
-    compile worker killed for its timeout leaves no lowering behind."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the child ends with its lowering
-        return
-    if os.getppid() != parent:  # the parent died before the signal was asked for
-        os._exit(1)
 
 
 def _lowered_modules(program) -> list:

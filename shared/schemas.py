@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, field_validator, model_validator
@@ -84,8 +85,17 @@ class ModelCreate(_Strict):
     path: Line = Field(
         min_length=1,
         max_length=MAX_MODEL_PATH,
-        description=f"a Hugging Face model directory on the server (at most {MAX_MODEL_PATH} characters)",
+        description=f"a Hugging Face model directory on the server, an absolute path (or ~/...; at most "
+        f"{MAX_MODEL_PATH} characters)",
     )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        """A relative path would name a directory by the server process's working directory, which no client sees."""
+        if not Path(path).expanduser().is_absolute():
+            raise ValueError("must be an absolute path (the directory as the server sees it)")
+        return path
 
 
 class ModelPublic(BaseModel):
@@ -683,10 +693,25 @@ class LeaseCreate(_Strict):
     cpu: CpuReport | None = Field(default=None, description="the device's CPU where it trains (default: as reported)")
 
 
+def decimal_up_to(largest: int) -> str:
+    """A regular expression (no anchors) of the decimal integers 1..``largest``, without leading zeros: a pattern
+    OpenAPI states, so that an id past the ids' range is refused by the schema itself."""
+    digits = str(largest)
+    options = [f"[1-9][0-9]{{0,{len(digits) - 2}}}"] if len(digits) > 1 else []
+    for i, digit in enumerate(digits):  # numbers of len(digits) digits that first fall below ``largest`` at digit i
+        low = "1" if i == 0 else "0"
+        if int(digit) > int(low):
+            options.append(
+                f"{digits[:i]}[{low}-{int(digit) - 1}]" + (f"[0-9]{{{len(digits) - i - 1}}}" * (i < len(digits) - 1))
+            )
+    options.append(digits)
+    return "(" + "|".join(options) + ")"
+
+
 # A leased work item's name in the work exchange (``/v1/work/{work}/{heartbeat,fail,result}``): a personal job,
-# ``job-{job id}``, or a device's part in a federated round, ``part-{round client id}``.
+# ``job-{job id}``, or a device's part in a federated round, ``part-{round client id}``; the id at most MAX_DB_INT.
 WORK_KINDS = ("job", "part")
-WORK_NAME = r"^(job|part)-[1-9][0-9]{0,9}$"
+WORK_NAME = rf"^(job|part)-{decimal_up_to(MAX_DB_INT)}$"
 
 
 def work_name(job_id: int, client_id: int | None = None) -> str:

@@ -6,13 +6,15 @@ import argparse
 from pathlib import Path
 
 from server.commands import add_connection_args, client_from_args, print_json, print_table
-from shared.errors import ExitCode
+from shared.errors import ExitCode, UsageError
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
     register = sub.add_parser("register", help="(admin) register a Hugging Face model directory on the server")
     register.add_argument("name", help="the name jobs will use (letters, digits, . _ -)")
-    register.add_argument("--path", required=True, type=Path, help="the model directory, as the server sees it")
+    register.add_argument(
+        "--path", required=True, type=Path, help="the model directory, as the server sees it (an absolute path)"
+    )
     add_connection_args(register, admin=True)
     register.set_defaults(_run=run_register, _parser=register)
     listing = sub.add_parser("list", help="the registered models")
@@ -22,7 +24,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 
 
 def run_register(args: argparse.Namespace) -> ExitCode:
-    print_json(client_from_args(args).post("/v1/models", {"name": args.name, "path": str(args.path.resolve())}))
+    if not args.path.expanduser().is_absolute():  # the server would read it from its own working directory
+        raise UsageError("path", "must be an absolute path: the model directory as the server sees it")
+    print_json(client_from_args(args).post("/v1/models", {"name": args.name, "path": str(args.path)}))
     return ExitCode.OK
 
 

@@ -29,6 +29,7 @@ from server.deps import (
     CurrentDevice,
     DeviceId,
     EngineDep,
+    RoundSweepDep,
     SessionDep,
     SettingsDep,
     StoreDep,
@@ -176,9 +177,9 @@ def heartbeat(
     kind, number = parse_work(work)
     if kind == "job":
         return _job_heartbeat(number, body, device, engine, settings)
-    client = _device_client(session, number, device.id)
-    if session.get_one(Device, device.id).revoked_at is not None:
+    if session.get_one(Device, device.id).revoked_at is not None:  # before the part: 401, whoever's part it names
         raise revoked(device.id)
+    client = _device_client(session, number, device.id)
     return _part_heartbeat(client, body, device, session, settings)
 
 
@@ -231,6 +232,7 @@ def result(
     slots: UploadSlotsDep,
     request: Request,
     response: Response,
+    round_sweep: RoundSweepDep,
 ) -> ResultPublic | RoundReportPublic:
     """The item's result, checked in order: the token, the item and its lease, the sizes, then the content by
     replay (nothing of the body is read before the lease is checked). A job answers its adapter version; a round
@@ -240,7 +242,7 @@ def result(
         job = device_job(session, number, device)
         return results.upload_result(job, device, session, settings, store, pool, slots, request, response)
     client = _device_client(session, number, device.id)
-    return results.part_upload(client, session, settings, store, pool, slots, request)
+    return results.part_upload(client, session, settings, store, pool, slots, request, round_sweep.set)
 
 
 RETIRED = (

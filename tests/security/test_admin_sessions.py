@@ -3,7 +3,10 @@ refuses an empty key whatever the settings say, and an admin session ends with t
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +20,7 @@ from server.app import create_app
 from server.settings import Settings
 from server.tables import WebSession
 from tests.server.factories import ADMIN_TOKEN, FakeCompileQueue, create_user
-from tests.server.live import server_process
+from tests.server.live import REPO, free_port
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
@@ -61,11 +64,21 @@ def test_settings_refuse_an_empty_short_or_padded_admin_token(token: str, monkey
     assert Settings(admin_token=ADMIN_TOKEN).admin_token == ADMIN_TOKEN
 
 
-def test_a_server_with_an_empty_admin_token_does_not_start(tmp_path: Path) -> None:
-    env = {"MOBIZO_DATA_DIR": str(tmp_path / "data"), "MOBIZO_ADMIN_TOKEN": ""}
-    with pytest.raises(RuntimeError, match="MOBIZO_ADMIN_TOKEN must be at least 16 characters"):
-        with server_process(env, tmp_path / "server.log"):
-            pass
+@pytest.mark.parametrize("token", ["", "hunter2-short"])
+def test_a_server_with_a_bad_admin_token_stops_with_one_line_naming_it(tmp_path: Path, token: str) -> None:
+    """Exit 2 and one line naming the variable: no traceback, and the token itself stays out of it."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "MOBIZO_DATA_DIR": str(tmp_path / "data"),
+        "MOBIZO_ADMIN_TOKEN": token,
+    }
+    command = [sys.executable, "-m", "mobizo", "server", "--port", str(free_port())]
+    run = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    lines = (run.stdout + run.stderr).strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("mobizo server: error: MOBIZO_ADMIN_TOKEN must be at least 16")
+    assert not token or token not in lines[0]
 
 
 def test_the_sign_in_refuses_an_empty_key_even_where_the_admin_token_is_empty(settings: Settings) -> None:

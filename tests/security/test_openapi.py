@@ -53,3 +53,28 @@ def test_405_names_every_method_of_the_path(live, method, path, allow):
     with live.client() as client:
         response = client.request(method, path)
     assert response.status_code == 405 and response.headers["Allow"] == allow
+
+
+def test_work_names_and_merge_dtypes_are_bounded_in_the_schema(operations):
+    """A work item's id is stated up to 2**31 - 1 (the ids' range), not ten digits; the merged download's dtype as
+    its enumeration: a client reading the schema sends nothing the server must refuse for its form."""
+    import re
+
+    from shared.backends import MERGE_DTYPES
+    from shared.schemas import MAX_DB_INT, decimal_up_to
+
+    works = [op for method, path, op in operations if path.startswith("/v1/work/{work}/")]
+    patterns = {p["schema"]["pattern"] for op in works for p in op["parameters"] if p["name"] == "work"}
+    (pattern,) = patterns
+    for kind in ("job", "part"):
+        for number in (1, 9, 10, 99, 2**31 - 2, MAX_DB_INT):
+            assert re.match(pattern, f"{kind}-{number}"), (kind, number)
+        for number in ("0", "01", str(MAX_DB_INT + 1), str(2**32), "9999999999", "10000000000"):
+            assert not re.match(pattern, f"{kind}-{number}"), (kind, number)
+    checked = re.compile(f"^{decimal_up_to(MAX_DB_INT)}$")
+    for number in [*range(0, 2000), *range(MAX_DB_INT - 2000, MAX_DB_INT + 2000, 7), 10**9, 2 * 10**9, 3 * 10**9]:
+        assert bool(checked.match(str(number))) == (1 <= number <= MAX_DB_INT), number
+
+    (merged,) = [op for method, path, op in operations if path == "/v1/adapters/{adapter_id}/merged"]
+    (dtype,) = [p for p in merged["parameters"] if p["name"] == "dtype"]
+    assert dtype["schema"]["enum"] == list(MERGE_DTYPES)

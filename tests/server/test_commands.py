@@ -179,6 +179,16 @@ def test_models_register_and_list(server_url, capsys, tmp_path):
     assert code == 1 and "HTTP 4" in err
 
 
+def test_models_register_refuses_a_relative_path_before_asking_the_server(capsys, tmp_path, monkeypatch):
+    make_fake_model(tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    unreachable = "http://127.0.0.1:9"  # nothing is sent: the path is refused first
+    code, out, err = _run(capsys, "models", "register", "m", "--path", "model", "--server", unreachable, "--token", "t")
+    assert code == 2 and out == ""
+    error = err.strip().splitlines()[-1]  # argparse's usage, then one line naming the option
+    assert error.startswith("mobizo models register: error: argument --path:") and "absolute" in error, err
+
+
 def test_token_file_keeps_the_token_out_of_the_process_list(server_url, capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("MOBIZO_ADMIN_TOKEN", raising=False)
     token_file = tmp_path / "admin-token"

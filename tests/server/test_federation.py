@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -654,3 +655,79 @@ def test_buffered_and_sync_aggregate_alike_when_no_part_is_stale():
         buffered = next_global_b(b_r, client_bs, method, 0.34, 0.7, 0.9, None, [b_r] * 3, [0, 0, 0])
         assert all(np.array_equal(x.view(np.int32), y.view(np.int32)) for x, y in zip(sync, buffered, strict=True))
     assert staleness_weight(0) == 1 and staleness_weight(3) == np.float32(0.5)
+
+
+def test_a_resent_report_is_told_it_was_received_before(client: TestClient, world: dict):
+    """A device that lost the answer to its report and sends it again is told the truth: its report is in, not that
+    the round closed or its lease ran out (the round is still open, waiting for the other part)."""
+    join(client, world, "a", "b")
+    job = submit(client, world, rounds=1, clients_per_round=2, round_timeout_s=600)
+    parts = {name: lease(client, world, name) for name in "ab"}
+    _, log = fake_training(
+        parts["a"]["spec"], parts["a"]["manifest"]["lora_size"], init_b(client, world, "a", parts["a"])
+    )
+    url, headers = f"/v1/work/part-{parts['a']['round']['client_id']}/result", world["devices"]["a"]["headers"]
+
+    def send():
+        files = {"log": ("log.jsonl", io.BytesIO(log.encode())), "metrics": ("metrics.json", io.BytesIO(b"{}"))}
+        return client.post(url, files=files, headers=headers)
+
+    assert send().status_code == 201
+    again = send()
+    assert again.status_code == 409 and "received before" in again.json()["detail"], again.text
+    assert "late" not in again.json()["detail"] and rounds(client, job["id"])[0]["status"] == "open"
+    assert report(client, world, "b", parts["b"], 1)[0].status_code == 201
+    wait_for(lambda: rounds(client, job["id"])[0]["status"] == "closed", 30, "the round to close")
+    counted = send()
+    assert counted.status_code == 409 and "received before, and counted" in counted.json()["detail"], counted.text
+
+
+class _HeldPackaging(InlinePool):
+    """A verify pool whose packaging tasks wait until ``release`` is set (every other task runs at once)."""
+
+    def __init__(self) -> None:
+        self.release, self.started = threading.Event(), threading.Event()
+
+    def run(self, fn, *args, timeout=None, key=None, owner=None):
+        from server.verify import package_adapter
+
+        if fn is package_adapter:
+            self.started.set()
+            assert self.release.wait(60), "the test never released the packaging"
+        return fn(*args)
+
+
+def test_the_report_that_fills_a_round_is_answered_before_the_close(client: TestClient, world: dict):
+    """The K-th report is answered as soon as it is recorded: the round sweeper closes the round (aggregation,
+    the adapter's packaging), not the device's request."""
+    join(client, world, "a", "b")
+    job = submit(client, world, rounds=1, clients_per_round=2, round_timeout_s=600)
+    parts = {name: lease(client, world, name) for name in "ab"}
+    pool = client.app.state.verify_pool = _HeldPackaging()
+    try:
+        assert report(client, world, "a", parts["a"], 0)[0].status_code == 201
+        answers: list = []
+        last = threading.Thread(target=lambda: answers.append(report(client, world, "b", parts["b"], 1)[0]))
+        last.start()
+        last.join(timeout=30)
+        assert not last.is_alive() and answers[0].status_code == 201, "the K-th report waited for the close"
+        assert pool.started.wait(30), "nobody began to close the full round"
+        assert rounds(client, job["id"])[0]["status"] == "closing"
+    finally:
+        pool.release.set()
+    done = wait_for(lambda: _finished(client, job["id"]), 60, "the round to close")
+    assert done["status"] == "succeeded" and rounds(client, job["id"])[0]["status"] == "closed"
+
+
+def test_a_revoked_device_is_told_so_on_another_users_part(client: TestClient, world: dict):
+    """A revoked device's token answers 401 (revoked) on any part, not 404 on a part of another user: the agent
+    stops on the 401, where a 404 would only make it drop that part."""
+    join(client, world, "a")
+    submit(client, world, rounds=1, clients_per_round=1, round_timeout_s=600)
+    part = lease(client, world, "a")
+    assert client.post(f"/v1/devices/{world['devices']['n']['id']}/revoke", headers=world["users"]["n"]).status_code
+    path = f"/v1/work/part-{part['round']['client_id']}/heartbeat"
+    answer = client.post(path, json={"step": 1}, headers=world["devices"]["n"]["headers"])
+    assert answer.status_code == 401 and "revoked" in answer.json()["detail"], answer.text
+    unknown = client.post("/v1/work/part-999999/heartbeat", json={"step": 1}, headers=world["devices"]["n"]["headers"])
+    assert unknown.status_code == 401

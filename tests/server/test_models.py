@@ -36,3 +36,15 @@ def test_only_admin_registers(client, tmp_path):
     r = client.post("/v1/models", json={"name": "x", "path": str(make_fake_model(tmp_path / "m"))}, headers=user)
     assert r.status_code == 403
     assert client.get("/v1/models").status_code == 401
+
+
+def test_a_relative_path_is_refused_naming_path(client, tmp_path, monkeypatch):
+    """A relative path would be read from the server process's working directory: refused even where it names a
+    model there."""
+    make_fake_model(tmp_path / "here")
+    monkeypatch.chdir(tmp_path)
+    for path in ("here", "./here", "../" + tmp_path.name + "/here"):
+        r = client.post("/v1/models", json={"name": "x", "path": path}, headers=ADMIN)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "path"], r.text
+        assert "absolute" in r.json()["detail"][0]["msg"]
+    assert client.get("/v1/models", headers=ADMIN).json()["count"] == 0

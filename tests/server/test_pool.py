@@ -131,3 +131,64 @@ def test_the_server_process_does_not_import_torch():
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
     )
     assert out.stdout.strip() == "False"
+
+
+def _spin(marker: str) -> None:
+    """Say so, then hold the GIL for hours: one C call (``sum`` over a range) that lets no other thread run."""
+    from pathlib import Path
+
+    Path(marker).write_text("spinning")
+    sum(range(10**13))
+
+
+_PARENT = """
+import os, sys, threading, time
+from server.pool import WorkerPool
+from tests.server.test_pool import _spin
+pool = WorkerPool(1)
+print(pool.run(os.getpid), flush=True)
+threading.Thread(target=pool.run, args=(_spin, sys.argv[1]), daemon=True).start()
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie left to a parent that does not reap it counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_busy_in_one_long_c_call_dies_with_a_killed_server(tmp_path):
+    """SIGKILL of the server process (no chance to stop its pool) ends its worker at once, even one inside a long C
+    call that holds the GIL (a thread of the worker's own, watching for its parent, would not run until it
+    returns): the kernel's parent-death signal does it."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.server.live import REPO
+
+    marker = tmp_path / "spinning"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(marker)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )
+    worker = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline and parent.poll() is None, "the worker never began its task"
+            time.sleep(0.05)
+        parent.kill()
+        parent.wait()
+        killed = time.monotonic()
+        while not _gone(worker) and time.monotonic() - killed < 10:
+            time.sleep(0.02)
+        assert _gone(worker), "the worker outlived the server by 10 s"
+        assert time.monotonic() - killed < 1.0
+    finally:
+        if not _gone(worker):
+            os.kill(worker, signal.SIGKILL)

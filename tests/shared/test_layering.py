@@ -33,6 +33,7 @@ TORCH_FREE = (
     "shared.model_files",
     "shared.noise",
     "shared.privacy",
+    "shared.processes",
     "shared.replay",
     "shared.schedule",
     "shared.schemas",
