@@ -36,8 +36,9 @@ class Settings(BaseSettings):
     checkin_rate: float = Field(
         default=50.0,
         gt=0,
-        description="idle lease requests a second the server asks of all its devices: a 204 to a lease carries "
-        "Retry-After = devices heard from in the last hour / this, when at least 1 s (server.pace)",
+        description="idle lease requests a second the server asks of all its devices, shared fairly among the users "
+        "with devices heard from in the last hour: a 204 to a lease carries Retry-After = the user's devices x those "
+        "users / this, when at least 1 s; a device asking sooner than told answers 429 (server.pace)",
     )
     max_attempts: int = Field(default=3, ge=1, description="leases per job before an expired one fails it")
     queue: Literal["local", "celery"] = Field(

@@ -7,10 +7,12 @@ and its work is ``part-{round client id}`` in the work exchange (``routes/work.p
 files by content: the device downloads each from ``GET /v1/blobs/{sha256}`` (``routes/blobs.py``), which grants
 them while the device holds the work.
 
-A lease lasts ``lease_s`` seconds from the last heartbeat. An expired lease returns the job to ``ready`` (the
-sweeper and every lease request apply that), up to ``max_attempts`` leases per job. A heartbeat on a cancelled
-job answers ``cancelled: true``; a heartbeat from a device that lost its lease answers 409. A device that cannot
-finish reports it (``POST /v1/work/job-{id}/fail``) and the job fails with its reason.
+An idle device is told when to ask again (204 with ``Retry-After``, its tenant's fair share of the server's check-in
+rate) and refused (429) when it asks sooner (``server.pace``). A lease lasts ``lease_s`` seconds from the last
+heartbeat. An expired lease returns the job to ``ready`` (the sweeper and every lease request apply that), up to
+``max_attempts`` leases per job. A heartbeat on a cancelled job answers ``cancelled: true``; a heartbeat from a
+device that lost its lease answers 409. A device that cannot finish reports it (``POST /v1/work/job-{id}/fail``)
+and the job fails with its reason.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from server import accounts, federation, jobstate, metrics
 from server.deps import DeviceId, PaceDep, ProgramManifestsDep, SessionDep, SettingsDep, StoreDep, revoked
 from server.grants import blob_ref, device_manifest
 from server.lru import LRUCache
-from server.responses import errors
+from server.responses import errors, try_later
 from server.router import Router
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Round, RoundClient
@@ -100,7 +102,15 @@ def _round_lease(
             "description": "no job is ready for this device; with Retry-After (seconds) when the server's population "
             "is large: ask again no sooner (server.pace)"
         },
-        **errors(400, 401, 403, 413, 422),
+        **errors(
+            400,
+            401,
+            403,
+            413,
+            422,
+            429,
+            e429="the device asked again sooner than the Retry-After it was told; Retry-After: the rest of that wait",
+        ),
     },
 )
 def lease(
@@ -113,7 +123,10 @@ def lease(
     body: LeaseCreate | None = None,
 ) -> LeasePublic | Response:
     """The next job (or round part) that fits what the device reports; 204 when none, with the wait the server
-    asks of an idle device of its population (``server.pace``)."""
+    asks of an idle device of its tenant (``server.pace``); 429 for a device asking sooner than it was told."""
+    early = pace.too_soon(device.id)
+    if early is not None:  # before anything is read or written for it
+        raise try_later(status.HTTP_429_TOO_MANY_REQUESTS, f"asked sooner than told: retry after {early} s", early)
     reported = (None, None, None) if body is None else (body.backend, body.memory_mb, body.cpu)
     asking, revoked_at = accounts.as_reported(session, device, *reported)  # replaces what it reported before
     if revoked_at is not None:
@@ -135,5 +148,8 @@ def lease(
         if client is not None:
             metrics.LEASES.labels("round").inc()
             return _round_lease(session, store, manifests, client, settings.heartbeat_s)
-    wait = pace.retry_after_s(session, settings.checkin_rate)
-    return Response(status_code=status.HTTP_204_NO_CONTENT, headers={} if wait is None else {"Retry-After": str(wait)})
+    wait = pace.retry_after_s(session, settings.checkin_rate, device.user_id)
+    if wait is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    pace.told(device.id, wait)
+    return Response(status_code=status.HTTP_204_NO_CONTENT, headers={"Retry-After": str(wait)})
