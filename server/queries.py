@@ -24,6 +24,7 @@ from server.tables import (
     Program,
     Round,
     RoundClient,
+    ServerKey,
     User,
     WebSession,
     utcnow,
@@ -157,6 +158,11 @@ def private_parts_of(session: Session, user_id: int) -> list[Row[Any]]:
             .order_by(RoundClient.id)
         )
     )
+
+
+def server_key(session: Session, name: str) -> str:
+    """One of the server's own secrets (``tables.ServerKey``), made by the migrations."""
+    return session.execute(select(ServerKey.value).where(ServerKey.name == name)).scalar_one()
 
 
 def web_session(session: Session, token_hash: str) -> WebSession | None:

@@ -187,17 +187,24 @@ class Settings(BaseSettings):
         ge=1,
         description="dashboard sessions one user (or the admin) may hold at once; signing in past it ends their oldest",
     )
-    sign_in_failures_per_address: int = Field(
+    sign_in_failures_per_account: int = Field(
         default=10,
         ge=1,
-        description="failed dashboard sign-ins from one client address (IPv6: one /64) within sign_in_window_s; past "
-        "it, sign-ins from there answer 429 with Retry-After, before the key is checked",
+        description="failed dashboard sign-ins with one user's key (the id in it), or at the admin token, from one "
+        "client address (IPv6: one /64) within sign_in_window_s; past it, that account's sign-ins from that address "
+        "answer 429 with Retry-After, before the key is checked (from other addresses it may still sign in)",
     )
-    sign_in_failures_per_account: int = Field(
-        default=20,
+    sign_in_failures_per_address: int = Field(
+        default=50,
         ge=1,
-        description="failed dashboard sign-ins with one user's key (the id in it), or at the admin token, within "
-        "sign_in_window_s, from all addresses; past it, that account's sign-ins answer 429 with Retry-After",
+        description="failed dashboard sign-ins from one client address at all accounts together within "
+        "sign_in_window_s; past it, every sign-in from there answers 429 with Retry-After",
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description="reverse proxies whose X-Forwarded-For names the client (addresses or networks, comma-separated, "
+        "e.g. 127.0.0.1,10.0.0.0/8); empty: none, the client is the connection's peer (the address sign-in failures "
+        "are counted by)",
     )
     sign_in_window_s: float = Field(
         default=60.0, gt=0, le=24 * 3600, description="the sliding window failed dashboard sign-ins are counted over"
@@ -227,6 +234,24 @@ class Settings(BaseSettings):
         if value != value.strip():
             raise ValueError("MOBIZO_ADMIN_TOKEN starts or ends with whitespace, which no client can send")
         return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        """Each an address or a network: a typo would otherwise trust nobody, or the wrong hosts, silently."""
+        import ipaddress
+
+        for entry in (e.strip() for e in value.split(",") if e.strip()):
+            try:
+                ipaddress.ip_network(entry, strict=False) if "/" in entry else ipaddress.ip_address(entry)
+            except ValueError:
+                raise ValueError("MOBIZO_TRUSTED_PROXIES: each entry must be an IP address or network") from None
+        return ",".join(e.strip() for e in value.split(",") if e.strip())
+
+    @property
+    def proxies(self) -> list[str]:
+        """``trusted_proxies`` as a list (empty: trust no X-Forwarded-For)."""
+        return self.trusted_proxies.split(",") if self.trusted_proxies else []
 
     @field_validator("store_url")
     @classmethod

@@ -318,3 +318,12 @@ class WebSession(Base):
     csrf_token: Mapped[str] = mapped_column(String(64))
     expires_at: Mapped[datetime]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ServerKey(Base):
+    """A secret of the server itself, made by the migration that made the table (``sign_in``: the dashboard's
+    sign-in form tokens, ``server.dashboard.web``): every API process reads the same one from the database."""
+
+    __tablename__ = "server_keys"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(128))

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     if settings.admin_token is None:
         logging.warning("MOBIZO_ADMIN_TOKEN is not set: admin endpoints (users, models) will refuse every request")
     logging.info("dashboard at http://%s:%d/ui (sign in with an API key); metrics at /metrics", args.host, args.port)
+    # X-Forwarded-For names the client only from MOBIZO_TRUSTED_PROXIES (uvicorn's own default trusts loopback)
+    proxies = {"proxy_headers": bool(settings.proxies), "forwarded_allow_ips": settings.proxies or None}
     if args.workers == 1:
         uvicorn.run(
             create_app(settings),
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             port=args.port,
             log_level=args.log_level,
             http=HeaderTimeoutProtocol,
+            **proxies,
         )
     else:  # each process builds its own app from the same environment, and logs as this one does
         from uvicorn.config import LOGGING_CONFIG
@@ -65,5 +68,6 @@ def run(args: argparse.Namespace) -> ExitCode:
             port=args.port,
             log_level=args.log_level,
             log_config={**LOGGING_CONFIG, "root": root},
+            **proxies,
         )
     return ExitCode.OK

@@ -22,12 +22,12 @@ from server.dashboard.charts import Node, Series, line_chart, lineage_chart
 from server.dashboard.web import (
     PREFIX,
     SESSION_COOKIE,
-    SIGN_IN_COOKIE,
     CurrentViewer,
     SignInThrottleDep,
     Viewer,
     account_of,
     check_csrf,
+    check_sign_in_form,
     client_address,
     page,
     sign_in,
@@ -85,7 +85,7 @@ def login(
     key = api_key.strip()
     if not key:
         return sign_in_page(request, "enter an API key or the admin token", status.HTTP_401_UNAUTHORIZED)
-    check_csrf(request.cookies.get(SIGN_IN_COOKIE, ""), csrf_token)
+    check_sign_in_form(request, csrf_token)
     address, account = client_address(request), account_of(key)
     refusal = throttle.refusal(address, account)
     if refusal is not None:

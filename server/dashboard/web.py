@@ -11,17 +11,25 @@ its row holds that token's SHA-256, and once the server's token is another (rota
 deleted at its next request, so that rotating the token signs every admin browser out as well.
 
 CSRF: every form carries the session's own random token (the synchronizer-token pattern) and every POST compares
-it in constant time, 403 when it is missing or wrong. The sign-in form, which has no session yet, carries a token
-that must equal a cookie set with the form (double submit), so that no other site can sign a browser in to an
-account of its choosing. The pages run no JavaScript at all, and their Content-Security-Policy says so.
+it in constant time, 403 when it is missing or wrong. The sign-in form, which has no session yet, comes with a
+random cookie, and its token is the HMAC of that cookie under the server's key (``sign_in_token``; the key is made
+by the migrations and shared by every API process through the database): a cookie another site (a sibling
+subdomain, a man in the middle of plain HTTP) set in the browser, with a form token of its choosing, matches
+nothing, so no other site can sign a browser in to an account of its choosing. A sign-in the browser says another
+site sent (``Sec-Fetch-Site`` other than same-origin or none) is refused too. The pages run no JavaScript at all,
+and their Content-Security-Policy says so.
 
-Guessing: failed sign-ins are counted per client address and per account (``SignInThrottle``); past either limit a
-sign-in answers 429 with ``Retry-After`` before its key is checked. A user (and the admin) holds at most
+Guessing: failed sign-ins are counted per account and client address, and per client address
+(``SignInThrottle``); past either limit a sign-in answers 429 with ``Retry-After`` before its key is checked.
+The address is the connection's peer (``X-Forwarded-For`` only from ``MOBIZO_TRUSTED_PROXIES``), so nobody can
+keep another user out: their failures count against their own address. A user (and the admin) holds at most
 ``ui_sessions_per_user`` sessions: signing in past it ends their oldest, so that sign-ins in a loop add no rows.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import math
 import secrets
@@ -106,8 +114,24 @@ CurrentViewer = Annotated[Viewer, Depends(current_viewer)]
 
 
 def check_csrf(expected: str, sent: str) -> None:
-    if not sent or not constant_time_equal(sent, expected):
+    if not sent or not expected or not constant_time_equal(sent, expected):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the form's CSRF token is missing or wrong: reload the page")
+
+
+def sign_in_token(request: Request, cookie: str) -> str:
+    """The sign-in form's token for the sign-in ``cookie``: its HMAC under the server's key (``tables.ServerKey``),
+    which only this server can compute; "" without a cookie."""
+    if not cookie:
+        return ""
+    return hmac.new(request.app.state.sign_in_key.encode(), cookie.encode(), hashlib.sha256).hexdigest()
+
+
+def check_sign_in_form(request: Request, sent: str) -> None:
+    """403 unless the form's token is the one this server gave with the browser's sign-in cookie, and the browser
+    does not say another site sent the form."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "a sign-in sent from another site is refused")
+    check_csrf(sign_in_token(request, request.cookies.get(SIGN_IN_COOKIE, "")), sent)
 
 
 def sign_in(response: Response, session: SessionDep, user: User | None, settings: Settings) -> None:
@@ -138,14 +162,16 @@ def sign_in(response: Response, session: SessionDep, user: User | None, settings
 
 
 class SignInThrottle:
-    """Failed sign-ins per client address and per account, each within ``sign_in_window_s``
-    (``sign_in_failures_per_address``, ``sign_in_failures_per_account``). Past either limit a sign-in is refused
-    before its key is checked, so that a guess made then tells nothing, right or wrong.
+    """Failed sign-ins per account from one client address, and per client address at all accounts, each within
+    ``sign_in_window_s`` (``sign_in_failures_per_account``, ``sign_in_failures_per_address``). Past either limit a
+    sign-in is refused before its key is checked, so that a guess made then tells nothing, right or wrong.
 
     The account of a key is the user whose id it names (whether or not that user exists: the count does not tell
-    which ids do), or the admin for any other key, which can only be a guess at the admin token. The per-account
-    limit holds against guesses spread over many addresses; its price is that such guesses also keep the account's
-    owner from signing in at the dashboard until they age out (the REST API does not look at these counts).
+    which ids do), or the admin for any other key, which can only be a guess at the admin token. Both counts are the
+    guesser's own address's, so guessing at someone's key, or at the admin token, never keeps its owner out
+    (elsewhere): only a host behind the same address (IPv6: the same /64) shares its count. Guesses spread over many
+    addresses are bounded per address only; an API key (256 random bits) and an admin token of 16 characters or
+    more are out of reach of guessing anyway (the REST API does not look at these counts).
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -154,9 +180,10 @@ class SignInThrottle:
 
     def refusal(self, address: str, account: str) -> tuple[str, int] | None:
         """(why, seconds to wait) when a sign-in from ``address`` to ``account`` must wait; None when it may try."""
+        at = "at the admin token" if account == "admin" else "with this key"
         for failures, key, whence in (
+            (self.accounts, f"{account} from {address}", f"{at} from this address"),
             (self.addresses, address, "from this address"),
-            (self.accounts, account, "at the admin token" if account == "admin" else "with this key"),
         ):
             wait = failures.wait_s(key)
             if wait > 0:
@@ -166,7 +193,7 @@ class SignInThrottle:
 
     def failed(self, address: str, account: str) -> None:
         self.addresses.failed(address)
-        self.accounts.failed(account)
+        self.accounts.failed(f"{account} from {address}")
 
 
 async def get_sign_in_throttle(request: Request) -> SignInThrottle:
@@ -177,9 +204,9 @@ SignInThrottleDep = Annotated[SignInThrottle, Depends(get_sign_in_throttle)]
 
 
 def client_address(request: Request) -> str:
-    """The address sign-in failures are counted by: the client as uvicorn reports it (behind a proxy, the client
-    only where uvicorn trusts the proxy's ``X-Forwarded-For``: ``FORWARDED_ALLOW_IPS``, loopback by default), an
-    IPv6 address by its /64, which one client usually holds whole."""
+    """The address sign-in failures are counted by: the client as uvicorn reports it (the connection's peer; behind
+    a proxy, the client its ``X-Forwarded-For`` names only where ``MOBIZO_TRUSTED_PROXIES`` names the proxy:
+    ``server.commands.serve``), an IPv6 address by its /64, which one client usually holds whole."""
     host = request.client.host if request.client is not None else ""
     try:
         address = ipaddress.ip_address(host)
@@ -197,10 +224,11 @@ def account_of(key: str) -> str:
 
 
 def sign_in_page(request: Request, error: str | None = None, code: int = status.HTTP_200_OK) -> Response:
-    """The sign-in form; its token is also set as a short-lived cookie (double submit)."""
-    token = secrets.token_urlsafe(32)
-    response = page(request, "login.html", None, code, error=error, sign_in_token=token)
-    response.set_cookie(SIGN_IN_COOKIE, token, max_age=3600, path=PREFIX, secure=True, httponly=True, samesite="strict")
+    """The sign-in form with a new short-lived cookie, its token that cookie's HMAC (``sign_in_token``)."""
+    cookie = secrets.token_urlsafe(32)
+    response = page(request, "login.html", None, code, error=error, sign_in_token=sign_in_token(request, cookie))
+    flags = {"path": PREFIX, "secure": True, "httponly": True, "samesite": "strict"}
+    response.set_cookie(SIGN_IN_COOKIE, cookie, max_age=3600, **flags)
     return response
 
 

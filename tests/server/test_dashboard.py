@@ -50,6 +50,32 @@ def key_of(headers: dict[str, str]) -> str:
     return headers["Authorization"].split()[1]
 
 
+def test_a_sign_in_cookie_and_token_of_another_sites_choosing_do_not_sign_in(client: TestClient) -> None:
+    """Login CSRF by cookie tossing: a page of another site (a sibling subdomain, or a man in the middle of plain
+    HTTP) sets the sign-in cookie to a value of its choosing and posts the same value as the form's token with its
+    own key. The token is the server's HMAC of the cookie, so the pair matches nothing; and a form the browser says
+    another site sent is refused even with a pair the server gave out."""
+    client = browser(client)
+    mallory = create_user(client, "mallory")
+    for tossed in ("tossed-by-a-sibling", CSRF.search(client.get("/ui/login").text).group(1)):
+        client.cookies.delete("mobizo_sign_in")
+        client.cookies.set("mobizo_sign_in", tossed, domain="testserver", path="/ui")
+        forged = client.post("/ui/login", data={"api_key": key_of(mallory), "csrf_token": tossed})
+        assert forged.status_code == 403 and "CSRF" in forged.text, forged.text
+        assert "mobizo_session" not in client.cookies
+    form = client.get("/ui/login")  # a pair the server gave this browser, in a form another site posted
+    token = CSRF.search(form.text).group(1)
+    for site in ("cross-site", "same-site"):
+        sent = client.post(
+            "/ui/login", data={"api_key": key_of(mallory), "csrf_token": token}, headers={"Sec-Fetch-Site": site}
+        )
+        assert sent.status_code == 403 and "another site" in sent.text and "mobizo_session" not in client.cookies
+    signed_in = client.post(
+        "/ui/login", data={"api_key": key_of(mallory), "csrf_token": token}, headers={"Sec-Fetch-Site": "same-origin"}
+    )
+    assert signed_in.status_code == 303 and "mobizo_session" in client.cookies
+
+
 def test_pages_need_a_session_and_sign_in_takes_a_real_key_and_the_form_token(client: TestClient) -> None:
     client = browser(client)
     alice = create_user(client)
