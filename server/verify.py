@@ -28,7 +28,7 @@ from shared import defaults
 from shared.b_file import b_file_bytes, read_b_file
 from shared.errors import DataError
 from shared.manifest import ProgramManifest
-from shared.schemas import MAX_LOSS, AdapterPrompt, JobSpec, UploadMetrics
+from shared.schemas import MAX_LOSS, PRIVATE_METRICS, AdapterPrompt, JobSpec, UploadMetrics
 from shared.train_log import step_losses
 
 METRICS_LIMIT = 1 << 20
@@ -93,7 +93,8 @@ def _json_problem(exc: Exception) -> str:
 def parse_metrics(data: bytes, private: bool = False) -> dict[str, Any]:
     """The metrics part as ``UploadMetrics`` validates it, in the form stored (unknown keys dropped, JSON-safe). A
     private job's (``private``) carries no losses and no held-out figures: they are functions of the device's data
-    that no noise covers, so the server refuses to store them."""
+    that no noise covers, so the server refuses them; of the rest it keeps only ``PRIVATE_METRICS``, the job's own
+    parameters (an honest agent sends more: its timings, its free text, which are dropped, not refused)."""
     try:
         raw = json.loads(data, parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
@@ -110,7 +111,7 @@ def parse_metrics(data: bytes, private: bool = False) -> dict[str, Any]:
         raise ResultRejected("metrics", "losses: a private job's losses stay on the device")
     if private and metrics.eval:
         raise ResultRejected("metrics", "eval: a private job's held-out figures stay on the device")
-    return metrics.model_dump(mode="json", exclude_unset=True)
+    return metrics.model_dump(mode="json", exclude_unset=True, include=set(PRIVATE_METRICS) if private else None)
 
 
 def replay_tolerance(max_abs_b: float) -> float:

@@ -858,7 +858,8 @@ class HeldOut(BaseModel):
 
 class UploadMetrics(_Metrics):
     """The ``metrics`` part of a result upload (``device_agent.metrics.training_metrics``), validated before it is
-    stored with the adapter; stored as sent (``exclude_unset``), less unknown keys, plus the server's ``server``."""
+    stored with the adapter; stored as sent (``exclude_unset``), less unknown keys, plus the server's ``server``. A
+    private job's keeps only ``PRIVATE_METRICS`` (``server.verify.parse_metrics``)."""
 
     method: _Text | None = None
     q: _Count | None = None
@@ -890,6 +891,16 @@ class UploadMetrics(_Metrics):
     job_id: _Count | None = None
     log_sha256: _Text | None = None
     n_train: _Count | None = None
+
+
+# What a private job's metrics keep (the rest is dropped, not stored): the job's own parameters, numbers the spec
+# fixed before any data was read, and ``losses`` and ``eval``, which are refused unless empty (null, []: the agent
+# says so). Free text (method, targets, task, backend, optimizer, hashes), timings (step_time_s, train_time_s,
+# peak_rss_mb) and counts of the data (n_train) are the device's to keep (``server.verify.parse_metrics``).
+PRIVATE_METRICS = frozenset(
+    {"q", "batch_size", "examples_per_query", "steps", "seq_len", "answer_len", "rank", "alpha", "a_seed", "seed"}
+    | {"lr", "eps", "job_id", "losses", "eval"}
+)
 
 
 # --- adapters, health ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The training log: one JSON line per step, ``{"step", "seed", "lr", "eps", "g", "losses"}`` (docs/contracts.md);
-a private run's (``shared.privacy``) holds no ``losses``: its g are privatized, and nothing else of the data leaves.
+a private run's (``shared.privacy``) holds no ``losses`` and no key but these five: its g are privatized, and nothing
+else of the data leaves (the log is stored as sent, so a line with any other key is refused).
 
 Floats are float32 values written as Python floats, whose repr round-trips the float32 bits exactly, so a replay
 (``shared.replay``) of the log rebuilds B bit for bit. Torch-free: the device writes it, the server checks it.
@@ -97,6 +98,9 @@ def parse_log(text: str, source: str = "log", private: bool = False) -> list[dic
             raise DataError(f"{source}:{number}: missing {', '.join(missing)}")
         if private and "losses" in record:
             raise DataError(f"{source}:{number}: a private log holds no losses")
+        if private and len(record) != len(PRIVATE_LOG_FIELDS):  # its five fields are there: another key is too
+            fields = ", ".join(PRIVATE_LOG_FIELDS)
+            raise DataError(f"{source}:{number}: a private log's lines hold {fields} and nothing else")
         problem = _type_problem(record)
         if problem:
             raise DataError(f"{source}:{number}: {problem}")

@@ -145,6 +145,39 @@ def test_a_private_log_is_checked_without_losses(client, user):
     assert r.status_code == 201, r.text
 
 
+def test_a_private_jobs_log_and_metrics_keep_nothing_off_the_allow_list(client, user):
+    """A private job's contract on every field: a log line with any key but step, seed, lr, eps and g is refused (the
+    log is stored as sent); of its metrics only the job's own parameters are stored (``PRIVATE_METRICS``): free
+    text, timings and counts of the data are dropped."""
+    import json
+
+    from shared.schemas import PRIVATE_METRICS
+
+    phone = enroll_device(client, user)
+    job = submit_job(client, user, privacy=PRIVATE)
+    lease = client.post("/v1/leases", headers=phone["headers"]).json()
+    spec = lease["spec"] | {"d": lease["manifest"]["lora_size"]}
+    b, honest = _private_log(spec, 0.1)
+    lines = [json.loads(line) for line in honest.splitlines()]
+    leaky = "".join(json.dumps({**line, "per_example_loss": [0.7, 1.3]}) + "\n" for line in lines)
+    r = upload(client, phone, job["id"], b_flat_bytes(b), leaky)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "log"], r.text
+    assert "nothing else" in r.text
+    sent = {
+        "method": "mobizo", "targets": ["q_proj", "v_proj"], "backend": "executorch", "task": "sst2",
+        "optimizer": "sgd", "program_sha256": "0" * 64, "step_time_s": 0.125, "train_time_s": 0.375,
+        "peak_rss_mb": 812.0, "n_train": 117, "losses": None, "eval": [],
+        "q": spec["q"], "batch_size": spec["batch_size"], "steps": spec["steps"], "seed": spec["seed"],
+        "lr": spec["lr"], "eps": spec["eps"], "rank": spec["rank"], "job_id": job["id"],
+    }  # fmt: skip
+    r = upload(client, phone, job["id"], b_flat_bytes(b), honest, json.dumps(sent).encode())
+    assert r.status_code == 201, r.text
+    stored = client.get(f"/v1/adapters/{r.json()['adapter_id']}", headers=user).json()["metrics"]
+    kept = {"q", "batch_size", "steps", "seed", "lr", "eps", "rank", "job_id", "losses", "eval"}
+    assert set(stored) - {"server"} == kept and kept <= PRIVATE_METRICS
+    assert (stored["steps"], stored["losses"], stored["eval"]) == (spec["steps"], None, [])
+
+
 def _race(call) -> list:
     """``call()`` from two threads released together → their results."""
     start, results = threading.Barrier(2), []
