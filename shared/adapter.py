@@ -10,6 +10,7 @@ another base gives plausible-looking garbage, so mobizo's commands refuse it (:f
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from shared.errors import MobizoError
 from shared.files import atomic_dir
 from shared.lora import MPLoRA, inject_lora, lora_a_init, unflatten_b
 from shared.manifest import ProgramManifest
+from shared.text import escape_controls
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -93,13 +95,28 @@ def make_card(
     return {"task": task, "prompt": prompt, "provenance": provenance}
 
 
+_PUNCTUATION = re.compile(r"""([!-/:-@\[-`{-~])""")  # every ASCII punctuation character
+
+
+def markdown_text(value: Any) -> str:
+    """``str(value)`` as Markdown text that shows it as it is and nothing else, in a heading or a table cell: on one
+    line (a line break written as ``\\n``, other control characters as ``shared.text.escape_controls`` writes them),
+    every ASCII punctuation character escaped with a backslash (CommonMark and GitHub's Markdown take any such
+    escape), so that no backtick, ``|``, ``<``, ``&``, ``[`` or ``!`` of the value opens a code span, a table cell,
+    raw HTML, an entity, a link or an image."""
+    one_line = escape_controls(str(value)).replace("\n", "\\n")
+    return _PUNCTUATION.sub(r"\\\1", one_line)
+
+
 def write_card(adapter_dir: Path, base_model: str, card: dict) -> None:
     """The adapter's card: ``CARD_DATA`` as given, and ``CARD_FILE``, a model card with the hub's front matter
-    (``base_model``, ``library_name: peft``) saying how to prompt it and where it came from."""
+    (``base_model``, ``library_name: peft``) saying how to prompt it and where it came from. Every value of the
+    card, a user's text included (the template, the verbalizer, the task), is written as ``markdown_text``."""
     prompt, provenance = card["prompt"], card["provenance"]
     (Path(adapter_dir) / CARD_DATA).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
-    template = "the task's own" if prompt["template"] is None else f"`{json.dumps(prompt['template'])}`"
-    verbalizer = "the task's own" if prompt["verbalizer"] is None else f"`{json.dumps(prompt['verbalizer'])}`"
+    template = "the task's own" if prompt["template"] is None else markdown_text(json.dumps(prompt["template"]))
+    verbalizer = "the task's own" if prompt["verbalizer"] is None else markdown_text(json.dumps(prompt["verbalizer"]))
+    task, base, text = markdown_text(card["task"]), markdown_text(base_model), markdown_text
     lines = [
         "---",
         f"base_model: {json.dumps(base_model)}",
@@ -108,7 +125,7 @@ def write_card(adapter_dir: Path, base_model: str, card: dict) -> None:
         "tags: [mobizo, lora, zeroth-order, on-device]",
         "---",
         "",
-        f"# A personal {card['task']} adapter of {base_model}",
+        f"# A personal {task} adapter of {base}",
         "",
         "A LoRA adapter (PEFT layout) trained on a user's own device by mobizo: zeroth-order steps through an",
         "inference engine, only B trained. It was trained on prompts of one shape; prompt it the same way.",
@@ -117,18 +134,22 @@ def write_card(adapter_dir: Path, base_model: str, card: dict) -> None:
         "",
         "| | |",
         "|---|---|",
-        f"| task | {card['task']} |",
+        f"| task | {task} |",
         f"| template | {template} |",
         f"| verbalizer | {verbalizer} |",
         f"| chat template | {'yes' if prompt['chat_template'] else 'no'} |",
-        f"| objective | {prompt['objective']} |",
-        f"| calibration prior | {prompt['prior'] or 'none'} |",
+        f"| objective | {text(prompt['objective'])} |",
+        f"| calibration prior | {text(prompt['prior']) if prompt['prior'] else 'none'} |",
         "",
         "## Where it came from",
         "",
         "| | |",
         "|---|---|",
-        *(f"| {name.replace('_', ' ')} | {value} |" for name, value in sorted(provenance.items()) if value is not None),
+        *(
+            f"| {text(name.replace('_', ' '))} | {text(value)} |"
+            for name, value in sorted(provenance.items())
+            if value is not None
+        ),
         "",
         f"`{CARD_DATA}` holds the same for programs; `mobizo eval --adapter` prompts with it by default.",
         "",

@@ -47,7 +47,11 @@ def test_the_card_says_how_to_prompt_it_and_where_it_came_from(adapter: Path) ->
     text = (adapter / CARD_FILE).read_text()
     front, body = text.split("---\n")[1], text.split("---\n", 2)[2]
     assert 'base_model: "tiny"' in front and "library_name: peft" in front
-    assert json.dumps(REWORDED["template"]) in body and "| job id | 7 |" in body and "dp epsilon" not in body
+    from markdown_it import MarkdownIt
+
+    cells = dict(_cells(MarkdownIt("commonmark").enable("table").parse(body)))
+    assert cells["template"] == json.dumps(REWORDED["template"]) and cells["job id"] == "7"
+    assert "dp epsilon" not in cells
 
 
 def _eval(model: Path, adapter: Path, *extra: str) -> list[str]:
@@ -130,3 +134,63 @@ def test_mobizo_train_writes_the_card_of_its_run(tiny_model_dir: Path, tmp_path:
     assert card["task"] == "sst2" and card["prompt"]["template"] == template
     assert card["prompt"]["verbalizer"] == verbalizer and card["prompt"]["chat_template"] is False
     assert card["provenance"] == {"method": "mobizo", "steps": 1, "dp_epsilon": None}
+
+
+HOSTILE = (
+    "x` | <img src=x onerror=alert(1)> ![i](javascript:alert(1)) [l](javascript:alert(2)) <script>alert(3)</script>"
+    " ``` &amp; &#60;b&#62; <https://evil.example> *em* _u_ \\` \\| |\n| injected | row |\r\n# heading"
+)
+
+
+def _cells(tokens) -> list[list[str]]:
+    """The rows of a parsed document's tables, each cell's text as a reader sees it."""
+    rows, row, inside = [], [], False
+    for token in tokens:
+        if token.type == "tr_open":
+            row = []
+        elif token.type in ("th_open", "td_open"):
+            inside = True
+        elif token.type in ("th_close", "td_close"):
+            inside = False
+        elif token.type == "inline" and inside:
+            row.append("".join(c.content for c in token.children if c.type in ("text", "code_inline")))
+        elif token.type == "tr_close":
+            rows.append(row)
+    return rows
+
+
+def test_the_readme_shows_a_users_text_as_text_and_nothing_else(tmp_path: Path) -> None:
+    """A template, answers or a device's backend holding backticks, ``|``, HTML, images, links, entities or line
+    breaks stay text in their table cells of ``README.md`` (CommonMark with tables, GitHub's; and the Markdown of
+    the docs' site): no code span opens, no cell or row is added, no HTML, image or link comes out."""
+    from markdown import markdown
+    from markdown_it import MarkdownIt
+
+    from shared.adapter import make_card, write_card
+
+    labels = {"0`|<b>": " bad` | ![x](y)", "1": "[z](javascript:q)\n|x|"}
+    card = make_card(
+        "custom`|<i>", HOSTILE, labels, False, "classification", [0.25, 0.75], job_id=3, device_backend=HOSTILE
+    )
+    write_card(tmp_path, "tiny` <b>|", card)
+    text = (tmp_path / CARD_FILE).read_text()
+    front, body = text.split("---\n")[1], text.split("---\n", 2)[2]
+    assert json.loads(front.splitlines()[0].removeprefix("base_model: ")) == "tiny` <b>|"  # YAML takes JSON's form
+    tokens = MarkdownIt("commonmark").enable("table").parse(body)
+    found = {t.type for t in tokens} | {c.type for t in tokens if t.children for c in t.children}
+    assert not found & {"html_inline", "html_block", "image", "link_open", "fence", "code_block"}, found
+    spans = {c.content for t in tokens if t.children for c in t.children if c.type == "code_inline"}
+    assert spans == {CARD_DATA, "mobizo eval --adapter"}  # the card's own, none of the user's
+    rows = _cells(tokens)
+    assert all(len(row) == 2 for row in rows), rows
+    cells = dict(rows)
+    assert cells["template"] == json.dumps(HOSTILE) and cells["verbalizer"] == json.dumps(labels)
+    assert cells["task"] == "custom`|<i>" and cells["device backend"] == HOSTILE.replace("\r", "\\r").replace(
+        "\n", "\\n"
+    )
+    assert cells["calibration prior"] == "[0.25, 0.75]" and "injected" not in cells
+    (title,) = [t for t in tokens if t.type == "inline" and t.content.startswith("A personal")]
+    assert "".join(c.content for c in title.children) == "A personal custom`|<i> adapter of tiny` <b>|"
+
+    html = markdown(body, extensions=["tables"])
+    assert not any(tag in html for tag in ("<img", "<script", "<a ", "<b>", "<i>", "href=")), html
