@@ -12,6 +12,7 @@ lease, the heartbeat or the job. A name taken by a concurrent request is a
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from sqlalchemy import Connection, bindparam, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from server import queries
 from server.db import begin_write
 from server.tables import (
     Cohort,
@@ -28,6 +30,7 @@ from server.tables import (
     EnrollmentCode,
     LeasingDevice,
     Model,
+    ServerKey,
     User,
     WebSession,
     utcnow,
@@ -51,6 +54,21 @@ def _insert(session: Session, row: Any) -> Any:
         session.rollback()
         raise Taken from None
     return row
+
+
+def server_key(session: Session, name: str) -> str:
+    """One of the server's own secrets (``tables.ServerKey``): the stored one, or a new random one stored by the first
+    process that asks (a racing process's insert loses to the primary key, and it reads the winner's)."""
+    stored = queries.server_key(session, name)
+    if stored is not None:
+        return stored
+    try:
+        _insert(session, ServerKey(name=name, value=secrets.token_hex(32)))
+    except Taken:
+        pass
+    made = queries.server_key(session, name)
+    assert made is not None
+    return made
 
 
 def create_user(session: Session, name: str, key_hash: str) -> User:

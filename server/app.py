@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import federation, jobstate, queries, responses
+from server import accounts, federation, jobstate, responses
 from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
 from server.dashboard import PREFIX, create_dashboard
@@ -162,8 +162,8 @@ def _start_up(state: Any, queue: Any, owns_data_dir: bool) -> None:
     engine, settings, store = state.engine, state.settings, state.store
     with startup_lock(engine) as first:  # several API processes: one migrates and recovers, the rest wait
         migrate(engine)
-        with state.sessionmaker() as session:  # the same key in every process: made by the migrations
-            state.sign_in_key = queries.server_key(session, "sign_in")
+        with state.sessionmaker() as session:  # the same key in every process: made once, kept in the database
+            state.sign_in_key = accounts.server_key(session, "sign_in")
         if not (owns_data_dir or first):
             log.info("startup: another API process started at the same time and recovered the jobs")
             return

@@ -160,9 +160,9 @@ def private_parts_of(session: Session, user_id: int) -> list[Row[Any]]:
     )
 
 
-def server_key(session: Session, name: str) -> str:
-    """One of the server's own secrets (``tables.ServerKey``), made by the migrations."""
-    return session.execute(select(ServerKey.value).where(ServerKey.name == name)).scalar_one()
+def server_key(session: Session, name: str) -> str | None:
+    """One of the server's own secrets (``tables.ServerKey``; made by ``accounts.server_key``), or None."""
+    return session.scalar(select(ServerKey.value).where(ServerKey.name == name))
 
 
 def web_session(session: Session, token_hash: str) -> WebSession | None:

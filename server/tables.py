@@ -321,8 +321,9 @@ class WebSession(Base):
 
 
 class ServerKey(Base):
-    """A secret of the server itself, made by the migration that made the table (``sign_in``: the dashboard's
-    sign-in form tokens, ``server.dashboard.web``): every API process reads the same one from the database."""
+    """A secret of the server itself, made at random by the first process that needs it (``accounts.server_key``;
+    ``sign_in``: the dashboard's sign-in form tokens, ``server.dashboard.web``): every API process reads the same one
+    from the database."""
 
     __tablename__ = "server_keys"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)

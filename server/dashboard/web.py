@@ -12,12 +12,12 @@ deleted at its next request, so that rotating the token signs every admin browse
 
 CSRF: every form carries the session's own random token (the synchronizer-token pattern) and every POST compares
 it in constant time, 403 when it is missing or wrong. The sign-in form, which has no session yet, comes with a
-random cookie, and its token is the HMAC of that cookie under the server's key (``sign_in_token``; the key is made
-by the migrations and shared by every API process through the database): a cookie another site (a sibling
-subdomain, a man in the middle of plain HTTP) set in the browser, with a form token of its choosing, matches
-nothing, so no other site can sign a browser in to an account of its choosing. A sign-in the browser says another
-site sent (``Sec-Fetch-Site`` other than same-origin or none) is refused too. The pages run no JavaScript at all,
-and their Content-Security-Policy says so.
+random cookie, and its token is the HMAC of that cookie under the server's key (``sign_in_token``; the key is
+made once, at random, and shared by every API process through the database: ``accounts.server_key``): a cookie
+another site (a sibling subdomain, a man in the middle of plain HTTP) set in the browser, with a form token of its
+choosing, matches nothing, so no other site can sign a browser in to an account of its choosing. A sign-in the
+browser says another site sent (``Sec-Fetch-Site`` other than same-origin or none) is refused too. The pages run no
+JavaScript at all, and their Content-Security-Policy says so.
 
 Guessing: failed sign-ins are counted per account and client address, and per client address
 (``SignInThrottle``); past either limit a sign-in answers 429 with ``Retry-After`` before its key is checked.

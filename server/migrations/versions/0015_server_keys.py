@@ -1,14 +1,13 @@
-"""The server's own secrets (``server_keys``), made once when the table is, shared by every API process through the
-database: ``sign_in``, the key the dashboard's sign-in form tokens are the HMAC of their cookie under
-(``server.dashboard.web``), so that a sign-in cookie a browser was given by another site matches no form token.
+"""The server's own secrets (``server_keys``), made at random by the first API process that needs one
+(``server.accounts.server_key``) and shared by every process through the database: ``sign_in``, the key the
+dashboard's sign-in form tokens are the HMAC of their cookie under (``server.dashboard.web``), so that a sign-in
+cookie a browser was given by another site matches no form token.
 
 Revision ID: 0015
 Revises: 0014
 """
 
 from __future__ import annotations
-
-import secrets
 
 import sqlalchemy as sa
 from alembic import op
@@ -20,12 +19,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    keys = op.create_table(
+    op.create_table(
         "server_keys",
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("value", sa.String(128), nullable=False),
     )
-    op.bulk_insert(keys, [{"name": "sign_in", "value": secrets.token_hex(32)}])
 
 
 def downgrade() -> None:
