@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
 
 from shared.schemas import ErrorPublic
-from shared.text import escape_controls
+from shared.text_fields import escape_controls
 
 _ERRORS = {
     400: "the body cannot be parsed (not UTF-8 JSON)",
@@ -99,7 +99,7 @@ def _unquoted(msg: str, value: Any, loc: tuple | list) -> str:
 
 def _short(part: str | int) -> str | int:
     """A place in the body; an unknown key is the client's input, so only its start is named, its control characters
-    as escapes (``shared.text.escape_controls``)."""
+    as escapes (``shared.text_fields.escape_controls``)."""
     return escape_controls(part[:64]) if isinstance(part, str) else part
 
 

@@ -22,7 +22,7 @@ from shared.errors import MobizoError
 from shared.files import atomic_dir
 from shared.lora import MPLoRA, inject_lora, lora_a_init, unflatten_b
 from shared.manifest import ProgramManifest
-from shared.text import escape_controls
+from shared.text_fields import escape_controls
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -100,8 +100,8 @@ _PUNCTUATION = re.compile(r"""([!-/:-@\[-`{-~])""")  # every ASCII punctuation c
 
 def markdown_text(value: Any) -> str:
     """``str(value)`` as Markdown text that shows it as it is and nothing else, in a heading or a table cell: on one
-    line (a line break written as ``\\n``, other control characters as ``shared.text.escape_controls`` writes them),
-    every ASCII punctuation character escaped with a backslash (CommonMark and GitHub's Markdown take any such
+    line (a line break written as ``\\n``, other control characters as ``shared.text_fields.escape_controls`` writes
+    them), every ASCII punctuation character escaped with a backslash (CommonMark and GitHub's Markdown take any such
     escape), so that no backtick, ``|``, ``<``, ``&``, ``[`` or ``!`` of the value opens a code span, a table cell,
     raw HTML, an entity, a link or an image."""
     one_line = escape_controls(str(value)).replace("\n", "\\n")

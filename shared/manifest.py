@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 from shared import defaults
 from shared.backends import Objective, Optimizer, Parallel, ProbeWeights, ProgramBackend, Quantization
 from shared.errors import FieldError
-from shared.text import Line
+from shared.text_fields import Line
 
 # 2: the .pte carries no B; the device sets it before step 1. 3: forward and evaluate take any number of columns in
 # ``ProgramInputs.widths`` (a batch runs at its longest row, not at seq_len).

@@ -39,7 +39,7 @@ from shared.cpuinfo import CPU_FEATURES, CpuArch, CpuFeature
 from shared.errors import FieldError, UsageError
 from shared.manifest import InferenceConfig, InferenceManifest, ProgramManifest, check_prompt_room, examples_per_query
 from shared.schedule import Schedule, check_schedule
-from shared.text import Line, Report, Text
+from shared.text_fields import Line, Report, Text
 
 RESULT_PARTS = ("b_flat", "log", "metrics")
 

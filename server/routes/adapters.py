@@ -20,7 +20,7 @@ from server.tables import Model
 from server.views import archive_response, user_adapter
 from shared.backends import MERGE_DTYPES, MergeDtype
 from shared.schemas import MAX_DB_INT, AdapterPublic, AdaptersPublic
-from shared.text import Line
+from shared.text_fields import Line
 
 router = Router(prefix="/v1/adapters", tags=["adapters"])
 

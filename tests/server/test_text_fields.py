@@ -1,6 +1,6 @@
 """Text in requests, on SQLite and PostgreSQL alike (PostgreSQL stores no NUL byte in a text column: a NUL once
 answered 500 there, and a device's failure report carrying one was never recorded). The rule, one for every text
-field of the request schemas (``shared.schemas.Line``, ``Text``, ``Report``): control characters are refused with a
+field of the request schemas (``shared.text_fields.Line``, ``Text``, ``Report``): control characters are refused with a
 422 naming the field, except that a text may hold tabs and newlines, and a device's failure report is always
 recorded, its other control characters written out as escapes."""
 

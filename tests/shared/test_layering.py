@@ -38,7 +38,7 @@ TORCH_FREE = (
     "shared.schedule",
     "shared.schemas",
     "shared.tasks",
-    "shared.text",
+    "shared.text_fields",
     "shared.train_log",
     "shared.zo_optim",
 )
