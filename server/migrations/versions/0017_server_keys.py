@@ -3,8 +3,8 @@
 dashboard's sign-in form tokens are the HMAC of their cookie under (``server.dashboard.web``), so that a sign-in
 cookie a browser was given by another site matches no form token.
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
