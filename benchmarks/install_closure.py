@@ -26,10 +26,11 @@ except ImportError:  # an environment without packaging of its own: pip's copy
     from pip._vendor.packaging.utils import canonicalize_name
 
 
-def installed() -> dict[str, metadata.Distribution]:
-    """This environment's distributions by normalized name (the first on ``sys.path``, the one ``import`` sees)."""
+def installed(path: list[str] | None = None) -> dict[str, metadata.Distribution]:
+    """The distributions on ``path`` (default ``sys.path``: this environment's) by normalized name, the first of a
+    name where two are (the one ``import`` sees)."""
     dists: dict[str, metadata.Distribution] = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=sys.path if path is None else path):
         dists.setdefault(canonicalize_name(dist.metadata["Name"]), dist)
     return dists
 
