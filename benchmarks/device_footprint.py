@@ -1,14 +1,14 @@
 """What the device side costs a device: the install of ``mobizo[device]`` against the full stack, the idle agent's
 memory, and a training step's memory (the agent and its native runner) against an inference forward's, on this
 machine (x86-64) and on an emulated arm64 device (``scripts/arm64_device.sh``: a Debian arm64 root under
-qemu-user), side by side in one run.
+qemu-user), side by side in one run. MB are 2**20 bytes.
 
-1. **Installs.** The closure of ``mobizo[device]`` and of ``mobizo[all]`` (``benchmarks.install_closure``: the
-   installed distributions' ``RECORD`` files, requirements walked with their markers and extras evaluated by the
-   environment's own interpreter) in this benchmark's environment (the project's, editable ``mobizo``), in a
-   device-only venv made for the run (``uv venv`` + ``uv pip install '.[device]'``) and in the arm64 root's
-   ``/opt/mobizo`` (the same code run by its Python under qemu), and each venv folder's whole size (pip,
-   setuptools and bytecode included).
+1. **Installs.** The closures of ``mobizo[device]``, ``mobizo[export]`` and ``mobizo[all]``
+   (``benchmarks.install_closure``: the installed distributions' ``RECORD`` files, requirements walked with their
+   markers and extras evaluated by the environment's own interpreter) in this benchmark's environment (the
+   project's, ``mobizo`` editable), in a device-only venv made for the run (``uv venv`` + ``uv pip install
+   '.[device]'``) and in the arm64 root's ``/opt/mobizo`` (the same code run by its Python under qemu), and each
+   venv folder's whole size (pip, setuptools and bytecode included).
 2. **The idle agent.** A real ``mobizo server`` (SQLite) with the model registered; on each device an agent
    enrolled with ``--backend native`` runs ``agent run --once --no-policy --poll-s 1`` with no job for
    ``--idle-s`` seconds: its ``VmRSS`` at the end and ``VmHWM`` (its peak since it started) from ``/proc``. On
@@ -17,20 +17,21 @@ qemu-user), side by side in one run.
 3. **A step against inference.** A job of ``--steps`` steps is then submitted to that agent; while it trains, the
    agent's and its runner's (the agent's child, the self-contained bundle) ``VmRSS`` and ``VmHWM`` are read every
    ``--every-s`` seconds (the runner's ``VmHWM`` is its last reading before it exits: a step's memory is steady
-   after the first). Then the job's own program runs in fresh runner processes on this machine
-   (``benchmarks.runner_memory``: ``--fresh-steps`` steps at full width, and the runner's ``forward`` mode on the
-   inference program of the same rows): their peak RSS (``ru_maxrss``) and the step's over the forward's. The
-   aarch64 bundle runs there under qemu (binfmt) as well: its peaks include the emulator.
+   after the first; a fork of the agent before it execs the runner is neither). Then the job's own program runs in
+   fresh runner processes on this machine (``benchmarks.runner_memory``: ``--fresh-steps`` steps at full width,
+   and the runner's ``forward`` mode on the inference program of the same rows): their peak RSS (``ru_maxrss``)
+   and the step's over the forward's. The aarch64 bundle runs there under qemu (binfmt) as well: its peaks include
+   the emulator.
 
-Times under qemu are not speed figures: none is printed for the emulated device.
+Times under qemu are not speed figures: none is printed or written for the emulated device.
 
     python -m benchmarks.device_footprint [--model DIR] [--idle-s 20] [--steps 200] [--no-arm64] [--json-out F]
 
-Without ``--model`` a tiny model is made for the run (``mobizo make-tiny-model``). A real model:
-``--model models/smollm2 --q 4 --batch-size 16 --seq-len 64 --quantize 8da4w --steps 20`` (the server compiles its
-program first, and the inference program is exported too: minutes each). The arm64 device needs root (debootstrap,
-chroot, binfmt) and the aarch64 bundle (``bash device_agent/runner/build.sh --aarch64 --bundle``); ``--no-arm64``
-measures this machine alone.
+Without ``--model`` a tiny model is made for the run (``mobizo make-tiny-model``). A real model, on this machine:
+``--model models/smollm2 --q 4 --batch-size 16 --seq-len 64 --quantize 8da4w --steps 20 --no-arm64`` (the server
+compiles its program first, and the inference program is exported too: minutes each; under qemu a SmolLM2 step
+takes tens of times longer). The arm64 device needs root (debootstrap, chroot, binfmt) and the aarch64 bundle
+(``bash device_agent/runner/build.sh --aarch64 --bundle``); ``--no-arm64`` measures this machine alone.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from shared.manifest import read_manifest
 from shared.tasks import task_data_dir
 
 ARM64 = REPO / "scripts" / "arm64_device.sh"
-ROLES = ("mobizo[device]", "mobizo[all]")
+ROLES = ("mobizo[device]", "mobizo[export]", "mobizo[all]")
 RUNNER = "mobizo_runner"  # in the command line of a runner process (a bundle's mobizo_runner.bin) and its launcher
 MB = 2**20
 
@@ -148,21 +149,32 @@ def cmdline(pid: int) -> list[str]:
         return []
 
 
-def agent_and_runners(root: int) -> tuple[int | None, list[int]]:
-    """In the tree of ``root`` (the agent, or a launcher whose chain of processes ends in it): the deepest process
-    whose command line runs ``agent``, and the runners (a command line naming ``mobizo_runner``) below it."""
-    agent, depth, runners = None, -1, []
-    todo = [(root, 0)]
-    while todo:
-        pid, level = todo.pop()
-        line = cmdline(pid)
-        if any(RUNNER in arg for arg in line):
-            runners.append(pid)
-            continue
-        if "agent" in line and level > depth:
+def _tree(pid: int) -> list[tuple[int, int, int]]:
+    """``(pid, its parent, its depth)`` for ``pid`` and the processes below it, by depth."""
+    tree = [(pid, 0, 0)]
+    for parent, _, depth in tree:
+        tree += [(kid, parent, depth + 1) for kid in children(parent)]
+    return tree
+
+
+def agent_and_runners(root: int) -> tuple[int | None, int, list[int]]:
+    """In the tree of ``root`` (the agent, or a launcher whose chain of processes ends in it) → the agent, its
+    depth, and the runners below it. The agent is the deepest process with ``agent`` among its arguments that is
+    not a fork of it about to run something else (the same command line as its parent). A runner's command line
+    names ``mobizo_runner`` (the agent's own names it too, as ``--runner``) and not ``agent``."""
+    tree = _tree(root)
+    lines = {pid: cmdline(pid) for pid, _, _ in tree}
+    agent, depth = None, -1
+    for pid, parent, level in tree:
+        if "agent" in lines[pid] and lines[pid] != lines.get(parent):
             agent, depth = pid, level
-        todo += [(kid, level + 1) for kid in children(pid)]
-    return agent, runners
+    inside, runners = {agent}, []
+    for pid, parent, _ in tree:  # parents before their children
+        if parent in inside and pid != agent:
+            inside.add(pid)
+            if "agent" not in lines[pid] and any(RUNNER in arg for arg in lines[pid]):
+                runners.append(pid)
+    return agent, depth, runners
 
 
 @dataclass
@@ -175,7 +187,8 @@ class Sample:
 
 @dataclass
 class Watch:
-    """Samples the agent's and its runners' memory every ``every_s`` seconds in a thread, tagged with ``phase``."""
+    """Samples the agent's and its runners' memory every ``every_s`` seconds in a thread, tagged with ``phase``.
+    The agent is the deepest one found so far: once it exits, the launcher above it is not taken for it."""
 
     root: int
     every_s: float
@@ -184,14 +197,18 @@ class Watch:
 
     def __post_init__(self) -> None:
         self._done = threading.Event()
+        self._agent, self._depth = None, -1
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._done.wait(self.every_s):
-            agent, runners = agent_and_runners(self.root)
+            agent, depth, runners = agent_and_runners(self.root)
+            if agent is not None and depth >= self._depth:
+                self._agent, self._depth = agent, depth
             statuses = {pid: s for pid in runners if (s := proc_status(pid)) is not None}
-            self.samples.append(Sample(time.monotonic(), self.phase, agent and proc_status(agent), statuses))
+            ours = proc_status(self._agent) if self._agent == agent else None
+            self.samples.append(Sample(time.monotonic(), self.phase, ours, statuses))
 
     def stop(self) -> None:
         self._done.set()
@@ -290,7 +307,7 @@ def run_agent(device: Device, user: httpx.Client, spec: dict, args: argparse.Nam
     finally:
         watch.stop()
         if proc.poll() is None:
-            agent, _ = agent_and_runners(proc.pid)
+            agent, _, _ = agent_and_runners(proc.pid)
             os.kill(agent or proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
     done = _wait_job(user, job["id"], timeout=60)
@@ -405,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(name)
         print("installs: a device-only venv (uv) ...", file=sys.stderr, flush=True)
         venv = device_venv(tmp / "device-venv")
-        ours, everything = closures([sys.executable], cwd=tmp)
+        ours, export, everything = closures([sys.executable], cwd=tmp)
         (x86_device,) = closures([str(venv / "bin" / "python")], ("mobizo[device]",), cwd=tmp)
         installs = [
             install_row("mobizo[device], x86-64 device venv (uv)", x86_device),
@@ -422,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         installs += [
             install_row("mobizo[device], the project's venv (mobizo editable)", ours),
+            install_row("mobizo[export], the project's venv", export),
             install_row("mobizo[all], the project's venv", everything),
             install_row("the whole project venv folder (dev tools too)", None, Path(sys.prefix)),
         ]
