@@ -311,13 +311,16 @@ def run_agent(device: Device, user: httpx.Client, spec: dict, args: argparse.Nam
             os.kill(agent or proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
     done = _wait_job(user, job["id"], timeout=60)
+    training = watch.summary("training")
+    if training["runners"] == 0:
+        raise RuntimeError(f"{device.name}: its runner ended before it was read: give the job more --steps")
     return {
         "device": device.label,
         "emulated": device.emulated,
         "job": done["id"],
         "steps": spec["steps"],
         "idle": watch.summary("idle"),
-        "training": watch.summary("training"),
+        "training": training,
     }
 
 
