@@ -358,36 +358,12 @@ def lease_session(session: Session, device: LeasingDevice, lease_s: int, max_att
     The standing job's row is locked (``FOR UPDATE SKIP LOCKED``), so two devices of one user asking at once cannot
     both start a session of it."""
     begin_write(session)
-    live = aliased(Job)
-    in_flight = exists().where(live.standing_job_id == Job.id, live.status.not_in(TERMINAL_STATUSES))
-    standing = session.scalars(
-        select(Job)
-        .where(
-            Job.user_id == device.user_id,
-            Job.standing.is_(True),
-            Job.status == "ready",
-            ~in_flight,
-            or_(Job.device_id.is_(None), Job.device_id == device.id),
-            or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
-            fits_memory(device.memory_mb),
-        )
-        .order_by(Job.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    ).first()
+    standing = _standing_to_run(session, device)
     if standing is None or _has_live_session(session, standing.id):
         session.commit()
         return None
     now = utcnow()
-    recent = session.execute(
-        select(Job.status, Job.error)
-        .where(Job.standing_job_id == standing.id)
-        .order_by(Job.id.desc())
-        .limit(max_attempts)
-    ).all()
-    if len(recent) == max_attempts and all(row.status == "failed" for row in recent):
-        standing.status, standing.updated_at = "failed", now
-        standing.error = f"its last {max_attempts} sessions failed; the last: {recent[0].error}"[:4000]
+    if _sessions_keep_failing(session, standing, max_attempts, now):
         session.commit()
         return None
     start = standing.promoted_adapter_id or standing.init_adapter_id
@@ -411,6 +387,44 @@ def lease_session(session: Session, device: LeasingDevice, lease_s: int, max_att
     standing.updated_at = now
     session.commit()
     return job
+
+
+def _standing_to_run(session: Session, device: LeasingDevice) -> Job | None:
+    """The oldest ready standing job of the device's user that fits it and has no session in flight, its row
+    locked (skipping one another request holds)."""
+    live = aliased(Job)
+    in_flight = exists().where(live.standing_job_id == Job.id, live.status.not_in(TERMINAL_STATUSES))
+    return session.scalars(
+        select(Job)
+        .where(
+            Job.user_id == device.user_id,
+            Job.standing.is_(True),
+            Job.status == "ready",
+            ~in_flight,
+            or_(Job.device_id.is_(None), Job.device_id == device.id),
+            or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
+            fits_memory(device.memory_mb),
+        )
+        .order_by(Job.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    ).first()
+
+
+def _sessions_keep_failing(session: Session, standing: Job, max_attempts: int, now: datetime) -> bool:
+    """Whether the standing job's last ``max_attempts`` sessions all failed; if so it fails now, with the last
+    one's reason."""
+    recent = session.execute(
+        select(Job.status, Job.error)
+        .where(Job.standing_job_id == standing.id)
+        .order_by(Job.id.desc())
+        .limit(max_attempts)
+    ).all()
+    if len(recent) < max_attempts or any(row.status != "failed" for row in recent):
+        return False
+    standing.status, standing.updated_at = "failed", now
+    standing.error = f"its last {max_attempts} sessions failed; the last: {recent[0].error}"[:4000]
+    return True
 
 
 def _has_live_session(session: Session, standing_job_id: int) -> bool:
