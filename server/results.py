@@ -97,7 +97,8 @@ def _record(
     uploaded_b_sha = upload.b_sha256 or replayed_b_sha  # a log-only upload's B is its replay
     files = registry.StoredFiles(replayed_b_sha, uploaded_b_sha, upload.log_sha256, archive_sha, archive_size)
     checks = dict(outcome["checks"])
-    stored = {**upload.metrics, "server": checks}
+    # the log's hash as this server computed it on receipt (a private job's metrics keep no hash the device wrote)
+    stored = {**upload.metrics, "log_sha256": upload.log_sha256, "server": checks}
     if (losses := checks.pop("losses", None)) is not None:  # the verified log's, not the device's claim
         stored["losses"] = losses
     try:

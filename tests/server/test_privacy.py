@@ -4,6 +4,7 @@ noise's tail)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -174,7 +175,8 @@ def test_a_private_jobs_log_and_metrics_keep_nothing_off_the_allow_list(client, 
     assert r.status_code == 201, r.text
     stored = client.get(f"/v1/adapters/{r.json()['adapter_id']}", headers=user).json()["metrics"]
     kept = {"q", "batch_size", "steps", "seed", "lr", "eps", "rank", "job_id", "losses", "eval"}
-    assert set(stored) - {"server"} == kept and kept <= PRIVATE_METRICS
+    assert set(stored) - {"server", "log_sha256"} == kept and kept <= PRIVATE_METRICS
+    assert stored["log_sha256"] == hashlib.sha256(honest.encode()).hexdigest()  # the server's, of the log it kept
     assert (stored["steps"], stored["losses"], stored["eval"]) == (spec["steps"], None, [])
 
 
