@@ -401,9 +401,7 @@ def _standing_to_run(session: Session, device: LeasingDevice) -> Job | None:
             Job.standing.is_(True),
             Job.status == "ready",
             ~in_flight,
-            or_(Job.device_id.is_(None), Job.device_id == device.id),
-            or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
-            fits_memory(device.memory_mb),
+            *fits_device(device),
         )
         .order_by(Job.id)
         .limit(1)
@@ -568,6 +566,15 @@ def fits_memory(free_mb: int | None):
     return or_(needs.is_(None), needs <= free_mb)
 
 
+def fits_device(device: LeasingDevice) -> tuple:
+    """SQL conditions: a job this device may run (for it or any device, its backend or any, its memory)."""
+    return (
+        or_(Job.device_id.is_(None), Job.device_id == device.id),
+        or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
+        fits_memory(device.memory_mb),
+    )
+
+
 def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | None:
     """Hand the oldest ready job of the device's user that fits it to the device (ready → running); never a
     standing job itself (``lease_session`` starts its sessions).
@@ -585,9 +592,7 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
             Job.user_id == device.user_id,
             Job.status == "ready",
             Job.standing.is_(False),  # a standing job's work is its sessions (lease_session)
-            or_(Job.device_id.is_(None), Job.device_id == device.id),
-            or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
-            fits_memory(device.memory_mb),
+            *fits_device(device),
         )
         .order_by(Job.id)
         .limit(1)
