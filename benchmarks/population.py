@@ -184,6 +184,7 @@ async def simulated_device(
     learner: Learner | None = None,
     index: int = 0,
     spread_s: float = 0.0,
+    told: list[float] | None = None,
 ) -> None:
     """Lease in the device's window, train (heartbeating), drop out or upload; repeat until ``stop_at``. With no
     part to take, ask again after ``poll_s`` ± 50 %, or after the server's Retry-After (+ up to 50 %) when longer,
@@ -191,6 +192,8 @@ async def simulated_device(
     comes at a random time within ``spread_s`` (the server's pace) or ``poll_s``. ``learner``: the part's log is
     real steps (device ``index``'s shard), else well formed."""
     not_before = time.monotonic() + max(poll_s, spread_s) * rng.random()  # a running fleet's asks are spread
+    if told is not None:  # what the server told this device before (the last mode's run, the probe): no sooner
+        not_before = max(not_before, told[index])
     while (now := time.monotonic()) < stop_at:
         phase = (now - trace.start) % day_s
         if phase > trace.length:  # off the charger: wait for the window
@@ -202,8 +205,13 @@ async def simulated_device(
         r = await pool.post(stats, "lease", "/v1/leases", token, {"eligible": True})
         if r is None or r.status_code != 200:
             asked = float(r.headers.get("retry-after", 0)) if r is not None else 0.0
-            stats.retry_after.append(asked)
+            if r is not None and r.status_code == 204:
+                stats.retry_after.append(asked)
+            elif r is not None and r.status_code == 429:  # asked sooner than told: the simulator's fault, counted
+                stats.refused["asked too soon"] = stats.refused.get("asked too soon", 0) + 1
             not_before = time.monotonic() + idle_wait(poll_s * rng.uniform(0.5, 1.5), asked, rng)  # as the agent
+            if told is not None:
+                told[index] = not_before
             continue
         lease = r.json()
         stats.leased += 1
@@ -289,7 +297,18 @@ def run_mode(url: str, admin: httpx.Client, cohort_id: int, tokens: list[str], m
         await asyncio.gather(
             *(
                 simulated_device(
-                    pool, t, trace[i], args.day_s, stop_at, stats, rngs[i], args.poll_s, learner, i, args.spread_s
+                    pool,
+                    t,
+                    trace[i],
+                    args.day_s,
+                    stop_at,
+                    stats,
+                    rngs[i],
+                    args.poll_s,
+                    learner,
+                    i,
+                    args.spread_s,
+                    args.told,
                 )
                 for i, t in enumerate(tokens)
             )
@@ -535,6 +554,10 @@ def simulate(
     args.server_pid, args.server_data = server_pids, server_data
     admin, cohort_id, tokens = enroll(url, model, args.devices, admin_token)
     args.spread_s = paced_wait(url, tokens[0])
+    # When each device may ask again, as the server told it, kept across the modes' runs (the fleet runs on): the
+    # probed device waits what it was told, and so does one told a wait just before a run ended.
+    args.told = [0.0] * len(tokens)
+    args.told[0] = time.monotonic() + args.spread_s
     return [run_mode(url, admin, cohort_id, tokens, mode, args) for mode in args.modes.split(",")]
 
 
