@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Row, and_, func, or_, select
+from sqlalchemy.orm import Session, aliased
 
 from server import registry
 from server.tables import (
@@ -72,6 +72,23 @@ def cohort_members(session: Session, cohort_id: int) -> int:
     """How many users are in the cohort now (joined, not left)."""
     active = (CohortMember.cohort_id == cohort_id, CohortMember.left_at.is_(None))
     return session.scalar(select(func.count(CohortMember.id)).where(*active)) or 0
+
+
+def personalized_from_cohort(session: Session, cohort_id: int) -> list[Row[Any]]:
+    """The adapters the cohort's members (now: joined, not left) trained on their own data starting from one of the
+    cohort's versions (the adapter's parent is the cohort's; the same task), oldest first, as (user id, adapter
+    held-out figures, the cohort version it started from): a personal job's, or a standing job's session's."""
+    start = aliased(Adapter)
+    member = (CohortMember.cohort_id == cohort_id, CohortMember.user_id == Adapter.user_id)
+    return list(
+        session.execute(
+            select(Adapter.user_id, Adapter.held_out, start.version)
+            .join(start, start.id == Adapter.parent_id)
+            .join(CohortMember, and_(*member))
+            .where(start.cohort_id == cohort_id, Adapter.task == start.task, CohortMember.left_at.is_(None))
+            .order_by(Adapter.id)
+        )
+    )
 
 
 def jobs_of(session: Session, user_id: int | None, skip: int, limit: int) -> tuple[list[Row[Any]], int]:

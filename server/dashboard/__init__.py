@@ -3,7 +3,7 @@ REST API, with its own error handlers: any error of a page is a page (``web.erro
 signed-in browser without one redirects to the sign-in form. The REST API's errors stay JSON
 (``server.responses``), and neither side looks at the other's paths.
 
-- ``pages``: the pages and their forms (jobs, devices, adapters, the admin's view);
+- ``pages``: the pages and their forms (jobs, devices, adapters, the admin's view and cohorts);
 - ``web``: who is signed in (the session cookie, ``tables.WebSession``), CSRF, the sign-in throttle, rendering;
 - ``charts``: the pages' charts as inline SVG;
 - ``templates/``: the Jinja2 templates.

@@ -1,9 +1,10 @@
 """Charts for the dashboard, drawn on the server as inline SVG: no JavaScript, no charting library in the page.
 
 ``line_chart`` draws learning curves (one ``<polyline class="series">`` per series, one vertex per point, so a
-curve of a job's 200 logged steps has 200 vertices); ``lineage_chart`` draws an adapter's versions as a row of
-nodes with an arc from each version to the one it started from. Every text is escaped; every number is formatted
-by this module, so the markup can be put in a page as it is.
+curve of a job's 200 logged steps has 200 vertices); ``strip_chart`` draws a distribution (one
+``<circle class="point">`` per value, the quartiles as a box, the median a line across it); ``lineage_chart``
+draws an adapter's versions as a row of nodes with an arc from each version to the one it started from. Every
+text is escaped; every number is formatted by this module, so the markup can be put in a page as it is.
 """
 
 from __future__ import annotations
@@ -133,6 +134,90 @@ def _curve(s: Series, color: str, sx: Callable[[float], float], sy: Callable[[fl
     ]
     if len(kept) <= 40:  # a short curve (held-out measurements): every measurement marked
         parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in kept]
+    return parts
+
+
+def strip_chart(
+    values: Sequence[float],
+    title: str,
+    x_label: str,
+    quartiles: tuple[float, float, float] | None = None,
+    reference: float | None = 0.0,
+    width: int = 480,
+    height: int = 150,
+) -> str:
+    """A distribution as an SVG strip chart: one dot per value along a horizontal axis (dots that would overlap are
+    stacked above and below the middle), ``quartiles`` (the 25th percentile, the median, the 75th) as a box with the
+    median a line across it, and ``reference`` (0: no change) as a dashed line. The axis spans the values and the
+    reference, rounded to ticks."""
+    kept = sorted(v for v in values if math.isfinite(v))
+    if not kept:
+        return f'<p class="empty">{escape(title)}: nothing measured yet</p>'
+    left, right, top, bottom = 16, 16, 28, 40
+    spanned = kept + ([] if reference is None else [reference])
+    ticks = nice_ticks(min(spanned), max(spanned))
+    plot_w, plot_h, middle = width - left - right, height - top - bottom, top + (height - top - bottom) / 2
+
+    def sx(x: float) -> float:
+        return left + _fraction(x, ticks[0], ticks[-1]) * plot_w
+
+    parts = [
+        f'<svg class="chart strip" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}">',
+        f'<text x="{left}" y="16" class="title">{escape(title)}</text>',
+    ]
+    for x in ticks:
+        parts.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + plot_h}" class="grid"/>')
+        parts.append(
+            f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">{_label(x)}</text>'
+        )
+    parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" class="axis" text-anchor="middle">{escape(x_label)}</text>'
+    )
+    if reference is not None:
+        x = sx(reference)
+        parts.append(
+            f'<line class="reference" data-value="{_label(reference)}" x1="{x:.1f}" x2="{x:.1f}" y1="{top}" '
+            f'y2="{top + plot_h}" stroke="#6b7280" stroke-dasharray="4 3"/>'
+        )
+    if quartiles is not None:
+        parts += _quartile_box(quartiles, sx, top + 4, plot_h - 8)
+    parts += _dots(kept, sx, middle, plot_h)
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _quartile_box(quartiles: tuple[float, float, float], sx: Callable[[float], float], y: float, h: float) -> list[str]:
+    """The box from the 25th to the 75th percentile, the median a line across it; each names its value."""
+    q1, median, q3 = quartiles
+    parts = [
+        f'<rect class="quartiles" data-low="{_label(q1)}" data-high="{_label(q3)}" x="{sx(q1):.1f}" y="{y:.1f}" '
+        f'width="{max(sx(q3) - sx(q1), 0.0):.1f}" height="{h:.1f}" fill="#dbeafe" fill-opacity="0.6" '
+        f'stroke="{COLORS[0]}"><title>25th to 75th percentile: {_label(q1)} to {_label(q3)}</title></rect>',
+        f'<line class="median" data-value="{_label(median)}" x1="{sx(median):.1f}" x2="{sx(median):.1f}" '
+        f'y1="{y:.1f}" y2="{y + h:.1f}" stroke="{COLORS[1]}" stroke-width="2"><title>median {_label(median)}</title>'
+        "</line>",
+    ]
+    return parts
+
+
+def _dots(kept: Sequence[float], sx: Callable[[float], float], middle: float, plot_h: float, r: float = 4) -> list[str]:
+    """One dot per value (``kept`` in increasing order), each on the first row (the middle, then one above, one
+    below, ...) where it does not overlap the row's last dot; when every row is taken, on the row whose last dot
+    is furthest left."""
+    pitch = 2 * r + 1
+    rows = [0] + [k * sign for k in range(1, int((plot_h / 2 - r - 2) // pitch) + 1) for sign in (-1, 1)]
+    last = {row: -math.inf for row in rows}
+    parts = []
+    for value in kept:
+        x = sx(value)
+        row = next((row for row in rows if x - last[row] >= pitch), min(rows, key=lambda row: last[row]))
+        last[row] = x
+        parts.append(
+            f'<circle class="point" data-value="{_label(value)}" cx="{x:.1f}" cy="{middle + row * pitch:.1f}" '
+            f'r="{r}" fill="{COLORS[0]}" fill-opacity="0.75"><title>{_label(value)}</title></circle>'
+        )
     return parts
 
 

@@ -2,13 +2,15 @@
 inline SVG from ``server.dashboard.charts``, no JavaScript) over the same reads, scoping and writes as the REST
 API: a user sees and acts on their own jobs, devices and adapters (and their cohorts' adapters), anyone else's is a
 404 page; the admin sees the cohorts' federated jobs, users, every device (and revokes any, as the REST API lets
-it), models and the queues. Sign-in, the session cookie and CSRF: ``server.dashboard.web``.
+it), models and the queues, and each cohort's page: the distribution of its members' gains from personalizing its
+adapter, naming no member. Sign-in, the session cookie and CSRF: ``server.dashboard.web``.
 
 Pages read as every request does, in autocommit (``server.db``): drawing a page, its charts included, holds no
 transaction, so no writer of any tenant waits on a page view."""
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from typing import Annotated, Any
 
@@ -18,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy.orm import Session
 
 from server import accounts, jobstate, queries, registry
-from server.dashboard.charts import Node, Series, line_chart, lineage_chart
+from server.dashboard.charts import Node, Series, line_chart, lineage_chart, strip_chart
 from server.dashboard.web import (
     PREFIX,
     SESSION_COOKIE,
@@ -35,8 +37,9 @@ from server.dashboard.web import (
 )
 from server.deps import ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
 from server.registry import adapter_public
+from server.responses import not_found
 from server.router import Router
-from server.tables import Model
+from server.tables import Cohort, Model
 from server.views import archive_response, caller_device, caller_job, job_public, user_adapter
 from shared.schemas import MAX_DB_INT, TERMINAL_STATUSES, HeldOut, JobPublic
 
@@ -342,6 +345,83 @@ def download(adapter_id: ObjectId, viewer: CurrentViewer, session: SessionDep, s
     return archive_response(session, store, user_adapter(session, viewer.user.id, adapter_id))
 
 
+# --- cohorts ------------------------------------------------------------------------------------------------------
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """The 25th percentile, the median and the 75th of ``values`` (at least one), interpolated between the sorted
+    values as numpy's default does (``statistics.quantiles``' inclusive method)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def _latest_measured(rows: list) -> tuple[list[dict[str, Any]], int]:
+    """Of ``queries.personalized_from_cohort``'s rows (oldest first), each member's latest adapter with a held-out
+    loss before and after, as its figures and the cohort version it started from; and how many members have such
+    adapters but none measured."""
+    latest: dict[int, dict[str, Any]] = {}
+    for user_id, held_out, version in rows:
+        held = None if held_out is None else HeldOut.model_validate(held_out)
+        if held is not None and held.before.loss is not None and held.after.loss is not None:
+            latest[user_id] = {"held_out": held, "version": version, "improved": jobstate.promotes(held_out)}
+    return list(latest.values()), len({user_id for user_id, _, _ in rows} - latest.keys())
+
+
+def cohort_gains(session: Session, cohort: Cohort) -> dict[str, Any]:
+    """What personalizing the cohort's population adapter did for each member, on the member's own held-out data.
+
+    Which adapters: each member's (now: joined, not left) latest adapter trained from one of the cohort's versions
+    (``queries.personalized_from_cohort``: a personal job started from it with ``--init-adapter``, or a standing
+    job's session that started from it), with a held-out loss before and after. Its held-out ``before`` is the
+    cohort's version itself, measured on the member's held-out slice at step 0, and ``after`` the member's new
+    version on the same slice, so before − after is the gain of personalization over the population adapter, each
+    member's figure measured on the same data. The data model supports no other reading: a personal job belongs to
+    no cohort (only a federated job has ``cohort_id``); what links a member's adapter to the cohort is its lineage.
+    A standing job's later versions start from the member's own promoted version, so their before is that version,
+    not the cohort's: they are not counted (their gains, session by session, are on the standing job's page).
+
+    The figures are the gains' median and quartiles, in loss and, for an lm task (every measured member has a
+    perplexity), in perplexity, and the share of members improved (after below before: ``jobstate.promotes``, the
+    rule that promotes a standing job's version). No member is named: the admin, who sees this page, sees no user's
+    personal jobs or adapters anywhere else either."""
+    measured, unmeasured = _latest_measured(queries.personalized_from_cohort(session, cohort.id))
+    figures, charts = [], []
+    lm = bool(measured) and all(m["held_out"].after.perplexity is not None for m in measured)
+    for name in ("loss", "perplexity") if lm else ("loss",):
+        gains = [getattr(m["held_out"].before, name) - getattr(m["held_out"].after, name) for m in measured]
+        if not gains:
+            continue
+        q1, median, q3 = quartiles(gains)
+        figures.append({"name": name, "n": len(gains), "q1": q1, "median": median, "q3": q3})
+        title = f"gain in held-out {name} (before − after) of {len(gains)} members"
+        charts.append(strip_chart(gains, title, f"{name} before − after (right of 0: improved)", (q1, median, q3)))
+    versions = sorted({m["version"] for m in measured})
+    return {
+        "members": queries.cohort_members(session, cohort.id),
+        "measured": len(measured),
+        "unmeasured": unmeasured,
+        "improved": sum(m["improved"] for m in measured),
+        "versions": [(v, sum(m["version"] == v for m in measured)) for v in versions],
+        "figures": figures,
+        "charts": charts,
+    }
+
+
+@router.get("/cohorts/{cohort_id}")
+def cohort(request: Request, cohort_id: ObjectId, viewer: CurrentViewer, session: SessionDep) -> Response:
+    """A cohort (the admin's, who creates them): its members now, and the distribution of their gains from
+    personalizing the cohort's population adapter (``cohort_gains``)."""
+    if not viewer.admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this page is the admin's")
+    found = session.get(Cohort, cohort_id)
+    if found is None:
+        raise not_found("cohort")
+    model = session.get_one(Model, found.model_id)
+    return page(request, "cohort.html", viewer, cohort=found, model=model, **cohort_gains(session, found))
+
+
 # --- the admin ----------------------------------------------------------------------------------------------------
 
 
@@ -354,19 +434,22 @@ def admin(
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=500),
 ) -> Response:
-    """The service's state, its users and models, and every device (``limit`` at a time, newest first), each with
-    the jobs it holds and a button to revoke it."""
+    """The service's state, its users, cohorts (each linking to its page) and models, and every device (``limit``
+    at a time, newest first), each with the jobs it holds and a button to revoke it."""
     if not viewer.admin:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this page is the admin's")
     by_status = queries.jobs_by_status(session)
     devices, device_count = queries.all_devices(session, skip, limit)
     work = queries.device_work(session, [device.id for device, _ in devices])
+    models = queries.models(session)
+    model_names = {model.id: model.name for model in models}
     return page(
         request,
         "admin.html",
         viewer,
         users=queries.users(session),
-        models=queries.models(session),
+        models=models,
+        cohorts=[(cohort, model_names[cohort.model_id]) for cohort in queries.cohorts(session)],
         by_status=by_status,
         depth=by_status.get("queued", 0) + by_status.get("compiling", 0),
         leases=queries.active_leases(session),

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from server.dashboard.charts import Node, Series, line_chart, lineage_chart, nice_ticks
+from server.dashboard.charts import Node, Series, line_chart, lineage_chart, nice_ticks, strip_chart
+from server.dashboard.pages import quartiles
 from tests.server.factories import (
     ADMIN,
     ADMIN_TOKEN,
@@ -242,6 +243,23 @@ def test_charts_escape_their_text_and_span_the_data() -> None:
     assert re.findall(r'data-from="(\d+)" data-to="(\d+)"', graph) == [("1", "2"), ("1", "3")]
 
 
+def test_a_strip_chart_stacks_close_values_and_marks_the_quartiles() -> None:
+    import numpy as np
+
+    values = [0.3, -0.2, 0.3, 0.3, 1.7, float("nan")]
+    for sample in (values[:5], [0.4], [1.0, 2.0]):  # as numpy's default percentiles (linear interpolation)
+        assert quartiles(sorted(sample)) == pytest.approx(tuple(np.percentile(sample, [25, 50, 75])))
+    svg = strip_chart(values, "<gains>", "loss", quartiles(sorted(values[:5])))
+    assert "<gains>" not in svg and "&lt;gains&gt;" in svg
+    dots = re.findall(r'<circle class="point" data-value="([^"]+)" cx="([^"]+)" cy="([^"]+)"', svg)
+    assert len(dots) == 5  # the non-finite value is not drawn
+    equal = [(float(cx), float(cy)) for value, cx, cy in dots if value == "0.3"]
+    assert len({cx for cx, _ in equal}) == 1 and len({cy for _, cy in equal}) == 3  # stacked, not drawn over
+    assert re.search(r'class="median" data-value="0.3"', svg)
+    assert re.search(r'class="reference" data-value="0"', svg)  # the no-change line
+    assert "nothing measured" in strip_chart([], "t", "x")
+
+
 def test_the_metrics_port_serves_them_without_a_token(settings, queue) -> None:
     import httpx
 
@@ -293,3 +311,102 @@ def test_a_standing_job_s_page_shows_its_held_out_figures_session_by_session(cli
     after = re.search(r'data-series="after \(the new version\)" data-points="2" points="([^"]+)"', page)
     ys = [float(p.split(",")[1]) for p in after.group(1).split()]
     assert ys[0] > ys[1]  # SVG's y grows downwards: the second session's higher loss is drawn lower
+
+
+def _personalize(client: TestClient, device: dict, before: float, after: float, seed: int) -> dict:
+    """The device leases its user's next work (a job, or a standing job's session), trains from the B the lease
+    starts from and uploads with held-out figures ``before`` → ``after`` as an lm task's device measures them (the
+    loss per token; the server sets the perplexity from it) → the lease."""
+    from safetensors.numpy import load
+
+    lease = client.post("/v1/leases", headers=device["headers"]).json()
+    start = load(client.get(lease["init"]["url"], headers=device["headers"]).content)["b_flat"]
+    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"], init=start, seed=seed)
+    evals = [{"step": 0, "loss": before, "n": 8, "perplexity": 0}, {"step": 3, "loss": after, "n": 8, "perplexity": 0}]
+    metrics = json.dumps({"steps": 3, "eval": evals}).encode()
+    assert upload(client, device, lease["job_id"], b_flat_bytes(b), log, metrics).status_code == 201
+    return lease
+
+
+def test_a_cohorts_page_shows_its_members_gains_from_personalizing_as_a_distribution(
+    client: TestClient, tmp_path: Path
+):
+    """A cohort's population adapter (one round), then its members' adapters trained from it, uploaded as devices
+    would: a personal job (twice: the latest counts), another, a standing job's session; not counted: a member's
+    job from no starting adapter, and a member who trained from it and then left. The admin's page draws the
+    gains (held-out loss, and perplexity, before − after) as dots with the quartile box and tables the median,
+    quartiles and share improved, naming no member; a user gets the admin's 403, an unknown cohort a 404; before
+    any member's adapter the page says there is none."""
+    from tests.server.test_federation import report, rounds, wait_for
+
+    client = browser(client)
+    register_model(client, make_fake_model(tmp_path / "model"))
+    names = ("member-ann", "member-ben", "member-cy", "member-dee", "member-eve", "outsider-nia")
+    users = {name: create_user(client, name) for name in names}
+    devices = {name: enroll_device(client, key, f"phone-of-{name}") for name, key in users.items()}
+    created = client.post("/v1/cohorts", json={"name": "keyboard", "model": "tiny", "task": "sst2"}, headers=ADMIN)
+    cohort = created.json()["id"]
+    for name in names[:5]:
+        assert client.post(f"/v1/cohorts/{cohort}/join", headers=users[name]).status_code == 200
+    world = {"users": users, "devices": devices, "cohort": cohort}
+    federated = {"q": 2, "batch_size": 4, "steps": 3, "rank": 2, "rounds": 1, "clients_per_round": 1}
+    job = client.post(f"/v1/cohorts/{cohort}/jobs", json=federated, headers=ADMIN).json()
+    part = client.post("/v1/leases", json={"eligible": True}, headers=devices["member-ann"]["headers"]).json()
+    assert report(client, world, "member-ann", part, 0)[0].status_code == 201
+    population = wait_for(lambda: rounds(client, job["id"])[0]["adapter_id"], 60, "the round to close")
+
+    admin = sign_in(client, ADMIN_TOKEN)
+    empty = client.get(f"/ui/cohorts/{cohort}")
+    assert empty.status_code == 200 and 'id="no-gains"' in empty.text and "<svg" not in empty.text
+    assert f'href="/ui/cohorts/{cohort}"' in client.get("/ui/admin").text
+    assert f'href="/ui/cohorts/{cohort}"' in client.get(f"/ui/jobs/{job['id']}").text
+    client.post("/ui/logout", data={"csrf_token": admin})
+
+    start = {"init_adapter_id": population}
+    submit_job(client, users["member-ann"], **start)
+    _personalize(client, devices["member-ann"], 2.0, 1.0, seed=1)  # replaced by her next one
+    submit_job(client, users["member-ann"], **start)
+    _personalize(client, devices["member-ann"], 2.0, 1.5, seed=2)  # gain 0.5
+    submit_job(client, users["member-ben"], **start)
+    _personalize(client, devices["member-ben"], 2.0, 1.8, seed=3)  # gain 0.2
+    submit_job(client, users["member-cy"], standing=True, sessions=1, **start)
+    _personalize(client, devices["member-cy"], 1.6, 1.7, seed=4)  # gain -0.1: worse, not promoted
+    submit_job(client, users["member-dee"])  # her own adapter, from no cohort version: not counted
+    lease = client.post("/v1/leases", headers=devices["member-dee"]["headers"]).json()
+    b, log = fake_training(lease["spec"], lease["manifest"]["lora_size"])
+    evals = json.dumps({"steps": 3, "eval": [{"step": 0, "loss": 9.0}, {"step": 3, "loss": 1.0}]}).encode()
+    assert upload(client, devices["member-dee"], lease["job_id"], b_flat_bytes(b), log, evals).status_code == 201
+    submit_job(client, users["member-eve"], **start)
+    _personalize(client, devices["member-eve"], 5.0, 1.0, seed=5)  # then she leaves: not counted
+    assert client.post(f"/v1/cohorts/{cohort}/leave", headers=users["member-eve"]).status_code == 200
+
+    sign_in(client, key_of(users["member-ann"]))
+    assert client.get(f"/ui/cohorts/{cohort}").status_code == 403  # a member too: the admin's page
+    client.post("/ui/logout", data={"csrf_token": CSRF.search(client.get("/ui/jobs").text).group(1)})
+
+    sign_in(client, ADMIN_TOKEN)
+    assert client.get("/ui/cohorts/999").status_code == 404
+    page = client.get(f"/ui/cohorts/{cohort}").text
+    assert not any(name in page for name in names)  # no member is named
+    assert re.search(r'id="members">4 now', page)
+    charts = page.split('<svg class="chart strip"')[1:]
+    assert len(charts) == 2  # loss and perplexity
+    loss, perplexity = charts
+    points = sorted(float(v) for v in re.findall(r'<circle class="point" data-value="([^"]+)"', loss))
+    assert points == pytest.approx([-0.1, 0.2, 0.5])
+    assert float(re.search(r'class="median" data-value="([^"]+)"', loss).group(1)) == pytest.approx(0.2)
+    box = re.search(r'class="quartiles" data-low="([^"]+)" data-high="([^"]+)"', loss)
+    assert (float(box.group(1)), float(box.group(2))) == pytest.approx((0.05, 0.35))  # inclusive: numpy's default
+    xs = [float(x) for x in re.findall(r'<circle class="point" data-value="[^"]+" cx="([^"]+)"', loss)]
+    zero = float(re.search(r'class="reference" data-value="0" x1="([^"]+)"', loss).group(1))
+    assert sorted(x > zero for x in xs) == [False, True, True]  # right of the no-change line: improved
+    ppl = sorted(float(v) for v in re.findall(r'<circle class="point" data-value="([^"]+)"', perplexity))
+    expected = sorted(math.exp(b) - math.exp(a) for b, a in ((2.0, 1.5), (2.0, 1.8), (1.6, 1.7)))
+    assert ppl == pytest.approx(expected, rel=1e-3)
+    row = re.search(
+        r'data-figure="loss"><td>loss</td><td>3</td><td class="q1">([^<]+)</td>'
+        r'<td class="median">([^<]+)</td><td class="q3">([^<]+)</td>',
+        page,
+    )
+    assert [float(v) for v in row.groups()] == pytest.approx([0.05, 0.2, 0.35])
+    assert "2 of 3 members (67%)" in page and "cohort v1 (3 members)" in page
