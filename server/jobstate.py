@@ -292,12 +292,11 @@ def accept_result(
     device: Device,
     files: registry.StoredFiles,
     metrics: dict[str, Any],
-    publish: Callable[[], None],
 ) -> Adapter | None:
-    """A verified result: running → succeeded and the job's next adapter version (``files``, ``metrics``) in one
-    transaction, the files published (``publish``) before it commits, so a recorded adapter always has them. None
-    (nothing written) when the device no longer holds the lease. Tried again when a concurrent result took the
-    version number; ``VersionTaken`` after ``ACCEPT_ATTEMPTS``."""
+    """A verified result whose files are published already (``files``): running → succeeded and the job's next
+    adapter version (``files``, ``metrics``) in one transaction, so a recorded adapter always has its files and
+    no file I/O holds the write lock. None (nothing written) when the device no longer holds the lease. Tried
+    again when a concurrent result took the version number; ``VersionTaken`` after ``ACCEPT_ATTEMPTS``."""
     spec = device_spec(job).model_dump(mode="json")
     for _ in range(ACCEPT_ATTEMPTS):
         begin_write(session)
@@ -308,7 +307,6 @@ def accept_result(
             adapter = registry.add_version(session, job, spec, files, metrics)
             if job.standing_job_id is not None:
                 end_session(session, job, adapter)
-            publish()
             session.commit()
             return adapter
         except IntegrityError:
@@ -783,13 +781,14 @@ def _client_is_live(session: Session, client: RoundClient):
 def client_heartbeat(
     session: Session, client: RoundClient, device: DeviceIdentity, lease_s: int, step: int
 ) -> datetime | None:
-    """Extend a round client's lease → the new expiry; None when its lease or its round is over. The device's
-    ``last_seen_at`` in the same transaction."""
+    """Extend a round client's lease → the new expiry; None when its lease or its round is over, or its device
+    was revoked. The device's ``last_seen_at`` in the same transaction."""
     begin_write(session)
     expires = utcnow() + timedelta(seconds=lease_s)
+    revoked = exists().where(Device.id == device.id, Device.revoked_at.is_not(None))
     moved = session.execute(
         update(RoundClient)
-        .where(_client_is_live(session, client))
+        .where(_client_is_live(session, client), ~revoked)
         .values(lease_expires_at=expires, progress_step=step)
         .execution_options(synchronize_session=False)
     ).rowcount
