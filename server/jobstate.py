@@ -62,6 +62,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from server import accounts, registry
+from server.accounts import SeenMemo
 from server.db import begin_write
 from server.tables import (
     Adapter,
@@ -628,20 +629,24 @@ _HEARTBEAT = (
 
 
 def heartbeat(
-    engine: Engine, job_id: int, device: DeviceIdentity, lease_s: int, progress: HeartbeatCreate
+    engine: Engine, job_id: int, device: DeviceIdentity, lease_s: int, progress: HeartbeatCreate, seen: SeenMemo
 ) -> datetime | None:
     """Extend the device's lease and record progress → the new expiry; None when the update did not apply: the
     job is not running under this device's unexpired lease, ``progress.step`` is beyond its steps, or a private
     job's heartbeat carries a loss (the caller reads the job to say which). One conditional UPDATE, so the check
-    and the write cannot be split by another request, and with the device's ``last_seen_at`` a heartbeat costs
-    two statements in one transaction on a connection of its own (no session: the hot path)."""
+    and the write cannot be split by another request, in a transaction on a connection of its own (no session:
+    the hot path); the device's ``last_seen_at`` with it when ``seen`` says it is due (at most every 30 s)."""
     now = utcnow()
     expires = now + timedelta(seconds=lease_s)
     values = {"job_id": job_id, "holder": device.id, "now": now, "expires": expires, "step": progress.step}
     values |= {"loss": progress.loss, "no_loss": progress.loss is None, "steps_per_s": progress.steps_per_s}
+    due = seen.due(device.id)
     with engine.begin() as conn:
         moved = conn.execute(_HEARTBEAT, values).rowcount
-        accounts.record_seen(conn, device)
+        if due:
+            accounts.record_seen(conn, device)
+    if due:
+        seen.recorded(device.id)
     return expires if moved else None
 
 
@@ -779,10 +784,10 @@ def _client_is_live(session: Session, client: RoundClient):
 
 
 def client_heartbeat(
-    session: Session, client: RoundClient, device: DeviceIdentity, lease_s: int, step: int
+    session: Session, client: RoundClient, device: DeviceIdentity, lease_s: int, step: int, seen: SeenMemo
 ) -> datetime | None:
     """Extend a round client's lease → the new expiry; None when its lease or its round is over, or its device
-    was revoked. The device's ``last_seen_at`` in the same transaction."""
+    was revoked. The device's ``last_seen_at`` in the same transaction when ``seen`` says it is due."""
     begin_write(session)
     expires = utcnow() + timedelta(seconds=lease_s)
     revoked = exists().where(Device.id == device.id, Device.revoked_at.is_not(None))
@@ -792,8 +797,12 @@ def client_heartbeat(
         .values(lease_expires_at=expires, progress_step=step)
         .execution_options(synchronize_session=False)
     ).rowcount
-    accounts.record_seen(session, device)
+    due = seen.due(device.id)
+    if due:
+        accounts.record_seen(session, device)
     session.commit()
+    if due:
+        seen.recorded(device.id)
     return expires if moved else None
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from server import jobstate, queries, results
+from server.accounts import SeenMemo
 from server.db import read_only
 from server.deps import device_job, revoked
 from server.responses import field_error, not_found
@@ -31,10 +32,16 @@ class WorkItem(Protocol):
     id: int
 
     def extend(
-        self, engine: Engine, session: Session, device: DeviceIdentity, lease_s: int, progress: HeartbeatCreate
+        self,
+        engine: Engine,
+        session: Session,
+        device: DeviceIdentity,
+        lease_s: int,
+        progress: HeartbeatCreate,
+        seen: SeenMemo,
     ) -> HeartbeatPublic | None:
-        """A heartbeat: extend the lease the device holds and record its progress → the answer; None when the
-        heartbeat did not apply (``refused`` says why)."""
+        """A heartbeat: extend the lease the device holds and record its progress (and the device as seen, when
+        ``seen`` says it is due) → the answer; None when the heartbeat did not apply (``refused`` says why)."""
 
     def refused(self, engine: Engine, session: Session, device: DeviceIdentity, progress: HeartbeatCreate):
         """Why a heartbeat did not apply, read after the fact: 401, 404, 409 or 422, or the answer that tells the
@@ -66,9 +73,15 @@ class JobItem:
     kind: ClassVar[str] = "job"
 
     def extend(
-        self, engine: Engine, session: Session, device: DeviceIdentity, lease_s: int, progress: HeartbeatCreate
+        self,
+        engine: Engine,
+        session: Session,
+        device: DeviceIdentity,
+        lease_s: int,
+        progress: HeartbeatCreate,
+        seen: SeenMemo,
     ) -> HeartbeatPublic | None:
-        expires = jobstate.heartbeat(engine, self.id, device, lease_s, progress)  # no session: the hot path
+        expires = jobstate.heartbeat(engine, self.id, device, lease_s, progress, seen)  # no session: the hot path
         return None if expires is None else HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
 
     def refused(
@@ -113,10 +126,18 @@ class PartItem:
         return client if client is not None and client.device_id == device_id else None
 
     def extend(
-        self, engine: Engine, session: Session, device: DeviceIdentity, lease_s: int, progress: HeartbeatCreate
+        self,
+        engine: Engine,
+        session: Session,
+        device: DeviceIdentity,
+        lease_s: int,
+        progress: HeartbeatCreate,
+        seen: SeenMemo,
     ) -> HeartbeatPublic | None:
         client = self._client(session, device.id)
-        expires = None if client is None else jobstate.client_heartbeat(session, client, device, lease_s, progress.step)
+        if client is None:
+            return None
+        expires = jobstate.client_heartbeat(session, client, device, lease_s, progress.step, seen)
         if expires is None:
             return None
         return HeartbeatPublic(cancelled=False, status=results.round_of(session, client)[1].status, expires_at=expires)

@@ -28,6 +28,7 @@ from server.deps import (
     DeviceId,
     EngineDep,
     RoundSweepDep,
+    SeenDep,
     SessionDep,
     SettingsDep,
     StoreDep,
@@ -97,11 +98,12 @@ def heartbeat(
     engine: EngineDep,
     session: SessionDep,
     settings: SettingsDep,
+    seen: SeenDep,
 ) -> HeartbeatPublic:
     """The item's progress; extends the lease and says whether to stop (``cancelled: true``: forget the item)."""
     item = work_item(work)
     metrics.HEARTBEATS.labels(item.kind).inc()
-    answer = item.extend(engine, session, device, settings.lease_s, body)
+    answer = item.extend(engine, session, device, settings.lease_s, body, seen)
     return answer if answer is not None else item.refused(engine, session, device, body)
 
 
