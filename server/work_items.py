@@ -28,6 +28,8 @@ from shared.schemas import MAX_DB_INT, HeartbeatCreate, HeartbeatPublic
 
 
 class WorkItem(Protocol):
+    """What every verb of the work exchange asks of an item, whatever its kind."""
+
     kind: ClassVar[str]  # its metrics' label
     id: int
 
@@ -43,7 +45,9 @@ class WorkItem(Protocol):
         """A heartbeat: extend the lease the device holds and record its progress (and the device as seen, when
         ``seen`` says it is due) → the answer; None when the heartbeat did not apply (``refused`` says why)."""
 
-    def refused(self, engine: Engine, session: Session, device: DeviceIdentity, progress: HeartbeatCreate):
+    def refused(
+        self, engine: Engine, session: Session, device: DeviceIdentity, progress: HeartbeatCreate
+    ) -> HeartbeatPublic:
         """Why a heartbeat did not apply, read after the fact: 401, 404, 409 or 422, or the answer that tells the
         device to stop (``cancelled: true``)."""
 
