@@ -322,10 +322,10 @@ def train(
 
 
 def upload(ctx: AgentContext, lease: LeasePublic, jobs: JobDir, beat: Heartbeat) -> str:
-    """Send the result — B, the log and metrics, or the log and metrics alone (a round's part, or a job with
-    upload: log) — retrying until the server takes it (or the agent stops)."""
+    """Send the result — B, the log and metrics, or the log and metrics alone (``spec.upload: log``: a round's
+    part, or a job submitted so) — retrying until the server takes it (or the agent stops)."""
     log, metrics = jobs.log.read_bytes(), jobs.metrics.read_bytes()
-    b_flat = None if lease.round is not None or lease.spec.upload == "log" else jobs.b_flat.read_bytes()
+    b_flat = None if lease.spec.upload == "log" else jobs.b_flat.read_bytes()
     sent = {"upload_bytes": len(log) + len(metrics) + len(b_flat or b""), "b_bytes": len(b_flat or b"")}
     try:
         answer = call_with_retry(ctx.policy(), beat.last_call, ctx.api.upload, lease.work_path, b_flat, log, metrics)
@@ -351,8 +351,8 @@ def run_job(ctx: AgentContext, lease: LeasePublic) -> str:
     """
     jobs = ctx.job_dir(lease.work_key)
     jobs.save_lease(lease)
-    round_info = {} if lease.round is None else {"round": lease.round.index, "client_id": lease.round.client_id}
-    ctx.reporter.event("leased", job_id=lease.job_id, attempt=lease.attempt, steps=lease.spec.steps, **round_info)
+    fields = lease.event_fields
+    ctx.reporter.event("leased", job_id=lease.job_id, attempt=lease.attempt, steps=lease.spec.steps, **fields)
     interval = min(ctx.heartbeat_s, lease.heartbeat_s)
     try:
         with Heartbeat(
@@ -363,7 +363,7 @@ def run_job(ctx: AgentContext, lease: LeasePublic) -> str:
         state = "stopped" if ctx.stop.is_set() else "failed"
         if state == "failed":
             report_failure(ctx, lease.job_id, f"{type(error).__name__}: {error}", lease.work_path)
-    if state in ENDED or (state == "released" and lease.round is not None):
+    if state in ENDED or (state == "released" and not lease.resumable):
         jobs.remove()
     ctx.reporter.event("job_" + state, job_id=lease.job_id)
     return state
@@ -380,8 +380,9 @@ def report_failure(ctx: AgentContext, job_id: int, error: str, path: str | None 
 
 
 def pause(ctx: AgentContext, lease: LeasePublic, beat: Heartbeat) -> str:
-    """Wait, heartbeating as ``paused``, until the policy holds again ("resume"), or the limit passes ("released": a
-    round part is given back to the server; a job's lease is left to expire), or the job or the agent ends."""
+    """Wait, heartbeating as ``paused``, until the policy holds again ("resume"), or the limit passes ("released":
+    work the device may not come back to, a round part, is given back to the server; a job's lease is left to
+    expire: ``LeasePublic.resumable``), or the job or the agent ends."""
     ctx.reporter.event("paused", job_id=lease.job_id, reason=ctx.eligibility.reason())
     beat.paused = True
     deadline = time.monotonic() + ctx.pause_limit_s
@@ -392,7 +393,7 @@ def pause(ctx: AgentContext, lease: LeasePublic, beat: Heartbeat) -> str:
                 return "resume"
             if time.monotonic() >= deadline:
                 ctx.reporter.event("released", job_id=lease.job_id, paused_s=ctx.pause_limit_s)
-                if lease.round is not None:
+                if not lease.resumable:
                     report_failure(ctx, lease.job_id, "paused past the device's limit", lease.work_path)
                 return "released"
             ctx.stop.wait(min(ctx.eligibility.check_s, 1.0))

@@ -13,6 +13,9 @@ lease, the heartbeat or the job. A name taken by a concurrent request is a
 from __future__ import annotations
 
 import secrets
+import threading
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -150,6 +153,31 @@ def record_seen(session: Session | Connection, device: DeviceIdentity) -> None:
         session = session.connection()
     now = utcnow()
     session.execute(_SEEN, {"device": device.id, "due": now - LAST_SEEN_EVERY, "now": now})
+
+
+class SeenMemo:
+    """When this process last recorded each device as seen, so that a heartbeat (every few seconds) records it at
+    most every ``LAST_SEEN_EVERY`` and issues no statement for it in between: ``due`` before the heartbeat's
+    transaction, ``recorded`` once it committed. The memo is this process's; ``record_seen``'s own condition keeps
+    the row to one write per interval across processes."""
+
+    def __init__(self, every: timedelta = LAST_SEEN_EVERY, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every, self._clock = every.total_seconds(), clock
+        self._lock = threading.Lock()
+        self._at: dict[int, float] = {}  # device id -> when it was last recorded here
+        self._kept = 0  # entries after the last pruning
+
+    def due(self, device_id: int) -> bool:
+        at = self._at.get(device_id)
+        return at is None or self._clock() - at >= self._every
+
+    def recorded(self, device_id: int) -> None:
+        now = self._clock()
+        with self._lock:
+            self._at[device_id] = now
+            if len(self._at) > 2 * self._kept + 1024:  # forget devices whose record is due anyway
+                self._at = {key: at for key, at in self._at.items() if now - at < self._every}
+                self._kept = len(self._at)
 
 
 def heard_from(session: Session, device: DeviceIdentity) -> None:

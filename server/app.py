@@ -130,6 +130,7 @@ def _fill_state(
     state.store = store
     state.device_tokens, state.program_manifests = LRUCache(100_000), LRUCache(1_000)
     state.pace = Pace()
+    state.seen = accounts.SeenMemo()  # when each device was last recorded as seen by a heartbeat
     state.round_sweep = threading.Event()  # set: the round sweeper runs now (a report filled a round)
     state.compile_queue, state.verify_pool = queue, _verify_pool(settings)
     per = (settings.max_uploads_per_device, settings.max_uploads_per_user)

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, bindparam, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from server.accounts import heard_from, seen_is_due
+from server.accounts import SeenMemo, heard_from, seen_is_due
 from server.compile_queue import CompileQueue
 from server.db import read_only
 from server.limits import UploadSlots
@@ -72,6 +72,10 @@ async def get_pace(request: Request) -> Pace:
     return request.app.state.pace
 
 
+async def get_seen(request: Request) -> SeenMemo:
+    return request.app.state.seen
+
+
 async def get_queue(request: Request) -> CompileQueue:
     return request.app.state.compile_queue
 
@@ -107,6 +111,7 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 PaceDep = Annotated[Pace, Depends(get_pace)]
+SeenDep = Annotated[SeenMemo, Depends(get_seen)]
 QueueDep = Annotated[CompileQueue, Depends(get_queue)]
 VerifyPoolDep = Annotated[WorkerPool, Depends(get_verify_pool)]
 UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]

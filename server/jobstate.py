@@ -62,6 +62,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from server import accounts, registry
+from server.accounts import SeenMemo
 from server.db import begin_write
 from server.tables import (
     Adapter,
@@ -292,12 +293,11 @@ def accept_result(
     device: Device,
     files: registry.StoredFiles,
     metrics: dict[str, Any],
-    publish: Callable[[], None],
 ) -> Adapter | None:
-    """A verified result: running → succeeded and the job's next adapter version (``files``, ``metrics``) in one
-    transaction, the files published (``publish``) before it commits, so a recorded adapter always has them. None
-    (nothing written) when the device no longer holds the lease. Tried again when a concurrent result took the
-    version number; ``VersionTaken`` after ``ACCEPT_ATTEMPTS``."""
+    """A verified result whose files are published already (``files``): running → succeeded and the job's next
+    adapter version (``files``, ``metrics``) in one transaction, so a recorded adapter always has its files and
+    no file I/O holds the write lock. None (nothing written) when the device no longer holds the lease. Tried
+    again when a concurrent result took the version number; ``VersionTaken`` after ``ACCEPT_ATTEMPTS``."""
     spec = device_spec(job).model_dump(mode="json")
     for _ in range(ACCEPT_ATTEMPTS):
         begin_write(session)
@@ -308,7 +308,6 @@ def accept_result(
             adapter = registry.add_version(session, job, spec, files, metrics)
             if job.standing_job_id is not None:
                 end_session(session, job, adapter)
-            publish()
             session.commit()
             return adapter
         except IntegrityError:
@@ -630,20 +629,24 @@ _HEARTBEAT = (
 
 
 def heartbeat(
-    engine: Engine, job_id: int, device: DeviceIdentity, lease_s: int, progress: HeartbeatCreate
+    engine: Engine, job_id: int, device: DeviceIdentity, lease_s: int, progress: HeartbeatCreate, seen: SeenMemo
 ) -> datetime | None:
     """Extend the device's lease and record progress → the new expiry; None when the update did not apply: the
     job is not running under this device's unexpired lease, ``progress.step`` is beyond its steps, or a private
     job's heartbeat carries a loss (the caller reads the job to say which). One conditional UPDATE, so the check
-    and the write cannot be split by another request, and with the device's ``last_seen_at`` a heartbeat costs
-    two statements in one transaction on a connection of its own (no session: the hot path)."""
+    and the write cannot be split by another request, in a transaction on a connection of its own (no session:
+    the hot path); the device's ``last_seen_at`` with it when ``seen`` says it is due (at most every 30 s)."""
     now = utcnow()
     expires = now + timedelta(seconds=lease_s)
     values = {"job_id": job_id, "holder": device.id, "now": now, "expires": expires, "step": progress.step}
     values |= {"loss": progress.loss, "no_loss": progress.loss is None, "steps_per_s": progress.steps_per_s}
+    due = seen.due(device.id)
     with engine.begin() as conn:
         moved = conn.execute(_HEARTBEAT, values).rowcount
-        accounts.record_seen(conn, device)
+        if due:
+            accounts.record_seen(conn, device)
+    if due:
+        seen.recorded(device.id)
     return expires if moved else None
 
 
@@ -781,20 +784,25 @@ def _client_is_live(session: Session, client: RoundClient):
 
 
 def client_heartbeat(
-    session: Session, client: RoundClient, device: DeviceIdentity, lease_s: int, step: int
+    session: Session, client: RoundClient, device: DeviceIdentity, lease_s: int, step: int, seen: SeenMemo
 ) -> datetime | None:
-    """Extend a round client's lease → the new expiry; None when its lease or its round is over. The device's
-    ``last_seen_at`` in the same transaction."""
+    """Extend a round client's lease → the new expiry; None when its lease or its round is over, or its device
+    was revoked. The device's ``last_seen_at`` in the same transaction when ``seen`` says it is due."""
     begin_write(session)
     expires = utcnow() + timedelta(seconds=lease_s)
+    revoked = exists().where(Device.id == device.id, Device.revoked_at.is_not(None))
     moved = session.execute(
         update(RoundClient)
-        .where(_client_is_live(session, client))
+        .where(_client_is_live(session, client), ~revoked)
         .values(lease_expires_at=expires, progress_step=step)
         .execution_options(synchronize_session=False)
     ).rowcount
-    accounts.record_seen(session, device)
+    due = seen.due(device.id)
+    if due:
+        accounts.record_seen(session, device)
     session.commit()
+    if due:
+        seen.recorded(device.id)
     return expires if moved else None
 
 

@@ -755,6 +755,18 @@ class LeasePublic(BaseModel):
         """A name for this piece of work, unique on the device (a job runs many rounds)."""
         return f"{self.job_id}-r{self.round.index}-c{self.round.client_id}" if self.round else str(self.job_id)
 
+    @property
+    def resumable(self) -> bool:
+        """Whether the device may come back to this work after letting it go (paused past its limit): a job's
+        lease is left to expire and its folder kept, to resume from its log; a round part is given back at once
+        (the round moves on without it) and forgotten."""
+        return self.round is None
+
+    @property
+    def event_fields(self) -> dict[str, int]:
+        """What the agent's events say of this work beyond its job id: a round part's round and client id."""
+        return {} if self.round is None else {"round": self.round.index, "client_id": self.round.client_id}
+
 
 class HeartbeatCreate(_Strict):
     step: int = Field(ge=0, le=MAX_DB_INT)

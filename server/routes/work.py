@@ -9,9 +9,10 @@ about it at ``/v1/work/{work}/``:
 - ``result``: multipart ``log`` and ``metrics``, and ``b_flat`` where the item's ``spec.upload`` is ``b`` (a round
   part's, and a job's with ``upload: log``, is its log alone); verified by replay as the kind of item requires.
 
-Only the device holding an item sees it (404 for anyone else's, or for a name of no item). Heartbeats and failures
-of both kinds are here; results are checked by ``server.results`` (a job's B by replay and its adapter version, a
-round part's log by replay from B_r). The routes of earlier versions
+Only the device holding an item sees it (404 for anyone else's, or for a name of no item). Each verb is one code
+path for every kind: the name is resolved once to its item (``server.work_items``), which says where its lease is
+held and what its verified result becomes; results go through one pipeline (``server.results``: read, verify by
+replay, publish, record as a job's adapter version or a round part's report). The routes of earlier versions
 (``/v1/jobs/{id}/{heartbeat,fail,result}``, ``/v1/round-clients/{id}/…``) answer 410 Gone.
 """
 
@@ -20,31 +21,25 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import HTTPException, Path, Request, Response, status
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session
 
-from server import jobstate, metrics, queries, results
-from server.db import read_only
+from server import metrics, results
 from server.deps import (
     CurrentDevice,
     DeviceId,
     EngineDep,
     RoundSweepDep,
+    SeenDep,
     SessionDep,
     SettingsDep,
     StoreDep,
     UploadSlotsDep,
     VerifyPoolDep,
-    device_job,
-    revoked,
 )
 from server.limits import WORK_UPLOAD
-from server.responses import errors, field_error, not_found
+from server.responses import errors
 from server.router import Router
-from server.settings import Settings
-from server.tables import Device, DeviceIdentity, Job, RoundClient, utcnow
+from server.work_items import work_item
 from shared.schemas import (
-    MAX_DB_INT,
     RESULT_PARTS,
     WORK_NAME,
     HeartbeatCreate,
@@ -81,75 +76,6 @@ WORK_BODY = {
 }
 
 
-def parse_work(work: str) -> tuple[str, int]:
-    """``job-12`` → ``("job", 12)``; 422 for an id past the ids' range, as every id in a path."""
-    kind, _, number = work.partition("-")
-    if int(number) > MAX_DB_INT:
-        raise field_error("work", f"the id must be at most {MAX_DB_INT}", where="path")
-    return kind, int(number)
-
-
-def _device_client(session: Session, client_id: int, device_id: int) -> RoundClient:
-    """The round client ``client_id`` if this device holds it; 404 for anyone else's."""
-    client = session.get(RoundClient, client_id)
-    if client is None or client.device_id != device_id:
-        raise not_found("round client")
-    return client
-
-
-def _job_heartbeat(
-    job_id: int, body: HeartbeatCreate, device: DeviceIdentity, engine: Engine, settings: Settings
-) -> HeartbeatPublic:
-    """A leased job's progress (``POST /v1/work/job-{id}/heartbeat``): extends the lease and says whether to
-    stop."""
-    metrics.HEARTBEATS.labels("job").inc()
-    expires = jobstate.heartbeat(engine, job_id, device, settings.lease_s, body)
-    if expires is not None:
-        return HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
-    with read_only(engine) as conn:  # it did not apply: say why
-        job, gone = queries.heartbeat_refusal(conn, job_id, device.id)
-    if gone is not None:
-        raise revoked(device.id)
-    if job is None or job.user_id != device.user_id:
-        raise not_found("job")
-    if job.status == "cancelled" and job.leased_device_id == device.id:
-        return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
-    if jobstate.holds_lease(job, device.id) and body.step > job.spec["steps"]:
-        raise field_error("step", f"must not exceed the job's {job.spec['steps']} steps")
-    if jobstate.holds_lease(job, device.id) and body.loss is not None and job.spec.get("privacy"):
-        raise field_error("loss", "a private job's heartbeat carries no loss: its losses stay on the device")
-    raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id}: this device does not hold its lease (expired?)")
-
-
-def _job_fail(job: Job, body: JobFailureCreate, device: Device, session: Session) -> Response:
-    """Give up a leased job with the device's reason (``POST /v1/work/job-{id}/fail``); the job fails with it."""
-    if not jobstate.device_failed(session, job, device, body.error):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id}: this device holds no lease on it")
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
-def _part_heartbeat(
-    client: RoundClient, body: HeartbeatCreate, device: DeviceIdentity, session: Session, settings: Settings
-) -> HeartbeatPublic:
-    """A round part's progress (``POST /v1/work/part-{id}/heartbeat``): extends the client's lease;
-    ``cancelled: true`` once its part is over (the round closed without it, its lease ran out, or the job ended):
-    the device stops and forgets it."""
-    metrics.HEARTBEATS.labels("round").inc()
-    expires = jobstate.client_heartbeat(session, client, device, settings.lease_s, body.step)
-    job = results.round_of(session, client)[1]
-    if expires is None:
-        return HeartbeatPublic(cancelled=True, status=job.status, expires_at=utcnow())
-    return HeartbeatPublic(cancelled=False, status=job.status, expires_at=expires)
-
-
-def _part_fail(client: RoundClient, body: JobFailureCreate, session: Session) -> Response:
-    """The device gives up its part (bad local data, say; ``POST /v1/work/part-{id}/fail``): the slot is free for
-    another device."""
-    if not jobstate.client_gave_up(session, client):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"round client {client.id}: its part is over")
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
 @router.post(
     "/v1/work/{work}/heartbeat",
     response_model=HeartbeatPublic,
@@ -172,15 +98,13 @@ def heartbeat(
     engine: EngineDep,
     session: SessionDep,
     settings: SettingsDep,
+    seen: SeenDep,
 ) -> HeartbeatPublic:
     """The item's progress; extends the lease and says whether to stop (``cancelled: true``: forget the item)."""
-    kind, number = parse_work(work)
-    if kind == "job":
-        return _job_heartbeat(number, body, device, engine, settings)
-    if session.get_one(Device, device.id).revoked_at is not None:  # before the part: 401, whoever's part it names
-        raise revoked(device.id)
-    client = _device_client(session, number, device.id)
-    return _part_heartbeat(client, body, device, session, settings)
+    item = work_item(work)
+    metrics.HEARTBEATS.labels(item.kind).inc()
+    answer = item.extend(engine, session, device, settings.lease_s, body, seen)
+    return answer if answer is not None else item.refused(engine, session, device, body)
 
 
 @router.post(
@@ -190,10 +114,10 @@ def heartbeat(
 )
 def fail(work: WorkName, body: JobFailureCreate, device: CurrentDevice, session: SessionDep) -> Response:
     """Give up the item with the device's reason: a job fails with it; a round part's slot goes to another device."""
-    kind, number = parse_work(work)
-    if kind == "job":
-        return _job_fail(device_job(session, number, device), body, device, session)
-    return _part_fail(_device_client(session, number, device.id), body, session)
+    over = work_item(work).give_up(session, device, body.error)
+    if over is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, over)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post(
@@ -237,12 +161,8 @@ def result(
     """The item's result, checked in order: the token, the item and its lease, the sizes, then the content by
     replay (nothing of the body is read before the lease is checked). A job answers its adapter version; a round
     part, the B its log replays to."""
-    kind, number = parse_work(work)
-    if kind == "job":
-        job = device_job(session, number, device)
-        return results.upload_result(job, device, session, settings, store, pool, slots, request, response)
-    client = _device_client(session, number, device.id)
-    return results.part_upload(client, session, settings, store, pool, slots, request, round_sweep.set)
+    item = work_item(work).admit(session, store, device, round_sweep.set)
+    return results.upload(item, device, session, settings, store, pool, slots, request, response)
 
 
 RETIRED = (

@@ -13,10 +13,12 @@ import pytest
 
 from device_agent import api
 from device_agent.backends.local import LocalBackend
+from device_agent.eligibility import Eligibility, Policy, Readings
 from device_agent.events import Reporter
-from device_agent.job import AgentContext, run_job
+from device_agent.heartbeat import Heartbeat
+from device_agent.job import AgentContext, pause, run_job
 from shared.retry import Backoff
-from shared.schemas import FileRef, JobSpec, LeasePublic
+from shared.schemas import FileRef, JobSpec, LeasePublic, RoundLeasePublic
 from tests.utils.manifests import fake_manifest
 
 FILES = {"program": b"pte bytes", "weights": b"ptd bytes" * 100, "tokenizer": b"{}"}
@@ -46,6 +48,12 @@ LEASE = LeasePublic(
     spec=JobSpec(task="sst2", q=1, batch_size=2, seq_len=16, answer_len=1, steps=3),
     expires_at="2030-01-01T00:00:00Z",
     heartbeat_s=60,
+)
+PART_LEASE = LEASE.model_copy(
+    update={
+        "spec": LEASE.spec.model_copy(update={"upload": "log"}),
+        "round": RoundLeasePublic(client_id=7, index=0, deadline_at=None),
+    }
 )
 
 
@@ -141,3 +149,19 @@ def test_server_errors_on_upload_are_retried(tmp_path: Path) -> None:
     trained_job(ctx)
     assert run_job(ctx, LEASE) == "succeeded"
     assert server.calls.count("result") == 4 and events(out).count("retry") == 3
+
+
+@pytest.mark.parametrize("lease, given_back", [(LEASE, False), (PART_LEASE, True)])
+def test_work_paused_past_the_limit_is_given_back_only_where_the_device_may_not_resume_it(
+    tmp_path: Path, lease: LeasePublic, given_back: bool
+) -> None:
+    """A round part paused past the device's limit is given up at once (its slot goes to another device); a job's
+    lease is left to expire, this device may lease it again and resume from its log."""
+    server = Server()
+    ctx, out = context(tmp_path, server, NoBackend())
+    ctx.eligibility, ctx.pause_limit_s = Eligibility(Policy(), lambda: Readings(charging=False), check_s=0), 0.0
+    beat = Heartbeat(ctx.api, lease.job_id, 60, ctx.reporter.event, path=lease.work_path)  # never started
+    assert pause(ctx, lease, beat) == "released"
+    assert events(out)[-1] == ("error" if given_back else "released")
+    assert (server.failure == "paused past the device's limit") == given_back
+    assert lease.resumable != given_back

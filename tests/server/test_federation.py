@@ -423,6 +423,16 @@ def test_a_round_log_that_is_not_the_round_part_is_refused(client: TestClient, w
     assert client.post(url, json={"step": 1}, headers=world["devices"]["a"]["headers"]).json()["cancelled"] is False
 
 
+def test_a_round_part_heartbeat_records_its_device_as_seen_once_an_interval(client: TestClient, world: dict):
+    from tests.server.test_work import beats_write_the_device_once_an_interval
+
+    join(client, world, "a")
+    submit(client, world, rounds=1, clients_per_round=1, round_timeout_s=600)
+    mine = lease(client, world, "a")
+    path = f"/v1/work/part-{mine['round']['client_id']}/heartbeat"
+    beats_write_the_device_once_an_interval(client, path, world["devices"]["a"]["headers"])
+
+
 def test_a_personal_job_with_upload_log_stores_the_replay(client: TestClient, world: dict, settings):
     from tests.server.factories import b_flat_bytes, submit_job
 

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from server import jobstate
+from server.accounts import SeenMemo
 from server.tables import Device, DeviceIdentity, Job, LeasingDevice, Round, RoundClient
 from shared.schemas import HeartbeatCreate
 from tests.server.factories import (
@@ -81,7 +82,7 @@ def _cancel(sessions, job_id: int) -> bool:
 
 def _beat(engine, job_id: int, device_id: int) -> bool:
     device = DeviceIdentity(device_id, user_id=0)  # the heartbeat reads the device's id alone
-    return jobstate.heartbeat(engine, job_id, device, 60, HeartbeatCreate(step=1)) is not None
+    return jobstate.heartbeat(engine, job_id, device, 60, HeartbeatCreate(step=1), SeenMemo()) is not None
 
 
 def _revoke(sessions, device_id: int) -> bool:

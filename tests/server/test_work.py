@@ -4,8 +4,13 @@ malformed names 422; the routes of earlier versions 410. (Round parts through th
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import pytest
+from sqlalchemy import event
+
+from server.accounts import LAST_SEEN_EVERY, SeenMemo
 from server.metrics import upload_kind
 from server.routes.work import RETIRED
 from shared.schemas import LeasePublic
@@ -61,3 +66,41 @@ def test_the_routes_of_earlier_versions_are_gone(client, leased):
 def test_uploads_are_counted_by_the_kind_of_their_item():
     assert upload_kind("/v1/work/job-3/result") == "job"
     assert upload_kind("/v1/work/part-3/result") == "round"
+
+
+@contextmanager
+def device_row_writes(app) -> Iterator[list[str]]:
+    """The UPDATE statements on the devices table that the app's engine sends while the block runs; ``app.state.seen``
+    on a clock the test moves (``clock[0]``, seconds)."""
+    clock = [0.0]
+    app.state.seen = SeenMemo(clock=lambda: clock[0])
+    writes: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        if statement.lstrip().upper().startswith("UPDATE DEVICES"):
+            writes.append(statement)
+
+    event.listen(app.state.engine, "before_cursor_execute", count)
+    try:
+        yield writes, clock
+    finally:
+        event.remove(app.state.engine, "before_cursor_execute", count)
+
+
+def beats_write_the_device_once_an_interval(client, path: str, headers: dict) -> None:
+    """Five heartbeats in a row record the device as seen once (the first: nothing recorded it in this process
+    yet), not once each; a heartbeat an interval later records it again."""
+    with device_row_writes(client.app) as (writes, clock):
+        for _ in range(5):
+            answer = client.post(path, json={"step": 1}, headers=headers)
+            assert answer.status_code == 200 and answer.json()["cancelled"] is False, answer.text
+        assert len(writes) == 1, writes
+        clock[0] += LAST_SEEN_EVERY.total_seconds()
+        assert client.post(path, json={"step": 2}, headers=headers).status_code == 200
+        assert len(writes) == 2, writes
+
+
+def test_a_job_heartbeat_records_its_device_as_seen_once_an_interval(client, leased):
+    beats_write_the_device_once_an_interval(
+        client, f"{leased['lease'].work_path}/heartbeat", leased["phone"]["headers"]
+    )
