@@ -404,7 +404,8 @@ def test_the_site_asks_no_other_host_and_draws_its_diagrams_offline(site: Path) 
 
 # A dotted name of the project's code in a page's prose: ``shared.zo.zo_step``, ``server.verify``, ...
 DOTTED_NAME = re.compile(r"(?<![\w./-])((?:shared|server|device_agent|benchmarks)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
-NOT_A_NAME = {"py", "md", "json", "jsonl", "txt", "toml", "yml", "yaml", "sh", "lock", "log", "NAME"}  # files, a placeholder
+# the last part of a file's name (server.log), or the placeholder of a command line (python -m benchmarks.NAME)
+NOT_A_NAME = {"py", "md", "json", "jsonl", "txt", "toml", "yml", "yaml", "sh", "lock", "log", "NAME"}
 
 
 def _resolves(name: str) -> bool:
