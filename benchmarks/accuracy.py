@@ -17,9 +17,9 @@ and loss are recorded every ``--eval-every`` K steps; the table's figure is the 
 best validation accuracy. Training is the loop of ``mobizo train`` (``shared.train.train``); its step is the eager
 one (``--runner eager``, the same mathematics as the device program, which the suite checks) or, with ``--runner
 program``, the ExecuTorch training program a user's job runs on a device (exported once per configuration into
-``OUT/programs/``, run in the ExecuTorch runtime: ``device_agent.et_program.ProgramStep``), for the LoRA ZO methods;
-``fo-lora``'s is ExecuTorch's own first-order training program of the same adapter (``shared.fo_program``,
-``device_agent.et_program.FirstOrderStep``).
+``OUT/programs/``, run in the ExecuTorch runtime: ``benchmarks.program_steps.ProgramStep``), for the LoRA ZO
+methods; ``fo-lora``'s is ExecuTorch's own first-order training program of the same adapter (``shared.fo_program``,
+``benchmarks.program_steps.FirstOrderStep``).
 Evaluation scores the adapter's B eagerly either way (the scoring of ``mobizo eval``). ``--quantize 8da4w`` trains
 through the 8da4w program (at a job's eps for it); the adapter is still scored on the float32 base, which is what a
 device's inference program runs it on.
@@ -66,6 +66,7 @@ from shared.evaluate import evaluate
 from shared.files import atomic_dir, atomic_write, atomic_write_bytes
 from shared.hf_models import load_model, model_chat_frame
 from shared.lora import inject_lora
+from shared.manifest import ZEROTH_ORDER
 from shared.prompts import resolve as resolve_prompt
 from shared.schedule import SCHEDULES
 from shared.tasks import SAMPLES_DIR, TASK_DATA_ENV, get_task, task_data_dir, with_chat
@@ -360,28 +361,24 @@ def program_steps(args: argparse.Namespace, config: TrainConfig) -> StepFactory 
         return None
 
     def make(program, lora):
-        from device_agent.et_program import FirstOrderStep, ProgramStep
-        from shared.manifest import read_manifest
+        from benchmarks.program_steps import FirstOrderStep, ProgramStep
+        from shared.manifest import FIRST_ORDER, read_training_manifest
 
         program = program.model_copy(update={"quantize": args.quantize})
-        if config.method == "fo-lora":  # ExecuTorch's own first-order training (shared.fo_program)
-            from shared.fo_program import KIND, read_first_order
-
-            pte = exported_program(args.model, program, args.out / "programs", KIND)
-            first_order = read_first_order(pte)
-            if first_order["lora_size"] != lora.size:
-                raise SystemExit(f"{pte}: B of {first_order['lora_size']} floats, the run's LoRA has {lora.size}")
-            return FirstOrderStep(pte, pte.parent / first_order["ptd"]["file"], lora.size, program.seq_len)
-        pte = exported_program(args.model, program, args.out / "programs")
-        manifest = read_manifest(pte)
+        # fo-lora: ExecuTorch's own first-order training (shared.fo_program)
+        kind = FIRST_ORDER if config.method == "fo-lora" else ZEROTH_ORDER
+        pte = exported_program(args.model, program, args.out / "programs", kind)
+        manifest = read_training_manifest(pte)
         if manifest.lora_size != lora.size:
             raise SystemExit(f"{pte}: B of {manifest.lora_size} floats, the run's LoRA has {lora.size}")
+        if kind == FIRST_ORDER:
+            return FirstOrderStep(pte, pte.parent / manifest.ptd.file, manifest)
         return ProgramStep(pte, pte.parent / manifest.ptd.file, config.eps, manifest)
 
     return make
 
 
-def program_entry(model: Path, program, folder: Path, kind: str = "zeroth-order") -> Path:
+def program_entry(model: Path, program, folder: Path, kind: str = ZEROTH_ORDER) -> Path:
     """The folder in ``folder`` that holds the export of ``program`` (a ``ProgramConfig``) for ``model``: the
     device's step (``shared.program``), or with ``kind`` ``first-order`` the peer's (``shared.fo_program``)."""
     import hashlib
@@ -390,12 +387,12 @@ def program_entry(model: Path, program, folder: Path, kind: str = "zeroth-order"
     from shared.model_files import model_sha256
 
     blob = {"model": model_sha256(model), "config": program.model_dump(mode="json"), "v": FORMAT_VERSION}
-    if kind != "zeroth-order":  # the keys of earlier exports stay what they were
+    if kind != ZEROTH_ORDER:  # the keys of earlier exports stay what they were
         blob["kind"] = kind
     return folder / hashlib.sha256(json.dumps(blob).encode()).hexdigest()[:16]
 
 
-def exported_program(model: Path, program, folder: Path, kind: str = "zeroth-order") -> Path:
+def exported_program(model: Path, program, folder: Path, kind: str = ZEROTH_ORDER) -> Path:
     """The ``.pte`` of ``program`` (a ``ProgramConfig``) for ``model`` in ``folder`` (of ``kind``, as
     ``program_entry``), exported there the first time (atomically: a killed export leaves nothing) → its path.
     Prints the export's seconds."""
@@ -404,7 +401,7 @@ def exported_program(model: Path, program, folder: Path, kind: str = "zeroth-ord
     from shared.program import export_program
 
     entry = program_entry(model, program, folder, kind)
-    export = export_program if kind == "zeroth-order" else export_first_order
+    export = export_program if kind == ZEROTH_ORDER else export_first_order
     if not (entry / "program.pte").is_file():
         folder.mkdir(parents=True, exist_ok=True)
         begin = time.perf_counter()

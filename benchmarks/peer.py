@@ -72,23 +72,23 @@ def _sweep_args(args: argparse.Namespace) -> list[str]:
 
 def programs(folder: Path) -> dict[str, dict[str, Any]]:
     """The two programs the sweep exported into ``folder`` → per method: its .pte, .ptd, config, rows and export."""
-    from shared.manifest import ProgramConfig
+    from shared.manifest import FirstOrderManifest, read_training_manifest
 
     found: dict[str, dict[str, Any]] = {}
     for manifest_file in sorted(folder.glob("*/program.json")):
-        manifest = json.loads(manifest_file.read_text())
-        method = "first-order" if manifest.get("kind") == "first-order" else "mobizo"
-        config = ProgramConfig.model_validate(manifest["config"])
         pte = manifest_file.with_suffix(".pte")
+        manifest = read_training_manifest(pte)
+        method = "first-order" if isinstance(manifest, FirstOrderManifest) else "mobizo"
+        config = manifest.config
         seconds = manifest_file.parent / "export_s.txt"
         found[method] = {
             "pte": pte,
-            "ptd": pte.parent / manifest["ptd"]["file"],
+            "ptd": pte.parent / manifest.ptd.file,
             "config": config,
-            "lora_size": manifest["lora_size"],
+            "lora_size": manifest.lora_size,
             "export_s": float(seconds.read_text()) if seconds.is_file() else None,
             "pte_bytes": pte.stat().st_size,
-            "ptd_bytes": (pte.parent / manifest["ptd"]["file"]).stat().st_size,
+            "ptd_bytes": (pte.parent / manifest.ptd.file).stat().st_size,
             # rows of one forward: the 2q perturbed paths of E rows each, or the batch's rows once
             "rows": config.batch_size * (2 if method == "mobizo" else 1),
         }
@@ -114,11 +114,12 @@ def _memory_child(kind: str, pte: str, ptd: str, config_json: str, lora_size: in
     import torch
     from executorch.runtime import Runtime
 
+    from benchmarks.program_steps import FirstOrderStep
     from benchmarks.step_time import CpuMemory
     from device_agent.batches import StepBatch
-    from device_agent.et_program import FirstOrderStep, ProgramSession
+    from device_agent.et_program import ProgramSession
     from shared.batch import Batch
-    from shared.manifest import ProgramConfig
+    from shared.manifest import ProgramConfig, read_first_order_manifest
 
     torch.set_num_threads(1)
     config = ProgramConfig.model_validate_json(config_json)
@@ -133,7 +134,7 @@ def _memory_child(kind: str, pte: str, ptd: str, config_json: str, lora_size: in
         batch = StepBatch(1, 1e-4, ids.numpy(), mask.numpy(), targets.numpy())
         run = lambda: session.step(batch, 1e-4, 1e-2)  # noqa: E731
     elif kind == "first-order":
-        step = FirstOrderStep(Path(pte), Path(ptd), lora_size, config.seq_len)
+        step = FirstOrderStep(Path(pte), Path(ptd), read_first_order_manifest(Path(pte)))
         ids, mask, targets = _step_inputs(config, config.batch_size, vocab)
         run = lambda: step(Batch(ids, mask, None, targets), seed=0, lr=1e-4)  # noqa: E731
     else:  # an inference forward of ``rows`` rows: benchmarks.program's PlainForward

@@ -10,12 +10,11 @@ the two programs differ in the step alone: one backward pass against 2q perturbe
 
 What a device uploads differs too: a zeroth-order run's log (seeds and scalars) replays on the server, so its B is
 verified (``server.verify``); a first-order run's B has nothing to replay it from. ``benchmarks/peer.py`` puts the
-two side by side; ``device_agent.et_program.FirstOrderStep`` runs this program.
+two side by side; ``benchmarks.program_steps.FirstOrderStep`` runs this program.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -25,10 +24,8 @@ from shared import lowering
 from shared.batch import Batch, position_ids
 from shared.lora import MPLoRA
 from shared.lowering import Methods
-from shared.manifest import ProgramConfig
+from shared.manifest import FIRST_ORDER, FirstOrderManifest, ProgramConfig, manifest_path
 from shared.zo import path_losses
-
-KIND = "first-order"
 
 
 class FirstOrderLoRA(nn.Module):
@@ -63,50 +60,34 @@ class FirstOrderLoRA(nn.Module):
 
 def export_first_order(
     model_dir: Path, cfg: ProgramConfig, out_pte: Path, store_dir: Path | None = None, progress=print
-) -> dict:
+) -> FirstOrderManifest:
     """Export ``FirstOrderLoRA`` of the model in ``model_dir``, forward + backward, through the project's one
-    pipeline (``shared.lowering``, ``joint``) to ``out_pte``, and its manifest beside it (``read_first_order``); the
-    frozen weights and the tokenizer go to ``store_dir`` (default: beside it), named by content. ``cfg``: the
-    zeroth-order job's program config, whose adapter layout, objective and prompt shapes the peer takes; its rows
-    are the step's ``batch_size`` examples, one path each. Returns the manifest."""
-    import time
-
+    pipeline (``shared.lowering``, ``joint``) to ``out_pte``, and its manifest beside it
+    (``shared.manifest.FirstOrderManifest``); the frozen weights and the tokenizer go to ``store_dir`` (default:
+    beside it), named by content. ``cfg``: the zeroth-order job's program config, whose adapter layout, objective
+    and prompt shapes the peer takes; its rows are the step's ``batch_size`` examples, one path each. Returns the
+    manifest."""
     from shared.files import atomic_write_bytes
-    from shared.hf_models import load_model
-    from shared.manifest import manifest_path
     from shared.program import adapted_base
 
-    started = time.perf_counter()
-    model, tokenizer = load_model(Path(model_dir), "float32")
-    lora = adapted_base(model, cfg)  # the zeroth-order program's layout, A and base weights
-    module = FirstOrderLoRA(model, lora, cfg)
+    start = lowering.start_export(model_dir, out_pte, store_dir)
+    lora = adapted_base(start.model, cfg)  # the zeroth-order program's layout, A and base weights
+    module = FirstOrderLoRA(start.model, lora, cfg)
     progress(f"exporting the first-order program: {cfg.batch_size} rows, seq {cfg.seq_len}, backend {cfg.backend}")
     manager = lowering.lower(
         module, module.example_inputs(cfg), cfg.backend, quantize=cfg.quantize, progress=progress, joint=True
     )
-    store_dir = Path(store_dir) if store_dir is not None else Path(out_pte).parent
-    store_dir.mkdir(parents=True, exist_ok=True)
-    emitted = lowering.store(manager, Path(out_pte), store_dir, tokenizer)
-    manifest = {
-        "kind": KIND,
-        "model": str(Path(model_dir).resolve()),
-        "config": cfg.model_dump(mode="json"),
-        "lora_size": lora.size,
-        "pte": emitted.pte.model_dump(),
-        "ptd": emitted.ptd.model_dump(),
-        "tokenizer": emitted.tokenizer.model_dump(),
-        "planned_bytes": emitted.planned,
-        "export_seconds": round(time.perf_counter() - started, 1),
-    }
-    atomic_write_bytes(manifest_path(Path(out_pte)), json.dumps(manifest, indent=2).encode())
-    return manifest
-
-
-def read_first_order(pte: Path) -> dict:
-    """The manifest ``export_first_order`` wrote beside ``pte``; ``ValueError`` for another program's."""
-    from shared.manifest import manifest_path
-
-    manifest = json.loads(manifest_path(Path(pte)).read_text())
-    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-        raise ValueError(f"{pte}: not a first-order program (its manifest's kind is not {KIND!r})")
+    emitted = lowering.store(manager, start.out_pte, start.store, start.tokenizer)
+    manifest = FirstOrderManifest(
+        kind=FIRST_ORDER,
+        model=str(Path(model_dir).resolve()),
+        config=cfg,
+        lora_size=lora.size,
+        pte=emitted.pte,
+        ptd=emitted.ptd,
+        tokenizer=emitted.tokenizer,
+        planned_bytes=emitted.planned,
+        export_seconds=round(start.seconds(), 1),
+    )
+    atomic_write_bytes(manifest_path(start.out_pte), manifest.to_json())
     return manifest

@@ -17,7 +17,6 @@ holds one copy of the base for training and inference, whatever the adapters' ra
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -117,17 +116,13 @@ def export_inference_program(
     the model's training programs use."""
     from shared.files import atomic_write_bytes
     from shared.generation import stop_token_ids
-    from shared.hf_models import load_model
 
-    out_pte = Path(out_pte)
-    store = Path(store) if store is not None else out_pte.parent
-    store.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    model, tokenizer = load_model(model_dir, "float32")
+    start = lowering.start_export(model_dir, out_pte, store)
+    model = start.model
     module = build_inference_module(model, cfg)
     progress(f"exporting inference, context {cfg.max_context}, backend {cfg.backend} ...")
     manager = lowering.lower(module, _method_inputs(module), cfg.backend, _weights_tag, zero_buffers=("lora_b",))
-    emitted = lowering.store(manager, out_pte, store, tokenizer)
+    emitted = lowering.store(manager, start.out_pte, start.store, start.tokenizer)
     manifest = InferenceManifest(
         format=INFERENCE_FORMAT_VERSION,
         model=str(Path(model_dir).resolve()),
@@ -136,12 +131,12 @@ def export_inference_program(
         lora=module.lora.modules,
         lora_size=module.lora.size,
         vocab_size=model.config.vocab_size,
-        stop_token_ids=sorted(stop_token_ids(tokenizer, model.generation_config.eos_token_id)),
+        stop_token_ids=sorted(stop_token_ids(start.tokenizer, model.generation_config.eos_token_id)),
         pte=emitted.pte,
         ptd=emitted.ptd,
         tokenizer=emitted.tokenizer,
-        export_seconds=round(time.perf_counter() - started, 2),
+        export_seconds=round(start.seconds(), 2),
     )
-    atomic_write_bytes(manifest_path(out_pte), manifest.to_json())
-    progress(f"wrote {out_pte} ({manifest.pte.size} B), {manifest.ptd.file} ({manifest.ptd.size} B)")
+    atomic_write_bytes(manifest_path(start.out_pte), manifest.to_json())
+    progress(f"wrote {start.out_pte} ({manifest.pte.size} B), {manifest.ptd.file} ({manifest.ptd.size} B)")
     return manifest

@@ -9,7 +9,8 @@ and backward) and the benchmarks' plain forward.
     store   the ``.pte`` written atomically; the ``.ptd`` and the tokenizer content-addressed, shared by every
             program of the model
 
-``lower`` runs the first three. ``benchmarks/export_time.py`` times each stage.
+``lower`` runs the first three. ``benchmarks/export_time.py`` times each stage. Before them, every exporter starts
+the same way (``start_export``: the model and its tokenizer loaded, the store folder made, the clock started).
 
 A program kind differs only in its module, its methods and which tensors stay out of the ``.ptd``: everything else
 is this module's. ``Emitted.planned`` is what the emitted program's memory plan reserves per method (its mutable
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -600,6 +602,34 @@ def store_tokenizer(tokenizer, store: Path) -> tuple[Path, str]:
 
     tmp = atomic_write_bytes(store / f".tokenizer.{os.getpid()}.tmp", tokenizer_bytes(tokenizer))
     return store_by_content(tmp, store, "tokenizer-", ".json")
+
+
+@dataclass(frozen=True)
+class ExportStart:
+    """What every exporter starts from (``start_export``)."""
+
+    out_pte: Path
+    store: Path  # where the ``.ptd`` and the tokenizer go
+    model: nn.Module
+    tokenizer: Any
+    started: float  # ``time.perf_counter()`` when the export began
+
+    def seconds(self) -> float:
+        """Seconds since the export began."""
+        return time.perf_counter() - self.started
+
+
+def start_export(model_dir: Path, out_pte: Path, store_dir: Path | None = None) -> ExportStart:
+    """The preamble of every program's export: the clock started, the store folder (default: beside ``out_pte``)
+    made, the model in ``model_dir`` loaded in float32 with its tokenizer."""
+    from shared.hf_models import load_model
+
+    started = time.perf_counter()
+    out_pte = Path(out_pte)
+    store_dir = Path(store_dir) if store_dir is not None else out_pte.parent
+    store_dir.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model(Path(model_dir), "float32")
+    return ExportStart(out_pte, store_dir, model, tokenizer, started)
 
 
 @dataclass(frozen=True)

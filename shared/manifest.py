@@ -5,6 +5,10 @@
 LoRA layout of the flat B, the files with their sha256, and the memory estimate. The server stores it, hands it to
 devices in their lease (``shared.schemas.LeasePublic``), and the agent, the replay and the adapter writer read it.
 The JSON on disk and over REST is the one docs/contracts.md describes; these models only type it.
+
+Two more kinds of program have their own manifest: the inference program (``InferenceManifest``) and the
+first-order peer of the training step (``FirstOrderManifest``, ``shared.fo_program``), which a benchmark runs and no
+job does. A training manifest's ``kind`` tells the two training kinds apart; a zeroth-order manifest has none.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ FORMAT_VERSION = 3
 ProgramMethod = Literal["forward", "get_lora_b", "set_lora_b", "evaluate", "get_opt_state", "set_opt_state"]
 PROGRAM_METHODS: tuple[str, ...] = get_args(ProgramMethod)[:4]  # every program has these
 STATE_METHODS: tuple[str, ...] = get_args(ProgramMethod)[4:]  # and a program whose optimizer keeps a state, these
+# The kinds of training program: the job's step (whose manifest carries no ``kind``) and its first-order peer.
+ProgramKind = Literal["zeroth-order", "first-order"]
+ZEROTH_ORDER, FIRST_ORDER = get_args(ProgramKind)
 
 
 def examples_per_query(batch_size: int, q: int) -> int:
@@ -237,6 +244,14 @@ class ProgramManifest(_Manifest):
     )
     export_seconds: float
 
+    @model_validator(mode="before")
+    @classmethod
+    def _zeroth_order(cls, data: Any) -> Any:
+        """A manifest of another kind (its ``kind`` says which) is refused by name, not by its missing fields."""
+        if isinstance(data, dict) and data.get("kind", ZEROTH_ORDER) != ZEROTH_ORDER:
+            raise ValueError(f"the manifest of a {data['kind']} program, not of a {ZEROTH_ORDER} one")
+        return data
+
     @field_validator("init_b", mode="before")
     @classmethod
     def _format_1_init_b(cls, value: Any) -> Any:
@@ -256,6 +271,35 @@ def init_b_path(pte: Path) -> Path:
 def read_manifest(pte: Path) -> ProgramManifest:
     """The manifest beside the program ``pte``."""
     return ProgramManifest.model_validate_json(manifest_path(pte).read_bytes())
+
+
+class FirstOrderManifest(_Manifest):
+    """``FILE.json`` beside a first-order ``FILE.pte`` (``shared.fo_program``): ``forward(input_ids,
+    attention_mask, targets) -> (loss,)`` exported forward and backward for ExecuTorch's training runtime, whose one
+    parameter is the flat B (``lora_size`` floats, zeros in the program). ``config`` is the zeroth-order program's
+    whose adapter, objective and shapes it takes; it runs ``config.batch_size`` rows of ``config.seq_len`` columns."""
+
+    kind: Literal["first-order"]
+    model: str | None = None
+    config: ProgramConfig
+    lora_size: int = Field(ge=0, description="D, the length of the flat B")
+    pte: ProgramFile
+    ptd: ProgramFile
+    tokenizer: ProgramFile
+    planned_bytes: dict[str, int] = Field(description="the memory plan's bytes per method (``lowering.Emitted``)")
+    export_seconds: float
+
+
+def read_first_order_manifest(pte: Path) -> FirstOrderManifest:
+    """The manifest beside the first-order program ``pte``; ``ValidationError`` for another kind's."""
+    return FirstOrderManifest.model_validate_json(manifest_path(pte).read_bytes())
+
+
+def read_training_manifest(pte: Path) -> ProgramManifest | FirstOrderManifest:
+    """The manifest beside a training program of either kind, read as its ``kind`` says (none: zeroth-order)."""
+    data = json.loads(manifest_path(pte).read_bytes())
+    kind = data.get("kind", ZEROTH_ORDER) if isinstance(data, dict) else ZEROTH_ORDER
+    return (FirstOrderManifest if kind == FIRST_ORDER else ProgramManifest).model_validate(data)
 
 
 INFERENCE_FORMAT_VERSION = 2  # 2: the KV cache is not stored; set_lora_b zeroes it and must precede forward

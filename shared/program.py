@@ -20,7 +20,6 @@ the model shares it.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -257,14 +256,9 @@ def export_program(
     when present. ``memory_mb``: the memory the export may use (a server's compile budget; None: what the machine
     has). Returns the manifest.
     """
-    from shared.hf_models import load_model
-
-    out_pte = Path(out_pte)
-    store = Path(store) if store is not None else out_pte.parent
-    store.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    model, tokenizer = load_model(model_dir, "float32")
-    step = build_step_module(model, cfg)
+    start = lowering.start_export(model_dir, out_pte, store)
+    out_pte = start.out_pte
+    step = build_step_module(start.model, cfg)
     if init_adapter is not None:  # refused now, not after the export
         _adapter_b(init_adapter, cfg, step.lora.modules)
     progress(
@@ -273,8 +267,8 @@ def export_program(
         f"seq {cfg.seq_len}, "
         f"backend {cfg.backend}, base weights {cfg.quantize} ..."
     )
-    emitted = lowering.store(lower(step, cfg, progress, memory_mb), out_pte, store, tokenizer)
-    manifest = write_manifest(model_dir, cfg, step, emitted, out_pte, time.perf_counter() - started)
+    emitted = lowering.store(lower(step, cfg, progress, memory_mb), out_pte, start.store, start.tokenizer)
+    manifest = write_manifest(model_dir, cfg, step, emitted, out_pte, start.seconds())
     if init_adapter is not None:
         manifest = start_from_adapter(out_pte, init_adapter)
     progress(

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -282,12 +282,48 @@ def resolve_device(name: str | None) -> torch.device:
 # The step of each method, behind one callable (also what benchmarks/step_time.py times).
 
 
+class ZerothOrderOut(NamedTuple):
+    """What a zeroth-order step returns: the path losses (2q; 3q with curvature weights) and the projected
+    gradients g [q], the log's."""
+
+    losses: torch.Tensor
+    g: torch.Tensor
+
+
+class FirstOrderOut(NamedTuple):
+    """What a first-order step returns: its one path's loss [1] and the norm of B's gradient [1] (a first-order
+    step has no g to log: what moved B was the whole gradient)."""
+
+    losses: torch.Tensor
+    grad_norm: torch.Tensor
+
+
+class Step(Protocol):
+    """What the training loop trains through: a step of either order, eager (``MethodStep``) or a program's in the
+    ExecuTorch runtime (``benchmarks.program_steps``). ``b``: the flat master B the step starts from and leaves
+    (None for ``mezo``, which trains the model itself); a run resumed from a checkpoint writes it before the first
+    call. ``device``: where the step's batches go. A zeroth-order step also keeps an optimizer's ``opt_state`` and
+    takes a private run's ``privatizer`` (``ZerothOrderStep``)."""
+
+    b: torch.Tensor | None
+    device: torch.device
+
+    def __call__(self, batch: Batch, seed: int, lr: float) -> ZerothOrderOut | FirstOrderOut: ...
+
+
+class ZerothOrderStep(Step, Protocol):
+    """A zeroth-order step: its optimizer's state (checkpointed with B), and a private run's clip and noise."""
+
+    opt_state: dict[str, torch.Tensor]
+    privatizer: privacy.Privatizer | None
+
+
 class MethodStep:
     """One method's step and the state it updates: the flat master B (LoRA methods) or the model itself (mezo).
 
-    ``step(batch, seed, lr) -> (losses, g)``: the path losses (2q for the ZO methods, 1 for fo-lora) and the
-    projected gradients (fo-lora: the gradient norm). ``lr`` is the step's (``shared.schedule.lr_at``; None: the
-    constructor's); lr, eps and the seed go in as tensors on the model's device, as the exported program takes them.
+    ``step(batch, seed, lr)``: ``ZerothOrderOut`` (the 2q path losses and the projected gradients), or for fo-lora
+    ``FirstOrderOut``. ``lr`` is the step's (``shared.schedule.lr_at``; None: the constructor's); lr, eps and the
+    seed go in as tensors on the model's device, as the exported program takes them.
     """
 
     def __init__(
@@ -327,7 +363,7 @@ class MethodStep:
         noise = torch.from_numpy(self.privatizer.noise(self.q))  # NumPy's draw, as every backend's
         return {"clip": clip, "g_noise": noise.to(self.device, self.dtype)}
 
-    def __call__(self, batch: Batch, seed: int, lr: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: Batch, seed: int, lr: float | None = None) -> ZerothOrderOut | FirstOrderOut:
         lr = self.lr if lr is None else float(lr)
         seed_t = torch.tensor([seed], dtype=torch.int64, device=self.device)
         lr_t = torch.tensor([lr], dtype=self.dtype, device=self.device)  # the step's lr, as the program takes it
@@ -347,12 +383,12 @@ class MethodStep:
                     probe_weights=self.probe_weights,
                     **self._private(),
                 )
-                return losses, g
+                return ZerothOrderOut(losses, g)
             if self.method == "mezo-lora":
-                return mezo_lora_step(self.model, self.lora, batch, self.b, seed_t, lr_t, self.eps_t)
+                return ZerothOrderOut(*mezo_lora_step(self.model, self.lora, batch, self.b, seed_t, lr_t, self.eps_t))
             if self.method == "mezo":
-                return mezo_step(self.model, batch, seed, lr, self.eps)
-            return fo_lora_step(self.model, self.lora, batch, self.b, lr_t)
+                return ZerothOrderOut(*mezo_step(self.model, batch, seed, lr, self.eps))
+            return FirstOrderOut(*fo_lora_step(self.model, self.lora, batch, self.b, lr_t))
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
@@ -372,7 +408,7 @@ class _Run:
     model: nn.Module
     tokenizer: Any
     lora: MPLoRA | None
-    step: MethodStep
+    step: Step
     train: list[Encoded]
     eval: list[Rendered] | None
     objective: str
@@ -388,12 +424,11 @@ class _Run:
         return [len(e.prompt_ids) for e in self.train] if self.config.bucket > 1 else None
 
 
-# Another implementation of a run's step, in MethodStep's place: ``factory(program, lora) -> step`` with
-# MethodStep's ``b``, ``device`` and ``step(batch, seed, lr) -> (losses, g)``, given the program config of the run
-# (``program_config``) and its LoRA layout; the loop then builds its batches at the program's shape.
-# benchmarks/accuracy.py's ``--runner program`` passes the exported program in the ExecuTorch runtime: the device's
-# step inside this loop, its data, evaluation and checkpoints.
-StepFactory = Callable[[ProgramConfig, MPLoRA], Any]
+# Another implementation of a run's step, in MethodStep's place: ``factory(program, lora) -> Step``, given the
+# program config of the run (``program_config``) and its LoRA layout; the loop then builds its batches at the
+# program's shape. benchmarks/accuracy.py's ``--runner program`` passes the exported program in the ExecuTorch
+# runtime (``benchmarks.program_steps``): the device's step inside this loop, its data, evaluation and checkpoints.
+StepFactory = Callable[[ProgramConfig, MPLoRA], Step]
 
 
 def program_config(
@@ -591,12 +626,13 @@ def _loop(run: _Run, progress: bool) -> Checkpoint:
         lr = lr_at(cfg.lr, schedule_span(cfg), k, cfg.lr_schedule, cfg.warmup_steps, cfg.lr_floor)  # float32, as logged
         lr = step_lr(cfg.optimizer, lr, k)
         begin = time.perf_counter()
-        losses, g = (t.float().cpu() for t in run.step(batch, seed, lr))  # .cpu() waits for the device
+        out = run.step(batch, seed, lr)
+        losses = out.losses.float().cpu()  # .cpu() waits for the device
         history["times"].append(time.perf_counter() - begin)
         history["losses"].append(float(losses.mean()))
         if cfg.method == "mobizo":
             logged = None if private_seed is not None else losses.numpy()  # a private log holds g alone
-            history["log"].append(log_record(k, seed, lr, eps32, g.numpy(), logged))
+            history["log"].append(log_record(k, seed, lr, eps32, out.g.float().cpu().numpy(), logged))
         bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
     _at_step(run, state, cfg.steps, start)
     state.step = cfg.steps

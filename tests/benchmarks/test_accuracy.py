@@ -139,6 +139,7 @@ def test_the_program_runner_trains_through_the_devices_program(
 
     import device_agent.et_program as et_program
     from benchmarks.accuracy import program_entry
+    from benchmarks.program_steps import ProgramStep
     from device_agent.local_data import program_shape, step_batches
     from shared.checkpoint import load_checkpoint
     from shared.data import load_examples
@@ -187,7 +188,7 @@ def test_the_program_runner_trains_through_the_devices_program(
     assert np.array_equal(session.get_b(), final.b.numpy())
 
     # stopped at step 6 (its checkpoint is step 4's), then run again: the same B, bit for bit
-    calls, step = [], et_program.ProgramStep.__call__
+    calls, step = [], ProgramStep.__call__
 
     def stopping(self, batch, seed, lr):
         calls.append(seed)
@@ -196,10 +197,10 @@ def test_the_program_runner_trains_through_the_devices_program(
         return step(self, batch, seed, lr)
 
     resumed = seeded(tmp_path / "resumed")
-    monkeypatch.setattr(et_program.ProgramStep, "__call__", stopping)
+    monkeypatch.setattr(ProgramStep, "__call__", stopping)
     with pytest.raises(KeyboardInterrupt):
         main([*args, "--out", str(resumed)])
-    monkeypatch.setattr(et_program.ProgramStep, "__call__", step)
+    monkeypatch.setattr(ProgramStep, "__call__", step)
     assert main([*args, "--out", str(resumed)]) == 0
     again = load_checkpoint(resumed / "runs" / "sst2" / "mobizo-q4-program" / "main")
     assert torch.equal(again.b, final.b)

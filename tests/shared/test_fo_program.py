@@ -22,7 +22,8 @@ CFG = TINY_Q4  # the program a server compiles for an SST-2 job of the tiny mode
 @pytest.fixture(scope="module")
 def fo_program(tiny_model_dir, tmp_path_factory):
     """(the .pte, its weights file, its manifest), exported once per machine (``tests/utils/program_cache.py``)."""
-    from shared.fo_program import export_first_order, read_first_order
+    from shared.fo_program import export_first_order
+    from shared.manifest import read_first_order_manifest
     from tests.utils.program_cache import cached_export
 
     store = tmp_path_factory.mktemp("first-order")
@@ -33,8 +34,8 @@ def fo_program(tiny_model_dir, tmp_path_factory):
         store,
         lambda out, to: export_first_order(tiny_model_dir, CFG, out, to, progress=lambda _: None),
     )
-    manifest = read_first_order(pte)
-    return pte, pte.parent / manifest["ptd"]["file"], manifest
+    manifest = read_first_order_manifest(pte)
+    return pte, pte.parent / manifest.ptd.file, manifest
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +67,9 @@ def _bounds(model, loss: torch.Tensor, grad: torch.Tensor) -> tuple[float, float
 
 
 def _step(fo_program):
-    from device_agent.et_program import FirstOrderStep
+    from benchmarks.program_steps import FirstOrderStep
 
-    pte, ptd, manifest = fo_program
-    return FirstOrderStep(pte, ptd, manifest["lora_size"], CFG.seq_len)
+    return FirstOrderStep(*fo_program)
 
 
 def test_the_programs_gradient_is_autograds_at_zero_and_at_any_b(fo_program, eager):
@@ -97,7 +97,8 @@ def test_a_step_moves_b_by_lr_times_the_gradient_and_steps_lower_the_loss(fo_pro
     start = 0.05 * torch.randn(lora.size, generator=torch.Generator().manual_seed(2))
     step.b = start.clone()  # a run resumed from a checkpoint: the step writes it into the program
     lr = 0.5
-    loss, grad_norm = step(batch, seed=0, lr=lr)
+    out = step(batch, seed=0, lr=lr)
+    loss, grad_norm = out.losses, out.grad_norm
     want_loss, want_grad = fo_lora_loss_and_grad(model, lora, batch, start)
     loss_atol, grad_atol = _bounds(model, want_loss, want_grad)
     assert abs(float(loss) - float(want_loss)) <= loss_atol
@@ -106,6 +107,6 @@ def test_a_step_moves_b_by_lr_times_the_gradient_and_steps_lower_the_loss(fo_pro
     moved = start - lr * want_grad
     bound = lr * grad_atol + 2 * UNIT_ROUNDOFF[torch.float32] * (start.abs() + lr * want_grad.abs())
     assert not torch.equal(step.b, start) and bool(((step.b - moved).abs() <= bound).all())
-    losses = [float(loss)] + [float(step(batch, seed=0, lr=lr)[0]) for _ in range(4)]
+    losses = [float(loss)] + [float(step(batch, seed=0, lr=lr).losses) for _ in range(4)]
     assert losses[-1] < losses[0], losses
     assert float(fo_lora_loss_and_grad(model, lora, batch, step.b)[0]) < losses[0]

@@ -8,7 +8,14 @@ import pytest
 from pydantic import ValidationError
 
 from shared.errors import FieldError
-from shared.manifest import ProgramConfig, ProgramManifest
+from shared.manifest import (
+    FirstOrderManifest,
+    ProgramConfig,
+    ProgramManifest,
+    manifest_path,
+    read_manifest,
+    read_training_manifest,
+)
 from shared.schemas import HyperParams
 from tests.utils.manifests import fake_manifest
 
@@ -48,3 +55,38 @@ def test_a_format_1_manifest_starting_from_zeros_still_reads() -> None:
     """Stored format-1 manifests (server programs) wrote ``init_b: false``: read as no starting B file."""
     written = fake_manifest({"q": 1, "batch_size": 2, "seq_len": 16, "answer_len": 1}, FILES) | {"init_b": False}
     assert ProgramManifest.model_validate(written).init_b is None
+
+
+def _first_order(config: dict) -> dict:
+    """A first-order manifest as ``shared.fo_program.export_first_order`` writes it (its keys in the file's order)."""
+    cfg = ProgramConfig.model_validate(config).model_dump(mode="json")
+    return (
+        {"kind": "first-order", "model": "/srv/m", "config": cfg, "lora_size": 64}
+        | FILES
+        | {
+            "planned_bytes": {"forward": 1024},
+            "export_seconds": 1.5,
+        }
+    )
+
+
+def test_each_training_kind_reads_as_its_own_manifest_and_a_zeroth_order_one_is_unchanged(tmp_path) -> None:
+    """A zeroth-order manifest has no ``kind`` and reads byte for byte as before; a first-order one is typed and
+    checked as the others are, and neither kind reads as the other."""
+    config = {"q": 1, "batch_size": 2, "seq_len": 16, "answer_len": 1}
+    zeroth, first = fake_manifest(config, FILES), _first_order(config)
+    for name, written in (("zo", zeroth), ("fo", first)):
+        manifest_path(tmp_path / f"{name}.pte").write_text(json.dumps(written))
+    read = read_training_manifest(tmp_path / "zo.pte")
+    assert type(read) is ProgramManifest and read == read_manifest(tmp_path / "zo.pte")
+    assert "kind" not in json.loads(read.to_json()) and json.loads(read.to_json()) == zeroth
+    read = read_training_manifest(tmp_path / "fo.pte")
+    assert type(read) is FirstOrderManifest and json.loads(read.to_json()) == first
+    assert "model" not in read.for_device().model_dump(mode="json")
+    with pytest.raises(ValidationError, match="the manifest of a first-order program"):
+        read_manifest(tmp_path / "fo.pte")
+    with pytest.raises(ValidationError, match="kind"):
+        FirstOrderManifest.model_validate(zeroth)
+    for broken in ({"lora_size": -1}, {"kind": "second-order"}, {"config": config | {"q": 3}}):
+        with pytest.raises(ValidationError):
+            FirstOrderManifest.model_validate(first | broken)

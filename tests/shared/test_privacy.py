@@ -160,7 +160,7 @@ def test_a_private_program_clips_and_noises_its_g_in_graph(program_factory):
 
 @pytest.mark.numerics
 def test_a_private_run_through_its_program_logs_g_alone_and_replays(tiny_model_dir, program_factory, tmp_path):
-    from device_agent.et_program import ProgramStep
+    from benchmarks.program_steps import ProgramStep
     from tests.utils.programs import TINY_Q4
 
     cfg = TINY_Q4.model_copy(update={"private": True})

@@ -394,3 +394,28 @@ def test_a_runs_device_program_is_resolved_from_its_config(tmp_path: Path) -> No
         assert refused.value.field == field
     with pytest.raises(UsageError, match="answer-len"):
         program_config(run, "lm", (), None)
+
+
+def test_each_order_of_step_reports_its_own_quantities(tiny_model_dir) -> None:
+    """The loop's ``Step`` of each order: a zeroth-order step returns its path losses and g [q] (the log's), the
+    first-order step its loss and the norm of the gradient that moved B, named so; both move B."""
+    from shared.baselines import fo_lora_loss_and_grad
+    from shared.hf_models import load_model
+    from shared.lora import inject_lora
+    from shared.train import FirstOrderOut, MethodStep, ZerothOrderOut
+    from tests.utils.tiny import random_batch
+
+    model, _ = load_model(tiny_model_dir, "float32")
+    lora = inject_lora(model, defaults.TARGETS, 4, 8.0, 0)
+    batch = random_batch(4, seed=0, max_len=12, vocab=model.config.vocab_size)
+    zeroth = MethodStep("mobizo", model, lora, q=2, lr=1e-2, eps=1e-2)
+    out = zeroth(batch, seed=3)
+    assert type(out) is ZerothOrderOut and out.losses.shape == (4,) and out.g.shape == (2,)
+    assert zeroth.b.abs().max() > 0
+    first = MethodStep("fo-lora", model, lora, lr=0.1)
+    start = first.b.clone()
+    _, grad = fo_lora_loss_and_grad(model, lora, batch, start)
+    out = first(batch, seed=3)
+    assert type(out) is FirstOrderOut and out.losses.shape == (1,) and not hasattr(out, "g")
+    torch.testing.assert_close(out.grad_norm, grad.norm().reshape(1))  # the same autograd, the same rows
+    torch.testing.assert_close(first.b, start - 0.1 * grad)
