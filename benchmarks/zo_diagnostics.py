@@ -46,7 +46,7 @@ from shared.baselines import fo_lora_loss_and_grad
 from shared.batch import Batch
 from shared.files import atomic_write_bytes
 from shared.tasks import task_data_dir
-from shared.train import TrainConfig, _loop, _prepare, validate, with_defaults
+from shared.train import TrainConfig, ZerothOrderOut, _loop, _prepare, validate, with_defaults
 from shared.zo import step_noise
 
 MODES = ("zo", "exact", "oracle")
@@ -84,7 +84,7 @@ class DiagnosedStep:
             for i in range(q)
         ]
 
-    def __call__(self, batch: Batch, seed: int, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: Batch, seed: int, lr: float) -> ZerothOrderOut:
         measure, self.k = self.k % self.every == 0, self.k + 1
         if self.mode == "zo" and not measure:
             return self.inner(batch, seed, lr)
@@ -114,7 +114,7 @@ class DiagnosedStep:
                     "grad_norm": float(full.norm()),
                 }
             )
-        return losses, g
+        return ZerothOrderOut(losses, g)
 
 
 def run_mode(args: argparse.Namespace, files: dict[str, Path], mode: str) -> dict[str, Any]:
