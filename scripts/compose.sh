@@ -236,7 +236,7 @@ up() {
 case "${1:-up}" in
   images) engine; images ;;
   up) shift || true; engine; images >/dev/null; up "$@"; say "serving on $api" ;;
-  demo) engine; images >/dev/null; admin_token; source scripts/compose_demo.sh ;;
+  demo) engine; admin_token; source scripts/compose_demo.sh ;;  # its first step builds the images
   key) images_key ;;
   cached) cached ;;
   *) admin_token; compose "$@" ;;

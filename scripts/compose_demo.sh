@@ -1,5 +1,5 @@
-# One job through the compose stack, each step timed (sourced by `scripts/compose.sh demo`, which has built the
-# images and defines compose, up, healthy, api, cache, python). From a fresh project (its volumes removed):
+# One job through the compose stack, each step timed (sourced by `scripts/compose.sh demo`, which has started the
+# engine and defines images, compose, up, api, python). From a fresh project (its volumes removed):
 # a tiny model registered, a user, the containerized agent (profile "agent") enrolled, a job compiled by a worker,
 # trained by the agent, verified, its adapter downloaded; then --scale worker=3 and a second job, compiled by another
 # worker than the first; then down and up again: the jobs, the adapters and their files are still there.
@@ -43,6 +43,9 @@ wait_job() {  # wait_job JOB: until it ends (prints each status it passes throug
   echo "job $1 did not end" >&2
   return 1
 }
+
+step "the images (the dependencies cached; the code layer from this checkout)"
+images >/dev/null
 
 step "a fresh project $COMPOSE_PROJECT_NAME (its containers and volumes removed)"
 compose --profile agent down -v --remove-orphans >/dev/null 2>&1 || true
