@@ -21,10 +21,11 @@
 #                  with here (PyPI, a local mirror, find-links) is the one the image gets
 #   the images mobizo:<key>, mobizo-postgres:<key>, mobizo-redis:<key> (the Dockerfiles, pyproject.toml, the base
 #   root's key), also tagged :local for docker-compose.local.yml. The project's code is a layer of its own on top
-#   of the dependencies: every `images` run rebuilds that layer from this checkout (seconds).
+#   of the dependencies: every `images` run rebuilds that layer from this checkout (under a minute).
 # Settings: MOBIZO_COMPOSE_PROJECT (mobizo), MOBIZO_COMPOSE_API_PORT (18000), MOBIZO_COMPOSE_DB_PORT (15432),
 # MOBIZO_COMPOSE_REDIS_PORT (16379), MOBIZO_COMPOSE_WHEELS_PORT (18081, the wheelhouse during a build),
-# MOBIZO_COMPOSE_DIR (runs/compose: the demo's models and downloads), MOBIZO_ADMIN_TOKEN (made when unset).
+# MOBIZO_COMPOSE_DIR (runs/compose: the demo's models and downloads), MOBIZO_ADMIN_TOKEN (when unset: made once per
+# project and kept, mode 0600, in the cache as admin-token-<project>).
 #
 # Compose: `docker compose` (v2) when the engine has the plugin, else Debian bookworm's docker-compose 1.29 (the
 # Python v1, the only compose Debian 12 packages; it reads the Compose Specification, profiles included).
@@ -83,16 +84,20 @@ compose() {
     docker compose "${files[@]}" "$@"  # v2 drops the published ports of a service on the host's network
   else
     # v1 refuses a published port on the host's network, and an override cannot remove docker-compose.yml's:
-    # run the two files merged, less those ports (a file of the project's own: it holds the admin token)
-    merged="$cache/compose-$COMPOSE_PROJECT_NAME.yml"
-    (umask 077 && mkdir -p "$cache" && docker-compose "${files[@]}" config | "$python" -c '
+    # run the two files merged, less those ports (a file of this call's own, mode 0600: it holds the admin token)
+    mkdir -p "$cache"
+    merged=$(umask 077 && mktemp "$cache/.compose-$COMPOSE_PROJECT_NAME.XXXXXX")
+    (docker-compose "${files[@]}" config | "$python" -c '
 import sys, yaml
 config = yaml.safe_load(sys.stdin)
 for service in config["services"].values():
     if service.get("network_mode") == "host":
         service.pop("ports", None)
-yaml.safe_dump(config, sys.stdout, sort_keys=False)' > "$merged")
-    docker-compose -f "$merged" --project-directory "$repo" "$@"
+yaml.safe_dump(config, sys.stdout, sort_keys=False)' > "$merged") || { rm -f "$merged"; return 1; }
+    local status=0
+    docker-compose -f "$merged" --project-directory "$repo" "$@" || status=$?
+    rm -f "$merged"
+    return "$status"
   fi
 }
 
