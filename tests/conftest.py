@@ -23,6 +23,7 @@ os.environ.setdefault("MOBIZO_UPLOAD_REFUSAL_DELAY_S", "0.05")
 # the long ones start at once, on both workers, and the short ones fill the gaps at the end instead of one long
 # module running alone after the rest.
 LONGEST_FIRST = (
+    "tests/test_compose_demo.py",  # where its images are built (else it skips at once)
     "tests/shared/test_real_model.py",
     "tests/test_demo.py",
     "tests/shared/test_quantize.py",

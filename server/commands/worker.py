@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> ExitCode:
     import logging
     import os
+    import secrets
 
     from server.celery_queue import QUEUES, make_celery
     from server.settings import get_settings
@@ -51,7 +52,9 @@ def run(args: argparse.Namespace) -> ExitCode:
             f"--queues={','.join(queues)}",
             f"--concurrency={args.concurrency}",
             f"--loglevel={args.log_level.upper()}",
-            f"--hostname=mobizo-{os.getpid()}@%h",  # unique per process, so several workers share a machine
+            # unique per process, so several workers share a machine, or a host's network (containers there share
+            # its host name, and each worker is its container's pid 1)
+            f"--hostname=mobizo-{os.getpid()}-{secrets.token_hex(3)}@%h",
         ]
     )
     return ExitCode.OK

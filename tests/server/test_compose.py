@@ -77,3 +77,21 @@ def test_commands_parse_and_scale_out(services):
     assert server.command == "server" and server.workers > 1  # allowed: MOBIZO_QUEUE is celery
     worker = _args(services["worker"])
     assert worker.command == "worker" and set(worker.queues.split(",")) == set(QUEUES) and worker.concurrency >= 1
+
+
+def test_the_images_health_check_only_where_the_api_is(services):
+    """The image's HEALTHCHECK asks the API's /healthz: a worker or an agent container would be reported unhealthy."""
+    assert "healthcheck" not in services["server"]  # the image's own
+    for name in ("worker", "agent"):
+        assert services[name]["healthcheck"] == {"disable": True}
+
+
+def test_the_agent_keeps_its_config_data_and_checkpoints_in_its_volume(services):
+    agent = services["agent"]
+    args = _args(agent)
+    assert args.command == "agent"
+    (mount,) = agent["volumes"]
+    volume, path = mount.split(":")[:2]
+    assert volume == "agent"
+    for kept in (args.data_dir, args.work_dir, agent["environment"]["MOBIZO_AGENT_CONFIG"]):
+        assert Path(kept).is_relative_to(path), kept
