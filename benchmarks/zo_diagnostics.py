@@ -19,7 +19,8 @@ lr) to tell which term binds over a run:
 - ``zo``: the job's step (finite differences), as the device runs it;
 - ``exact``: g_i replaced by the exact ∇L_i·z_i (q backward passes a step): finite differences removed;
 - ``oracle``: each direction tilted toward the true gradient, z'_i = √(1−ρ²) z_i + ρ √D ∇L/‖∇L‖ (``--rho``), with
-  exact derivatives: what a better-aimed direction would buy.
+  exact derivatives and the step divided by 1 − ρ² + ρ²D so that its mean is still lr·∇L: what a better-aimed
+  direction would buy at the same mean step.
 
     python -m benchmarks.zo_diagnostics --model models/smollm2 --data-dir DATA --steps 2000 --every 100 \
         --modes zo,exact,oracle --threads 2 --out runs/zo-diagnostics
@@ -63,6 +64,13 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a.double() @ b.double()) / (na * nb) if na and nb else 0.0
 
 
+def oracle_scale(rho: float, d: int) -> float:
+    """E[z' z'ᵀ] = (1−ρ²) I + ρ² D uuᵀ for the tilted direction (u = ∇L/‖∇L‖): the update's mean along ∇L is
+    1 − ρ² + ρ² D times the exact one's. Dividing by it keeps the oracle's mean step lr·∇L, as zo's and exact's
+    (unbiased, E[z zᵀ] = I), so it differs from them only in how well it is aimed. 1 for ρ = 0."""
+    return 1 - rho**2 + rho**2 * d
+
+
 class DiagnosedStep:
     """The run's ``MethodStep`` in ``mode``, measuring every ``every`` steps. Same interface: ``b``, ``device``,
     ``opt_state``, ``step(batch, seed, lr) -> (losses, g)``."""
@@ -98,8 +106,9 @@ class DiagnosedStep:
         exact = torch.stack([grads[i] @ z[i] for i in range(q)])
         if self.mode == "zo":
             losses, g = self.inner(batch, seed, lr)
-        else:  # the exact derivatives along z (tilted for the oracle), SGD's update
-            self.inner.b = b - (exact[:, None] * z).sum(dim=0) * (lr / q)
+        else:  # the exact derivatives along z (tilted for the oracle), SGD's update, unbiased (``oracle_scale``)
+            scale = oracle_scale(self.rho, b.shape[0]) if self.mode == "oracle" else 1.0
+            self.inner.b = b - (exact[:, None] * z).sum(dim=0) * (lr / q / scale)
             losses, g = exact.new_zeros(2 * q), exact
         if measure:
             estimate, ideal = (g[:, None] * z).sum(dim=0) / q, (exact[:, None] * z).sum(dim=0) / q
