@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import accounts, federation, jobstate, responses
+from server import accounts, federation, responses
 from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
 from server.dashboard import PREFIX, create_dashboard
@@ -58,6 +58,8 @@ from server.routes import (
     work,
 )
 from server.settings import Settings, get_settings
+from server.state.closes import reopen_closing_rounds
+from server.state.leases import sweep_leases
 from server.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -96,7 +98,7 @@ def _sweep_leases(sessions: sessionmaker[Session], settings: Settings, stop: thr
     while not stop.wait(interval):
         try:
             with sessions() as session:
-                jobstate.sweep_leases(session, settings.max_attempts)
+                sweep_leases(session, settings.max_attempts)
         except Exception:  # a database hiccup must not kill the sweeper
             log.exception("lease sweep failed")
 
@@ -174,7 +176,7 @@ def _start_up(state: Any, queue: Any, owns_data_dir: bool) -> None:
         log.info("startup: resubmitted %d unfinished jobs", queue.recover())
         if settings.queue == "local":  # one server per database: nobody else can be closing a round
             with state.sessionmaker() as session:
-                reopened = jobstate.reopen_closing_rounds(session)
+                reopened = reopen_closing_rounds(session)
             if reopened:
                 log.info("startup: %d rounds left mid-close will be closed again", reopened)
 

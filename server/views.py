@@ -8,8 +8,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate, registry
+from server import federation, registry
 from server.responses import not_found, serve_file
+from server.state import sessions
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, User
 from shared.schemas import FederationSpec, JobCreate, JobProgress, JobPublic
@@ -47,7 +48,7 @@ def job_public(
         federation=FederationSpec.model_validate(job.federation) if fed else None,
         federation_progress=federation.progress(session, job) if fed else None,
         standing_job_id=job.standing_job_id,
-        sessions_run=jobstate.sessions_run(session, job.id) if job.standing else None,
+        sessions_run=sessions.sessions_run(session, job.id) if job.standing else None,
     )
 
 

@@ -1,7 +1,7 @@
 """Devices take work: ``POST /v1/leases`` hands out the next ready job, heartbeats keep the lease alive.
 
 With no job of its own user ready, an eligible device (``eligible`` not false) starts the next session of a standing
-job of its user (``jobstate.lease_session``: a job of its own, leased as any), or else may get a part in a
+job of its user (``state.sessions.lease_session``: a job of its own, leased as any), or else may get a part in a
 federated round of a cohort its user is in (``server.federation.lease_round``): the lease then carries ``round``,
 and its work is ``part-{round client id}`` in the work exchange (``routes/work.py``). Either way the lease names its
 files by content: the device downloads each from ``GET /v1/blobs/{sha256}`` (``routes/blobs.py``), which grants
@@ -22,12 +22,13 @@ from typing import Any
 from fastapi import Response, status
 from sqlalchemy.orm import Session
 
-from server import accounts, federation, jobstate, metrics
+from server import accounts, federation, metrics
 from server.deps import DeviceId, PaceDep, ProgramManifestsDep, SessionDep, SettingsDep, StoreDep, revoked
 from server.grants import blob_ref, device_manifest
 from server.lru import LRUCache
 from server.responses import errors, try_later
 from server.router import Router
+from server.state import jobs, leases, sessions
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Round, RoundClient
 from shared.manifest import ProgramFile, ProgramManifest
@@ -67,7 +68,7 @@ def _lease(
         init,
         job_id=job.id,
         attempt=job.attempts,
-        spec=jobstate.device_spec(job),
+        spec=jobs.device_spec(job),
         expires_at=job.lease_expires_at,
         heartbeat_s=heartbeat_s,
     )
@@ -132,14 +133,14 @@ def lease(
     if revoked_at is not None:
         raise revoked(device.id)
     accounts.record_seen(session, device)
-    jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
-    job = jobstate.lease_next(session, asking, settings.lease_s)
+    leases.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
+    job = leases.lease_next(session, asking, settings.lease_s)
     if job is not None:
         metrics.LEASES.labels("job").inc()
         manifest = device_manifest(session, manifests, job.program_id)
         return _lease(session, store, manifest, job, settings.heartbeat_s)
     if body is None or body.eligible is not False:  # sessions and round work only for devices whose policy holds
-        job = jobstate.lease_session(session, asking, settings.lease_s, settings.max_attempts)
+        job = sessions.lease_session(session, asking, settings.lease_s, settings.max_attempts)
         if job is not None:
             metrics.LEASES.labels("job").inc()
             manifest = device_manifest(session, manifests, job.program_id)
