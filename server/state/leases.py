@@ -1,11 +1,13 @@
 """A device's work under its lease (``server.state``'s transaction rule): ``lease`` hands a device the oldest ready
-job that fits it, or the next session of a standing job (``server.state.sessions``); a heartbeat keeps the lease;
+job that fits it, or the next session of a standing job (``server.state.sessions``), in one unit of work with what
+the device reports and its user's expired leases; a heartbeat keeps the lease;
 it ends by a result (``accept_result``), the device's failure, its expiry (back to ready, or failed after
 ``max_attempts`` leases), or the device's revocation.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,7 +30,7 @@ from server import accounts, registry
 from server.accounts import SeenMemo
 from server.db import begin_write
 from server.state.jobs import device_spec, fits_device
-from server.state.sessions import end_session
+from server.state.sessions import end_session, lease_session
 from server.tables import (
     Adapter,
     Device,
@@ -39,12 +41,47 @@ from server.tables import (
     RoundClient,
     utcnow,
 )
-from shared.schemas import HeartbeatCreate
+from shared.schemas import HeartbeatCreate, LeaseCreate
+
+
+@dataclass(frozen=True)
+class Leased:
+    """What a device's lease request got: the device as it reports itself now (what round work must fit), whether
+    it asks for sessions and round work too (``eligible``), whether it is revoked, and the job it now holds."""
+
+    device: LeasingDevice
+    eligible: bool
+    revoked: bool = False
+    job: Job | None = None
+
+
+def lease(
+    session: Session, device: DeviceIdentity, report: LeaseCreate | None, lease_s: int, max_attempts: int
+) -> Leased:
+    """A device asks for work, in one unit of work: what it reports now (backend, free memory, CPU: stored when
+    they changed, ``accounts.as_reported``), its last seen, its user's expired leases ended (``expire_leases``: no
+    other user's job could be handed to it), then the oldest ready job that fits it (``lease_next``) or, for an
+    eligible device (``report.eligible`` not false), the next session of a standing job
+    (``state.sessions.lease_session``). Commits; a revoked device gets nothing, and nothing is written."""
+    begin_write(session)
+    reported = (None, None, None) if report is None else (report.backend, report.memory_mb, report.cpu)
+    asking, revoked_at = accounts.as_reported(session, device, *reported)  # replaces what it reported before
+    eligible = report is None or report.eligible is not False
+    if revoked_at is not None:
+        session.rollback()
+        return Leased(asking, eligible, revoked=True)
+    accounts.record_seen(session, device)
+    expire_leases(session, max_attempts, device.user_id)
+    job = lease_next(session, asking, lease_s)
+    if job is None and eligible:  # sessions (and round work) only for devices whose policy holds
+        job = lease_session(session, asking, lease_s, max_attempts)
+    session.commit()
+    return Leased(asking, eligible, job=job)
 
 
 def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | None:
     """Hand the oldest ready job of the device's user that fits it to the device (ready → running); never a
-    standing job itself (``lease_session`` starts its sessions).
+    standing job itself (``lease_session`` starts its sessions). A step of ``lease`` (the caller commits).
 
     Fits: the job names this device or none, wants this device's backend or any, and its program's memory
     estimate is within the free memory the device last reported (unknown on either side: it fits).
@@ -70,7 +107,6 @@ def lease_next(session: Session, device: LeasingDevice, lease_s: int) -> Job | N
         job.status, job.leased_device_id, job.attempts = "running", device.id, job.attempts + 1
         job.lease_expires_at, job.updated_at = now + timedelta(seconds=lease_s), now
         job.progress_step = job.progress_loss = job.progress_steps_per_s = None
-    session.commit()
     return job
 
 

@@ -67,19 +67,18 @@ def lease_session(session: Session, device: LeasingDevice, lease_s: int, max_att
     """The next session of the oldest standing job of the device's user that fits it (as ``lease_next``) and has
     no session in flight: a new job, ``running`` under the device's lease, with the standing job's spec and program,
     starting from its promoted adapter (before a first promotion, the standing job's own starting adapter, if any).
-    None when there is none; commits. A standing job whose last ``max_attempts`` sessions all failed fails instead,
-    with the last one's reason (a device that cannot run it would otherwise start a session at every poll).
+    None when there is none; a step of ``state.leases.lease`` (the caller commits). A standing job whose last
+    ``max_attempts`` sessions all failed fails instead, with the last one's reason (a device that cannot run it would
+    otherwise start a session at every poll).
 
     The standing job's row is locked (``FOR UPDATE SKIP LOCKED``), so two devices of one user asking at once cannot
     both start a session of it."""
     begin_write(session)
     standing = _standing_to_run(session, device)
     if standing is None or _has_live_session(session, standing.id):
-        session.commit()
         return None
     now = utcnow()
     if _sessions_keep_failing(session, standing, max_attempts, now):
-        session.commit()
         return None
     start = standing.promoted_adapter_id or standing.init_adapter_id
     job = Job(
@@ -100,7 +99,7 @@ def lease_session(session: Session, device: LeasingDevice, lease_s: int, max_att
     )
     session.add(job)
     standing.updated_at = now
-    session.commit()
+    session.flush()
     return job
 
 

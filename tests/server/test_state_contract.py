@@ -202,6 +202,7 @@ def test_two_devices_of_one_user_racing_for_a_round_part_take_it_once(client: Te
 def _lease_session(sessions, user_id: int, device_id: int) -> int | None:
     with sessions() as session:
         leased = lease_session(session, LeasingDevice(device_id, user_id, "executorch", None), 60, 3)
+        session.commit()
         return None if leased is None else leased.id
 
 
