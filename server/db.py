@@ -128,6 +128,13 @@ def begin_write(session: Session) -> None:
     session.info[_WRITING] = True
 
 
+def discard(session: Session) -> None:
+    """End whatever ``session`` has open, undoing any write: after a request that failed or returned inside a unit of
+    work (``server.router``), or a read whose statement failed (the connection is given back; the next statement
+    starts afresh). Only here and in the state layer's transitions is anything rolled back."""
+    session.rollback()
+
+
 def _unit_ended(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None:
         session.info.pop(_WRITING, None)

@@ -241,15 +241,12 @@ def close_round(session: Session, store: ArtifactStore, pool: WorkerPool, settin
             metrics.PART_STALENESS.observe(staleness)
         metrics.ROUND_CLOSES.labels("closed").inc()
     except closes.CloseTakenOver as error:
-        session.rollback()
         log.warning("%s; this close publishes nothing", error)
     except (WorkerDied, WorkTimedOut, OperationalError) as error:
-        session.rollback()
         metrics.ROUND_CLOSES.labels("retried").inc()
         log.warning("closing round %d of job %d stopped (%s); it will be closed again", round_.index, job.id, error)
         closes.retry_close(session, round_, closing_at)
     except Exception as error:  # noqa: BLE001 - whatever broke, the round must not stay "closing" silently
-        session.rollback()
         metrics.ROUND_CLOSES.labels("failed").inc()
         log.exception("closing round %d of job %d failed", round_.index, job.id)
         closes.abort_close(session, round_, closing_at, f"aggregation failed: {type(error).__name__}: {error}")

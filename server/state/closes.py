@@ -62,22 +62,40 @@ def finish_close(
     ``metrics``); the reports it aggregated (``counted``, client ids) say so; the next round opens from B_{r+1} and
     ``next_momentum`` (m_{r+1}, server-side momentum), or after the last round the job succeeds. Leased clients left
     behind are stragglers: expired (a buffered job's only once the next version would find them more than
-    ``max_staleness`` old). Commits; raises ``CloseTakenOver`` (nothing written) when this attempt no longer holds
-    the round."""
+    ``max_staleness`` old). Commits; raises ``CloseTakenOver`` when this attempt no longer holds the round, and
+    on that or any other error nothing is written (rolled back)."""
     begin_write(session)
-    job = session.get_one(Job, round_.job_id)
-    adapter = registry.add_cohort_version(session, job, round_, files, metrics)
-    now = utcnow()
-    stats = {"mean_loss": metrics["mean_loss"], "aggregate_s": metrics["aggregate_s"]}
-    moved = session.execute(
-        update(Round)
-        .where(_closing(round_, closing_at))
-        .values(status="closed", adapter_id=adapter.id, closed_at=now, **stats)
-    ).rowcount
-    if not moved:
+    try:
+        job = session.get_one(Job, round_.job_id)
+        adapter = registry.add_cohort_version(session, job, round_, files, metrics)
+        now = utcnow()
+        stats = {"mean_loss": metrics["mean_loss"], "aggregate_s": metrics["aggregate_s"]}
+        moved = session.execute(
+            update(Round)
+            .where(_closing(round_, closing_at))
+            .values(status="closed", adapter_id=adapter.id, closed_at=now, **stats)
+        ).rowcount
+        if not moved:
+            raise CloseTakenOver(f"round {round_.index} of job {round_.job_id} was taken over by another close")
+        _settle_parts(session, job, round_, counted)
+        if round_.index + 1 < job.federation["rounds"]:
+            next_round = {"index": round_.index + 1, "b_sha256": files.b_sha256, "momentum_sha256": next_momentum}
+            session.add(Round(job_id=job.id, status="open", **next_round))
+        else:
+            session.execute(
+                update(Job)
+                .where(Job.id == job.id, Job.status == "running")
+                .values(status="succeeded", progress_step=job.spec["steps"], updated_at=now)
+            )
+        session.commit()
+    except BaseException:  # nothing of the close is written; the caller retries or aborts it
         session.rollback()
-        raise CloseTakenOver(f"round {round_.index} of job {round_.job_id} was taken over by another close")
-    next_b = files.b_sha256
+        raise
+
+
+def _settle_parts(session: Session, job: Job, round_: Round, counted: list[int]) -> None:
+    """A close's parts: the reports it aggregated (``counted``) say so; leased clients left behind are stragglers,
+    expired (a buffered job's only once the next version would find them more than ``max_staleness`` old)."""
     if counted:
         session.execute(update(RoundClient).where(RoundClient.id.in_(counted)).values(counted_in_round_id=round_.id))
     left_behind = RoundClient.round_id == round_.id
@@ -89,17 +107,6 @@ def finish_close(
         .where(left_behind, RoundClient.status == "leased")
         .values(status="expired", lease_expires_at=None)
     )
-    if round_.index + 1 < job.federation["rounds"]:
-        session.add(
-            Round(job_id=job.id, index=round_.index + 1, status="open", b_sha256=next_b, momentum_sha256=next_momentum)
-        )
-    else:
-        session.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.status == "running")
-            .values(status="succeeded", progress_step=job.spec["steps"], updated_at=now)
-        )
-    session.commit()
 
 
 def retry_close(session: Session, round_: Round, closing_at: datetime) -> None:

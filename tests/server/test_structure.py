@@ -151,17 +151,31 @@ def test_no_commit_outside_the_state_layer():
     module of ``server/`` commits (``server.db`` itself holds the session machinery and the startup lock)."""
     commits = {
         str(path.relative_to(SERVER.parent)): [
-            node.lineno for node in ast.walk(ast.parse(path.read_text())) if _is_commit(node)
+            node.lineno for node in ast.walk(ast.parse(path.read_text())) if _is_method_call(node)
         ]
         for path in sorted(SERVER.rglob("*.py"))
         if path not in (*STATE_LAYER, SERVER / "db.py")
     }
-    assert any(_is_commit(n) for n in ast.walk(ast.parse((STATE / "jobs.py").read_text()))), "the scan sees none"
+    assert any(_is_method_call(n) for n in ast.walk(ast.parse((STATE / "jobs.py").read_text()))), "the scan sees none"
     assert {name: lines for name, lines in commits.items() if lines} == {}
 
 
-def _is_commit(node: ast.AST, method: str = "commit") -> bool:
+def _is_method_call(node: ast.AST, method: str = "commit") -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method
+
+
+def test_no_rollback_outside_the_state_layer():
+    """A unit of work ends where it began: only the state layer's transitions roll back what they wrote (a lost race,
+    a refused write), and ``server.db``, which ends a request's read and a failed request's unit; no route or service
+    undoes a write it did not open."""
+    rollbacks = {
+        str(path.relative_to(SERVER.parent)): lines
+        for path in sorted(SERVER.rglob("*.py"))
+        if path not in (*STATE_LAYER, SERVER / "db.py")
+        and (lines := [n.lineno for n in ast.walk(ast.parse(path.read_text())) if _is_method_call(n, "rollback")])
+    }
+    assert any(_is_method_call(n, "rollback") for n in ast.walk(ast.parse((STATE / "jobs.py").read_text())))
+    assert rollbacks == {}, f"rollback() outside the state layer and server/db.py: {rollbacks}"
 
 
 def test_routes_issue_no_query_of_their_own():
