@@ -131,6 +131,7 @@ def _fill_state(
     state.settings, state.engine, state.sessionmaker = settings, engine, sessions
     state.store = store
     state.device_tokens, state.program_manifests = LRUCache(100_000), LRUCache(1_000)
+    state.job_specs = LRUCache(10_000)  # a job's parsed spec, by id (``server.views.job_spec``)
     state.pace = Pace()
     state.seen = accounts.SeenMemo()  # when each device was last recorded as seen by a heartbeat
     state.round_sweep = threading.Event()  # set: the round sweeper runs now (a report filled a round)

@@ -35,7 +35,7 @@ from server.dashboard.web import (
     sign_in,
     sign_in_page,
 )
-from server.deps import ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
+from server.deps import JobSpecsDep, ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
 from server.registry import adapter_public
 from server.responses import not_found
 from server.router import Router
@@ -135,12 +135,13 @@ def jobs(
     request: Request,
     viewer: CurrentViewer,
     session: SessionDep,
+    specs: JobSpecsDep,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(50, ge=1, le=500),
 ) -> Response:
     """The caller's jobs, newest first, with status and progress."""
     rows, count = queries.jobs_of(session, None if viewer.admin else viewer.user.id, skip, limit)
-    shown = [job_public(session, *row) for row in rows]
+    shown = [job_public(session, *row, specs=specs) for row in rows]
     return page(
         request,
         "jobs.html",

@@ -9,7 +9,16 @@ from fastapi import HTTPException, Query, status
 from sqlalchemy.orm import Session
 
 from server import privacy, queries, quotas, registry
-from server.deps import AccountantDep, CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
+from server.deps import (
+    AccountantDep,
+    CurrentUser,
+    JobSpecsDep,
+    ObjectId,
+    QueueDep,
+    SessionDep,
+    SettingsDep,
+    UserOrAdmin,
+)
 from server.model_lookup import registered_model, with_model_prompt
 from server.responses import errors, field_error
 from server.router import Router
@@ -131,12 +140,13 @@ def submit(
 def list_jobs(
     user: UserOrAdmin,
     session: SessionDep,
+    specs: JobSpecsDep,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> JobsPublic:
     """The user's jobs; for the admin, the cohorts' federated jobs."""
     rows, count = queries.jobs_of(session, None if user is None else user.id, skip, limit)
-    return JobsPublic(data=[job_public(session, *row) for row in rows], count=count)
+    return JobsPublic(data=[job_public(session, *row, specs=specs) for row in rows], count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=errors(401, 403, 404, 422))
