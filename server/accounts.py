@@ -1,9 +1,9 @@
 """Who and what the service knows: users, enrollment codes, devices, base models, cohorts and their members,
 the dashboard's signed-in browsers. With
-``server.jobstate`` (jobs and rounds) this is the server's state layer: routes call these functions and write
+``server.state`` (jobs and rounds) this is the server's state layer: routes call these functions and write
 nothing themselves (``tests/server/test_structure.py``).
 
-Transaction rule (``server.jobstate``'s): each function here opens its unit of work (``server.db.begin_write``) and
+Transaction rule (``server.state``'s): each function here opens its unit of work (``server.db.begin_write``) and
 commits it, so a route's write is all or nothing; the steps of a device's lease or heartbeat (``as_reported``,
 ``record_seen``, ``claim_privacy_ledger``) say so and leave the commit to their caller, which writes them with the
 lease, the heartbeat or the job. A name taken by a concurrent request is a

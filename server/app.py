@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import accounts, federation, jobstate, responses
+from server import accounts, federation, responses
 from server.compile import build_program
 from server.compile_queue import CompileQueue, LocalCompileQueue, PausedCompileQueue
 from server.dashboard import PREFIX, create_dashboard
@@ -58,6 +58,8 @@ from server.routes import (
     work,
 )
 from server.settings import Settings, get_settings
+from server.state.closes import reopen_closing_rounds
+from server.state.leases import sweep_leases
 from server.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -96,7 +98,7 @@ def _sweep_leases(sessions: sessionmaker[Session], settings: Settings, stop: thr
     while not stop.wait(interval):
         try:
             with sessions() as session:
-                jobstate.sweep_leases(session, settings.max_attempts)
+                sweep_leases(session, settings.max_attempts)
         except Exception:  # a database hiccup must not kill the sweeper
             log.exception("lease sweep failed")
 
@@ -129,6 +131,7 @@ def _fill_state(
     state.settings, state.engine, state.sessionmaker = settings, engine, sessions
     state.store = store
     state.device_tokens, state.program_manifests = LRUCache(100_000), LRUCache(1_000)
+    state.job_specs = LRUCache(10_000)  # a job's parsed spec, by id (``server.views.job_spec``)
     state.pace = Pace()
     state.seen = accounts.SeenMemo()  # when each device was last recorded as seen by a heartbeat
     state.round_sweep = threading.Event()  # set: the round sweeper runs now (a report filled a round)
@@ -174,7 +177,7 @@ def _start_up(state: Any, queue: Any, owns_data_dir: bool) -> None:
         log.info("startup: resubmitted %d unfinished jobs", queue.recover())
         if settings.queue == "local":  # one server per database: nobody else can be closing a round
             with state.sessionmaker() as session:
-                reopened = jobstate.reopen_closing_rounds(session)
+                reopened = reopen_closing_rounds(session)
             if reopened:
                 log.info("startup: %d rounds left mid-close will be closed again", reopened)
 

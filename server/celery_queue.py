@@ -22,7 +22,7 @@ workers share with the servers (a shared volume, mounted at the same path), or, 
 (``MOBIZO_STORE_URL``), travel through it (``server.verify_spool``), so that a worker needs no shared volume at
 all. The result travels through the result backend (``Settings.result_backend``).
 
-Tasks are idempotent: every change of a job goes through a conditional transition of ``server.jobstate``, so a
+Tasks are idempotent: every change of a job goes through a conditional transition of ``server.state``, so a
 duplicate delivery finds the job no longer ``queued`` and does nothing, while a redelivery (the broker's
 ``redelivered`` flag) takes over the job its dead worker left ``compiling``. A cancel revokes the task by its id
 (``compile-<job id>``) with SIGKILL: a waiting task is dropped and a running export's process is killed.
@@ -43,14 +43,15 @@ from celery.result import AsyncResult
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from server import jobstate, verify_spool
+from server import verify_spool
 from server.compile import build_program
 from server.compile_queue import compile_job, export_inference, export_merged
 from server.db import make_engine, make_sessionmaker
-from server.jobstate import CompileInput
 from server.object_store import shared_objects
 from server.pool import OwnerBusy, WorkerDied, WorkTimedOut
 from server.settings import Settings
+from server.state import jobs
+from server.state.jobs import CompileInput
 from server.store import ArtifactStore
 from server.verify import ResultRejected, package_adapter, replay_log_only, verify_and_package
 
@@ -227,7 +228,7 @@ class CeleryCompileQueue:
         """Resubmit queued jobs (the server may have stopped before handing one to the broker); a duplicate finds
         its job no longer queued and does nothing. Compiling jobs are the broker's to redeliver."""
         with self._sessions() as session:
-            ids = jobstate.queued_ids(session)
+            ids = jobs.queued_ids(session)
         for job_id in ids:
             self.submit(job_id)
         return len(ids)

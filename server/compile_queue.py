@@ -24,11 +24,12 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from server import jobstate, metrics
+from server import metrics
 from server.compile import build_inference, build_program
-from server.jobstate import CompileInput
 from server.merged import merge_archive
 from server.pool import WorkerPool
+from server.state import jobs
+from server.state.jobs import CompileInput
 from server.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -75,11 +76,11 @@ def compile_job(
 ) -> None:
     """Run one job's compilation: queued → compiling, ``export`` it, → ready (or failed with the export's error).
 
-    ``resume`` takes over a job left ``compiling`` (``jobstate.start_compiling``). ``abandoned()`` is asked when
+    ``resume`` takes over a job left ``compiling`` (``state.jobs.start_compiling``). ``abandoned()`` is asked when
     the export raised: True means the queue itself is stopping, and the job stays ``compiling`` for recovery.
     """
     with sessions() as session:
-        work = jobstate.start_compiling(session, job_id, resume=resume)
+        work = jobs.start_compiling(session, job_id, resume=resume)
     if work is None:
         return
     start = time.perf_counter()
@@ -91,11 +92,11 @@ def compile_job(
             return
         log.warning("job %d: compile failed: %s", job_id, exc)
         with sessions() as session:
-            jobstate.fail(session, job_id, f"compile failed: {type(exc).__name__}: {exc}", ("compiling",))
+            jobs.fail(session, job_id, f"compile failed: {type(exc).__name__}: {exc}", ("compiling",))
         return
     metrics.EXPORT_SECONDS.labels("built").observe(time.perf_counter() - start)
     with sessions() as session:
-        jobstate.finish_compiling(session, job_id, built)
+        jobs.finish_compiling(session, job_id, built)
 
 
 class CompileQueue(Protocol):
@@ -155,7 +156,7 @@ class LocalCompileQueue:
     def recover(self) -> int:
         """Jobs a previous run left queued or compiling go (back) into the queue."""
         with self._sessions() as session:
-            ids = jobstate.requeue_unfinished(session)
+            ids = jobs.requeue_unfinished(session)
         for job_id in ids:
             self.submit(job_id)
         return len(ids)

@@ -3,7 +3,7 @@
 Two kinds of work on one session (``make_sessionmaker``). A session *reads* by default, in autocommit: each
 statement is its own snapshot, no transaction is held, and on SQLite no write lock is taken (WAL lets readers read
 beside the writer), so a request that reads and then waits (on a thread, a body, a worker) holds up no one. It
-*writes* only inside a unit of work that a transition of the state layer (``server.jobstate``,
+*writes* only inside a unit of work that a transition of the state layer (``server.state``,
 ``server.accounts``) opens with ``begin_write`` and ends with its commit: a real transaction, which on SQLite starts
 ``BEGIN IMMEDIATE`` (a deferred transaction that reads and then writes can fail at once with "database is locked"
 when another connection wrote in between; busy_timeout does not help there). A write statement on a reading
@@ -126,6 +126,13 @@ def begin_write(session: Session) -> None:
     session.expire_all()
     session.connection(execution_options=_write_options(session.get_bind()))
     session.info[_WRITING] = True
+
+
+def discard(session: Session) -> None:
+    """End whatever ``session`` has open, undoing any write: after a request that failed or returned inside a unit of
+    work (``server.router``), or a read whose statement failed (the connection is given back; the next statement
+    starts afresh). Only here and in the state layer's transitions is anything rolled back."""
+    session.rollback()
 
 
 def _unit_ended(session: Session, transaction: SessionTransaction) -> None:

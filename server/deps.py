@@ -41,7 +41,7 @@ from server.settings import Settings
 from server.store import ArtifactStore
 from server.tables import Device, DeviceIdentity, Job, User
 from shared.manifest import InferenceManifest, ProgramManifest
-from shared.schemas import MAX_DB_INT
+from shared.schemas import MAX_DB_INT, JobCreate
 
 _bearer = HTTPBearer(auto_error=False, description="admin token, user API key or device token")
 
@@ -89,6 +89,11 @@ async def get_program_manifests(request: Request) -> LRUCache[int, ProgramManife
     return request.app.state.program_manifests
 
 
+async def get_job_specs(request: Request) -> LRUCache[int, JobCreate]:
+    """Jobs' specs as parsed for their public shape, by job id (``server.views.job_spec``)."""
+    return request.app.state.job_specs
+
+
 async def get_upload_slots(request: Request) -> UploadSlots:
     return request.app.state.upload_slots
 
@@ -118,6 +123,7 @@ UploadSlotsDep = Annotated[UploadSlots, Depends(get_upload_slots)]
 AccountantDep = Annotated[Accountant, Depends(get_accountant)]
 MergedBuildsDep = Annotated[MergedBuilds, Depends(get_merged_builds)]
 RoundSweepDep = Annotated[threading.Event, Depends(get_round_sweep)]
+JobSpecsDep = Annotated[LRUCache[int, JobCreate], Depends(get_job_specs)]
 ProgramManifestsDep = Annotated[LRUCache[int, ProgramManifest | InferenceManifest], Depends(get_program_manifests)]
 ObjectId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="an id (ids are positive 32-bit integers)")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

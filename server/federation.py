@@ -8,7 +8,7 @@ replay), so each client's B_i is the replay of what it logged. The round closes 
 deadline with at least M (fewer: reopened once, then the job fails); closing aggregates the deltas B_i − B_r in
 client order (``shared.aggregate``), writes B_{r+1} = B_r + ETA·aggregate (with ``server_momentum`` BETA > 0:
 B_r + ETA·m_{r+1}, m_{r+1} = BETA·m_r + aggregate, m kept in the store beside B), packages it as the cohort's next
-adapter version, and opens round r+1 from it. Every transition goes through ``server.jobstate``.
+adapter version, and opens round r+1 from it. Every transition goes through ``server.state``.
 
 Replay proves what a log *means*; it cannot prove that its g were honestly measured on real data. The defences
 against a lying client are the log checks (every step, the round's seeds, finite losses, each g what its losses
@@ -31,9 +31,10 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from server import jobstate, metrics, privacy, registry
+from server import metrics, privacy, registry
 from server.pool import WorkerDied, WorkerPool, WorkTimedOut
 from server.settings import Settings
+from server.state import closes, jobs, rounds
 from server.store import ArtifactStore
 from server.tables import CohortMember, Job, LeasingDevice, Model, Program, Round, RoundClient, User, utcnow
 from server.verify import b_size, base_of, card_of, package_adapter
@@ -82,7 +83,7 @@ def _candidates(session: Session, device: LeasingDevice) -> list[Job]:
                 Job.cohort_id.in_(member_of),
                 Job.status.in_(("ready", "running")),
                 or_(Job.device_backend.is_(None), Job.device_backend == device.backend),
-                jobstate.fits_memory(device.memory_mb),
+                jobs.fits_memory(device.memory_mb),
             )
             .order_by(Job.id)
         )
@@ -93,7 +94,7 @@ def lease_round(
     session: Session, store: ArtifactStore, device: LeasingDevice, lease_s: int, settings: Settings
 ) -> RoundClient | None:
     """Round work for the device, or None: a part in the open round of the oldest federated job it can join, each
-    job tried in one transition (``jobstate.take_round_part``: a free slot of K, no part of its user's yet, and for
+    job tried in one transition (``state.rounds.take_round_part``: a free slot of K, no part of its user's yet, and for
     a private job room in the user's privacy budget, ``server.privacy.claim_part``). Committed."""
     for job in _candidates(session, device):
         fed = federation(job)
@@ -108,8 +109,8 @@ def lease_round(
         def seed(index: int, slot: int, job_seed: int = job.spec["seed"]) -> int:
             return client_seed(job_seed, index, slot)
 
-        part = jobstate.RoundPart(fed.clients_per_round, fed.round_timeout_s, lease_s, seed, room, fed.in_flight)
-        client = jobstate.take_round_part(session, job, device, part, first_b)
+        part = rounds.RoundPart(fed.clients_per_round, fed.round_timeout_s, lease_s, seed, room, fed.in_flight)
+        client = rounds.take_round_part(session, job, device, part, first_b)
         if client is not None:
             return client
     return None
@@ -117,7 +118,7 @@ def lease_round(
 
 def client_spec(job: Job, client: RoundClient) -> JobSpec:
     """What the client trains: the job's spec with the client's seed, log-only upload."""
-    return jobstate.device_spec(job).model_copy(update={"seed": client.seed, "upload": "log"})
+    return jobs.device_spec(job).model_copy(update={"seed": client.seed, "upload": "log"})
 
 
 def replay_context(session: Session, job: Job, client: RoundClient) -> dict[str, Any]:
@@ -157,7 +158,7 @@ def pending_parts(session: Session, job: Job, round_: Round) -> list[RoundClient
     for a buffered job, every report no close has counted yet of its rounds within ``max_staleness`` of ``round_``
     (one that arrived while the version it counted towards was closing, and is too old for the next, is left out:
     wasted, as a late synchronous report is)."""
-    if not jobstate.buffered(job.federation):
+    if not rounds.buffered(job.federation):
         return reported_clients(session, round_.id)
     oldest = round_.index - job.federation["max_staleness"]
     return list(
@@ -182,9 +183,9 @@ def open_round_of(session: Session, job: Job) -> Round | None:
 
 
 def part_is_open(session: Session, client: RoundClient, round_: Round, job: Job) -> bool:
-    """``jobstate.client_is_open`` with the job's newest round read for a buffered job."""
+    """``state.rounds.client_is_open`` with the job's newest round read for a buffered job."""
     newest = session.scalar(select(func.max(Round.index)).where(Round.job_id == job.id)) or 0
-    return jobstate.client_is_open(client, round_, job.federation, newest)
+    return rounds.client_is_open(client, round_, job.federation, newest)
 
 
 def _round_record(
@@ -230,7 +231,7 @@ def close_round(session: Session, store: ArtifactStore, pool: WorkerPool, settin
     """Aggregate a round and publish B_{r+1} as the cohort's next adapter version; False if another request or
     sweep is closing it. A passing failure (the packaging worker died or timed out, the database hiccuped) leaves
     the round open for the sweeper to close again; any other fails the round and the job with the reason."""
-    closing_at = jobstate.begin_close(session, round_id)
+    closing_at = closes.begin_close(session, round_id)
     if closing_at is None:
         return False
     round_ = session.get_one(Round, round_id, populate_existing=True)
@@ -239,19 +240,16 @@ def close_round(session: Session, store: ArtifactStore, pool: WorkerPool, settin
         for staleness in _aggregate_and_publish(session, store, pool, settings, job, round_, closing_at):
             metrics.PART_STALENESS.observe(staleness)
         metrics.ROUND_CLOSES.labels("closed").inc()
-    except jobstate.CloseTakenOver as error:
-        session.rollback()
+    except closes.CloseTakenOver as error:
         log.warning("%s; this close publishes nothing", error)
     except (WorkerDied, WorkTimedOut, OperationalError) as error:
-        session.rollback()
         metrics.ROUND_CLOSES.labels("retried").inc()
         log.warning("closing round %d of job %d stopped (%s); it will be closed again", round_.index, job.id, error)
-        jobstate.retry_close(session, round_, closing_at)
+        closes.retry_close(session, round_, closing_at)
     except Exception as error:  # noqa: BLE001 - whatever broke, the round must not stay "closing" silently
-        session.rollback()
         metrics.ROUND_CLOSES.labels("failed").inc()
         log.exception("closing round %d of job %d failed", round_.index, job.id)
-        jobstate.abort_close(session, round_, closing_at, f"aggregation failed: {type(error).__name__}: {error}")
+        closes.abort_close(session, round_, closing_at, f"aggregation failed: {type(error).__name__}: {error}")
     return True
 
 
@@ -302,7 +300,7 @@ def _aggregate_and_publish(
         "replay_s": [c.replay_s for c in clients],
     }
     files = registry.StoredFiles(b_next_sha, b_next_sha, record_sha, archive_sha, archive_size)
-    jobstate.finish_close(session, round_, closing_at, files, metrics, [c.id for c in clients], m_next_sha)
+    closes.finish_close(session, round_, closing_at, files, metrics, [c.id for c in clients], m_next_sha)
     return [round_.index - started[c.id].index for c in clients]
 
 
@@ -328,8 +326,8 @@ def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Se
     died); close an open round that is full (K reports: one whose closing was stopped, or left by a stopped
     server); at each open round's deadline close it with at least M reports, else reopen it once, else fail it
     (and its job) with the reason."""
-    jobstate.sweep_round_clients(session)
-    stale = jobstate.reopen_stale_closes(session, stale_close_after(settings))
+    rounds.sweep_round_clients(session)
+    stale = closes.reopen_stale_closes(session, stale_close_after(settings))
     if stale:
         log.warning("%d rounds left mid-close (a stopped API process) will be closed again", stale)
     for round_ in list(session.scalars(select(Round).where(Round.status == "open"))):
@@ -351,9 +349,9 @@ def sweep(session: Session, store: ArtifactStore, pool: WorkerPool, settings: Se
         if reported >= fed.min_reports:
             close_round(session, store, pool, settings, round_.id)
         elif not round_.reopened:
-            jobstate.reopen(session, round_, fed.round_timeout_s)
+            closes.reopen(session, round_, fed.round_timeout_s)
         else:
-            jobstate.fail_round(
+            closes.fail_round(
                 session,
                 round_,
                 f"{reported} of at least {fed.min_reports} clients reported by the deadline (reopened once)",

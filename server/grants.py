@@ -4,7 +4,7 @@ Every file a device fetches (a program's ``.pte``, the model's ``.ptd`` and toke
 for inference) is named by its sha256 in what the server handed it (a lease, an inference program, an adapter), and
 fetched from the one route. A live device is granted
 
-- the files of the work it holds now (``jobstate.held_work``: its running jobs, its parts in open rounds): their
+- the files of the work it holds now (``state.leases.held_work``: its running jobs, its parts in open rounds): their
   program's ``.pte``, ``.ptd`` and tokenizer, and their starting B;
 - the B of every adapter its user may see (``registry.visible_to``, the registry's rule);
 - the files of every inference program built (``programs.kind = "inference"``): a registered model compiled for a
@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from server import jobstate, registry
+from server import registry
 from server.compile import INFERENCE_PTE
 from server.lru import LRUCache
+from server.state import leases
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Program
 from shared.manifest import InferenceManifest, ProgramManifest
@@ -77,7 +78,7 @@ def granted(
     sha256: str,
 ) -> Blob | None:
     """The file ``sha256`` if ``device`` was granted it (the module's rule), else None. Reads; does not commit."""
-    held = jobstate.held_work(session, device.id)
+    held = leases.held_work(session, device.id)
     if sha256 in {init_b for _, init_b in held}:
         return _b(store, sha256)
     held_programs = select(Program.id, Program.key).where(Program.id.in_({program_id for program_id, _ in held}))

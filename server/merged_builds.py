@@ -9,10 +9,11 @@ they download as a file (streamed, with ETag and Range). The API process never l
 
 Kept merges are bounded (``server.settings.Settings``): ``merged_per_user_mb`` for the merges a user's downloads
 built, ``merged_total_mb`` for all; a merge that finishes past a bound evicts the least recently downloaded merges,
-the user's own first (``jobstate.keep_merged``), and one that alone would pass a bound is refused before it is built
-(422 naming ``dtype``: a smaller dtype may fit). Merges at once are bounded too: ``merged_builds`` in this process,
-``merged_builds_per_user`` for one user; one more is refused (429 + Retry-After), while asking for a merge already
-building costs nothing. A failed merge is answered 503 for ``FAILED_RETRY_S`` (with its error), then tried again.
+the user's own first (``state.programs.keep_merged``), and one that alone would pass a bound is refused before it
+is built (422 naming ``dtype``: a smaller dtype may fit). Merges at once are bounded too: ``merged_builds`` in this
+process, ``merged_builds_per_user`` for one user; one more is refused (429 + Retry-After), while asking for a merge
+already building costs nothing. A failed merge is answered 503 for ``FAILED_RETRY_S`` (with its error), then tried
+again.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from server import jobstate, queries
+from server import queries
 from server.compile_queue import CompileQueue
+from server.state import programs
 from server.store import ArtifactStore
 from shared.model_files import float32_bytes
 
@@ -122,9 +124,9 @@ class MergedBuilds:
             return None
         sha256 = row.sha256
         if not self._store.merged(key).is_file():
-            jobstate.forget_merged(session, [key])
+            programs.forget_merged(session, [key])
             return None
-        jobstate.touch_merged(session, key)
+        programs.touch_merged(session, key)
         return sha256
 
     def _check_bounds(self, user_id: int, estimate: int, dtype: str) -> None:
@@ -149,7 +151,7 @@ class MergedBuilds:
                 self._store.drop_merged(key)
                 raise MergeTooLarge(f"the merged model takes {built['size'] / MB:.0f} MB, more than a bound allows")
             with self._sessions() as session:
-                evicted = jobstate.keep_merged(
+                evicted = programs.keep_merged(
                     session, key, user_id, built, self.bounds.per_user_bytes, self.bounds.total_bytes
                 )
             for old in evicted:

@@ -186,7 +186,7 @@ def _whose(owner: User | Cohort) -> str:
 
 
 def charge(owner: User | Cohort, settings: Settings, spec: dict[str, Any]) -> Callable[[Session], bool]:
-    """The ledger entry of a private job (``spec``: its JSON, privacy resolved) for ``jobstate.submit``: refuses
+    """The ledger entry of a private job (``spec``: its JSON, privacy resolved) for ``state.jobs.submit``: refuses
     with 409 when the ledger of the user (or the cohort, for a federated job) would pass its budget; False when a
     racing submit claimed the ledger first. The ledger is read, the read ended, and the accountant's composition
     run with no transaction open: another tenant's requests never wait on it for SQLite's write lock. The

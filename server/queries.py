@@ -1,4 +1,4 @@
-"""The reads the routes show: lists, counts and lookups by name, in one home (the state layer, ``server.jobstate`` and
+"""The reads the routes show: lists, counts and lookups by name, in one home (the state layer, ``server.state`` and
 ``server.accounts``, holds the writes). Routes issue no query of their own (``tests/server/test_structure.py``).
 
 Each function reads in the caller's session and commits nothing; a list comes with its total count where the

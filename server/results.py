@@ -28,10 +28,11 @@ from typing import Any, NoReturn, Protocol
 from fastapi import HTTPException, Request, Response, status
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate, registry
+from server import federation, registry
 from server.limits import UploadSlots, upload_body_limit
 from server.pool import WorkerPool
 from server.settings import Settings
+from server.state import jobs, leases, rounds
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, Program, Round, RoundClient
 from server.uploads import BodyPace, Upload, receive, received_parts, refuse_while_verifying, run_verification
@@ -107,7 +108,7 @@ def _context(session: Session, job: Job, device: Device) -> dict[str, Any]:
     """What checking and packaging need to know about the job and the device (plain data, for the worker)."""
     program = session.get_one(Program, job.program_id)
     return {
-        "spec": jobstate.device_spec(job).model_dump(mode="json"),
+        "spec": jobs.device_spec(job).model_dump(mode="json"),
         "manifest": program.manifest,
         "d": b_size(program.manifest),
         **base_of(session.get_one(Model, job.model_id)),
@@ -130,7 +131,7 @@ class JobResult:
     parts, optional = RESULT_PARTS, ("b_flat",)
 
     def __init__(self, session: Session, store: ArtifactStore, job: Job, device: Device) -> None:
-        if job.program_id is None or (job.status != "succeeded" and not jobstate.holds_lease(job, device.id)):
+        if job.program_id is None or (job.status != "succeeded" and not jobs.holds_lease(job, device.id)):
             _lost(job)
         self.job, self.device = job, device
         self.ctx = _context(session, job, device)
@@ -179,11 +180,11 @@ class JobResult:
         return files, stored
 
     def becomes(self, session: Session, upload: Upload, published: tuple[Any, dict[str, Any]]) -> ResultPublic:
-        """running → succeeded and the new adapter version (``jobstate.accept_result``); the stored result if the
+        """running → succeeded and the new adapter version (``state.leases.accept_result``); the stored result if the
         job succeeded meanwhile with this same upload, else 409."""
         try:
-            adapter = jobstate.accept_result(session, self.job, self.device, *published)
-        except jobstate.VersionTaken as exc:
+            adapter = leases.accept_result(session, self.job, self.device, *published)
+        except leases.VersionTaken as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, f"{exc}; retry") from None
         if adapter is None:
             return self.repeat(session, upload) or _lost(self.job)
@@ -207,7 +208,7 @@ def _late(session: Session, client: RoundClient, job: Job) -> HTTPException:
     if client.status == "reported":
         counted = "" if client.counted_in_round_id is None else ", and counted"
         reason = f"its report was received before{counted} (this upload changes nothing)"
-    elif jobstate.buffered(job.federation):
+    elif rounds.buffered(job.federation):
         bound = job.federation["max_staleness"]
         reason = f"its lease ran out, the job ended, or its version is more than {bound} versions old (stale upload)"
     else:
@@ -240,7 +241,7 @@ class PartResult:
         return run_verification(pool, settings, owner, replay_log_only, *args)
 
     def publish(self, store: ArtifactStore, upload: Upload, outcome: dict[str, Any]) -> dict[str, Any]:
-        """The replayed B and the log → the report (``jobstate.client_reported``)."""
+        """The replayed B and the log → the report (``state.rounds.client_reported``)."""
         b_sha = store.keep(Path(outcome["b_flat"]), "adapters", ".safetensors")[1]
         log_sha = store.keep(upload.log_path, "logs", ".jsonl")[1]
         return {
@@ -253,7 +254,7 @@ class PartResult:
 
     def becomes(self, session: Session, upload: Upload, published: dict[str, Any]) -> RoundReportPublic:
         """leased → reported; 409 if its lease or its round ended meanwhile."""
-        if not jobstate.client_reported(session, self.client, published):
+        if not rounds.client_reported(session, self.client, published):
             raise _late(session, self.client, self.job)
         if federation.is_full(session, self.client):  # closed by the round sweeper: this device does not wait
             self.close_soon()

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, status
 from sqlalchemy.orm import Session
 
-from server.db import writing
+from server.db import discard, writing
 
 
 class WriteLeftOpen(RuntimeError):
@@ -35,10 +35,10 @@ def _ends_transaction(endpoint: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = endpoint(*args, **kwargs)
         except BaseException:
-            session.rollback()
+            discard(session)
             raise
         if writing(session):
-            session.rollback()
+            discard(session)
             raise WriteLeftOpen(f"{endpoint.__name__} returned with a write uncommitted (rolled back)")
         return result
 

@@ -115,7 +115,7 @@ class DeviceIdentity(NamedTuple):
 
 
 class LeasingDevice(NamedTuple):
-    """A device asking for work, as it reports itself now: which jobs fit it (``jobstate.lease_next``)."""
+    """A device asking for work, as it reports itself now: which jobs fit it (``state.leases.lease_next``)."""
 
     id: int
     user_id: int
@@ -188,8 +188,9 @@ class Job(Base):
     private: Mapped[bool] = mapped_column(default=False, server_default=false(), doc="spec has privacy")
     # No foreign key: adapters already point at jobs, and a cycle of keys needs ALTER TABLE, which SQLite lacks.
     init_adapter_id: Mapped[int | None]
-    # A standing job (``standing``) leases a new session job each time (``jobstate.lease_session``); a session names
-    # its standing job (``standing_job_id``); the standing job names its promoted version (``promoted_adapter_id``).
+    # A standing job (``standing``) leases a new session job each time (``state.sessions.lease_session``); a session
+    # names its standing job (``standing_job_id``); the standing job names its promoted version
+    # (``promoted_adapter_id``).
     standing: Mapped[bool] = mapped_column(default=False, server_default=false())
     standing_job_id: Mapped[int | None] = mapped_column(index=True)
     promoted_adapter_id: Mapped[int | None]

@@ -8,11 +8,24 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server import federation, jobstate, registry
+from server import federation, registry
+from server.lru import LRUCache
 from server.responses import not_found, serve_file
+from server.state import sessions
 from server.store import ArtifactStore
 from server.tables import Adapter, Device, Job, Model, User
 from shared.schemas import FederationSpec, JobCreate, JobProgress, JobPublic
+
+
+def job_spec(job: Job, specs: LRUCache[int, JobCreate] | None = None) -> JobCreate:
+    """The job's spec as submitted. A job's spec is written once and never changes, so a list shown again parses
+    each only once per API process (``specs``, the app's cache: the validation is most of a row's cost)."""
+    spec = specs.get(job.id) if specs is not None else None
+    if spec is None:
+        spec = JobCreate.model_validate(job.spec)
+        if specs is not None:
+            specs.put(job.id, spec)
+    return spec
 
 
 def job_public(
@@ -21,9 +34,11 @@ def job_public(
     model_name: str | None = None,
     adapter_id: int | None = None,
     held_out: dict | None = None,
+    specs: LRUCache[int, JobCreate] | None = None,
 ) -> JobPublic:
     """``model_name``, ``adapter_id`` and the adapter's ``held_out`` may be given when the caller already joined
-    them in. A standing job's adapter is its promoted version."""
+    them in. A standing job's adapter is its promoted version. ``specs``: the app's parsed specs (``job_spec``), for
+    lists."""
     if model_name is None:
         model_name = session.get_one(Model, job.model_id).name
         own = Adapter.id == job.promoted_adapter_id if job.standing else Adapter.job_id == job.id
@@ -35,7 +50,7 @@ def job_public(
         status=job.status,
         model=model_name,
         task=job.task,
-        spec=JobCreate.model_validate(job.spec),
+        spec=job_spec(job, specs),
         error=job.error,
         attempts=job.attempts,
         adapter_id=adapter_id,
@@ -47,7 +62,7 @@ def job_public(
         federation=FederationSpec.model_validate(job.federation) if fed else None,
         federation_progress=federation.progress(session, job) if fed else None,
         standing_job_id=job.standing_job_id,
-        sessions_run=jobstate.sessions_run(session, job.id) if job.standing else None,
+        sessions_run=sessions.sessions_run(session, job.id) if job.standing else None,
     )
 
 

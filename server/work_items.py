@@ -17,11 +17,12 @@ from fastapi import HTTPException, status
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from server import jobstate, queries, results
+from server import queries, results
 from server.accounts import SeenMemo
 from server.db import read_only
 from server.deps import device_job, revoked
 from server.responses import field_error, not_found
+from server.state import jobs, leases, rounds
 from server.store import ArtifactStore
 from server.tables import Device, DeviceIdentity, RoundClient, utcnow
 from shared.schemas import MAX_DB_INT, HeartbeatCreate, HeartbeatPublic
@@ -85,7 +86,7 @@ class JobItem:
         progress: HeartbeatCreate,
         seen: SeenMemo,
     ) -> HeartbeatPublic | None:
-        expires = jobstate.heartbeat(engine, self.id, device, lease_s, progress, seen)  # no session: the hot path
+        expires = leases.heartbeat(engine, self.id, device, lease_s, progress, seen)  # no session: the hot path
         return None if expires is None else HeartbeatPublic(cancelled=False, status="running", expires_at=expires)
 
     def refused(
@@ -99,15 +100,15 @@ class JobItem:
             raise not_found("job")
         if job.status == "cancelled" and job.leased_device_id == device.id:
             return HeartbeatPublic(cancelled=True, status="cancelled", expires_at=utcnow())
-        if jobstate.holds_lease(job, device.id) and progress.step > job.spec["steps"]:
+        if jobs.holds_lease(job, device.id) and progress.step > job.spec["steps"]:
             raise field_error("step", f"must not exceed the job's {job.spec['steps']} steps")
-        if jobstate.holds_lease(job, device.id) and progress.loss is not None and job.spec.get("privacy"):
+        if jobs.holds_lease(job, device.id) and progress.loss is not None and job.spec.get("privacy"):
             raise field_error("loss", "a private job's heartbeat carries no loss: its losses stay on the device")
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {self.id}: this device does not hold its lease (expired?)")
 
     def give_up(self, session: Session, device: Device, error: str) -> str | None:
         """The job fails with the device's reason."""
-        if jobstate.device_failed(session, device_job(session, self.id, device), device, error):
+        if leases.device_failed(session, device_job(session, self.id, device), device, error):
             return None
         return f"job {self.id}: this device holds no lease on it"
 
@@ -141,7 +142,7 @@ class PartItem:
         client = self._client(session, device.id)
         if client is None:
             return None
-        expires = jobstate.client_heartbeat(session, client, device, lease_s, progress.step, seen)
+        expires = rounds.client_heartbeat(session, client, device, lease_s, progress.step, seen)
         if expires is None:
             return None
         return HeartbeatPublic(cancelled=False, status=results.round_of(session, client)[1].status, expires_at=expires)
@@ -164,7 +165,7 @@ class PartItem:
 
     def give_up(self, session: Session, device: Device, error: str) -> str | None:
         """The part's slot is free for another device (the reason is the device's to log: bad local data, say)."""
-        if jobstate.client_gave_up(session, self._held(session, device.id)):
+        if rounds.client_gave_up(session, self._held(session, device.id)):
             return None
         return f"round client {self.id}: its part is over"
 

@@ -19,7 +19,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy.orm import Session
 
-from server import accounts, jobstate, queries, registry
+from server import accounts, queries, registry
 from server.dashboard.charts import Node, Series, line_chart, lineage_chart, strip_chart
 from server.dashboard.web import (
     PREFIX,
@@ -35,10 +35,13 @@ from server.dashboard.web import (
     sign_in,
     sign_in_page,
 )
-from server.deps import ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
+from server.deps import JobSpecsDep, ObjectId, QueueDep, SessionDep, SettingsDep, StoreDep, get_user_or_admin
 from server.registry import adapter_public
 from server.responses import not_found
 from server.router import Router
+from server.state import leases
+from server.state.jobs import cancel as cancel_job
+from server.state.sessions import promotes
 from server.tables import Cohort, Model
 from server.views import archive_response, caller_device, caller_job, job_public, user_adapter
 from shared.schemas import MAX_DB_INT, TERMINAL_STATUSES, HeldOut, JobPublic
@@ -132,12 +135,13 @@ def jobs(
     request: Request,
     viewer: CurrentViewer,
     session: SessionDep,
+    specs: JobSpecsDep,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(50, ge=1, le=500),
 ) -> Response:
     """The caller's jobs, newest first, with status and progress."""
     rows, count = queries.jobs_of(session, None if viewer.admin else viewer.user.id, skip, limit)
-    shown = [job_public(session, *row) for row in rows]
+    shown = [job_public(session, *row, specs=specs) for row in rows]
     return page(
         request,
         "jobs.html",
@@ -261,7 +265,7 @@ def cancel(
     """Cancel a job, as POST /v1/jobs/{id}/cancel does."""
     check_csrf(viewer.csrf, csrf_token)
     found = caller_job(session, viewer.user, job_id)
-    if jobstate.cancel(session, found):
+    if cancel_job(session, found):
         queue.cancel(job_id)
     return _see_other(f"/jobs/{job_id}")
 
@@ -283,7 +287,7 @@ def revoke(device_id: ObjectId, viewer: CurrentViewer, session: SessionDep, csrf
     """Revoke a device, as ``POST /v1/devices/{id}/revoke`` does: a user their own (anyone else's is a 404), the
     admin any; then back to the page that listed it."""
     check_csrf(viewer.csrf, csrf_token)
-    jobstate.revoke_device(session, caller_device(session, viewer.user, device_id).id)
+    leases.revoke_device(session, caller_device(session, viewer.user, device_id).id)
     return _see_other("/admin" if viewer.admin else "/devices")
 
 
@@ -365,7 +369,7 @@ def _latest_measured(rows: list) -> tuple[list[dict[str, Any]], int]:
     for user_id, held_out, version in rows:
         held = None if held_out is None else HeldOut.model_validate(held_out)
         if held is not None and held.before.loss is not None and held.after.loss is not None:
-            latest[user_id] = {"held_out": held, "version": version, "improved": jobstate.promotes(held_out)}
+            latest[user_id] = {"held_out": held, "version": version, "improved": promotes(held_out)}
     return list(latest.values()), len({user_id for user_id, _, _ in rows} - latest.keys())
 
 
@@ -383,7 +387,7 @@ def cohort_gains(session: Session, cohort: Cohort) -> dict[str, Any]:
     not the cohort's: they are not counted (their gains, session by session, are on the standing job's page).
 
     The figures are the gains' median and quartiles, in loss and, for an lm task (every measured member has a
-    perplexity), in perplexity, and the share of members improved (after below before: ``jobstate.promotes``, the
+    perplexity), in perplexity, and the share of members improved (after below before: ``state.sessions.promotes``, the
     rule that promotes a standing job's version). No member is named: the admin, who sees this page, sees no user's
     personal jobs or adapters anywhere else either."""
     measured, unmeasured = _latest_measured(queries.personalized_from_cohort(session, cohort.id))

@@ -12,11 +12,12 @@ from fastapi import HTTPException, status
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from server import accounts, jobstate, privacy, queries
+from server import accounts, privacy, queries
 from server.deps import AccountantDep, AdminDep, CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
 from server.model_lookup import with_model_prompt
 from server.responses import errors, field_error, not_found
 from server.router import Router
+from server.state import jobs
 from server.tables import Cohort, Model, User
 from server.views import job_public
 from shared.errors import UsageError
@@ -165,7 +166,7 @@ def submit(
             resolved = privacy.resolve(session, accountant, cohort, settings, body.privacy, steps, body.batch_size)
             spec["privacy"] = resolved.model_dump(mode="json")
             charge = privacy.charge(cohort, settings, spec)
-        job = jobstate.submit(
+        job = jobs.submit(
             session,
             charge,
             user_id=None,

@@ -1,16 +1,17 @@
 """``POST /v1/devices`` (enrollment-code holder) enrolls a device; ``GET /v1/devices`` (user) lists them;
 ``POST /v1/devices/{id}/revoke`` (its user or the admin) revokes one: its token is refused from the next request
-on, by every API process, and its leases are released (``jobstate.revoke_device``)."""
+on, by every API process, and its leases are released (``state.leases.revoke_device``)."""
 
 from __future__ import annotations
 
 from fastapi import HTTPException, status
 
-from server import accounts, jobstate, queries
+from server import accounts, queries
 from server.deps import CurrentUser, ObjectId, SessionDep, UserOrAdmin
 from server.responses import errors
 from server.router import Router
 from server.security import DEVICE_TOKEN, hash_secret, make_token, new_secret, normalize_code
+from server.state import leases
 from server.tables import Device
 from server.views import caller_device
 from shared.schemas import DeviceCreate, DeviceEnrolled, DevicePublic, DevicesPublic
@@ -62,6 +63,6 @@ def revoke(device_id: ObjectId, caller: UserOrAdmin, session: SessionDep) -> Dev
     """Revoke a device (a lost or sold phone): its token is refused from now on and the work it held goes back to
     the queue. Revoking a revoked device changes nothing. A user revokes their own devices; the admin any."""
     device = caller_device(session, caller, device_id)
-    jobstate.revoke_device(session, device_id)
+    leases.revoke_device(session, device_id)
     session.refresh(device)
     return public(device)

@@ -6,6 +6,7 @@ from fastapi import Response, status
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
+from server.db import discard
 from server.deps import SessionDep
 from server.router import Router
 from shared.schemas import HealthPublic
@@ -19,7 +20,7 @@ def healthz(session: SessionDep, response: Response) -> HealthPublic:
     try:
         session.execute(text("SELECT 1"))
     except SQLAlchemyError:
-        session.rollback()
+        discard(session)
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
         return HealthPublic(status="degraded", database="unreachable")
     return HealthPublic(status="ok", database="ok")

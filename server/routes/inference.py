@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from fastapi import Request, status
 
-from server import jobstate, registry
+from server import registry
 from server.deps import CurrentDevice, ObjectId, SessionDep
 from server.grants import blob_ref
 from server.inference_builds import BuildFailed, BuildsBusy, InferenceBuilds
@@ -22,6 +22,7 @@ from server.model_lookup import registered_model
 from server.registry import adapter_public
 from server.responses import errors, field_error, not_found, try_later
 from server.router import Router
+from server.state import programs
 from server.tables import Model
 from shared.manifest import InferenceManifest, ProgramFile
 from shared.schemas import AdapterPublic, FileRef, InferenceCreate, InferencePublic
@@ -63,7 +64,7 @@ def inference_program(body: InferenceCreate, device: CurrentDevice, session: Ses
         raise try_later(status.HTTP_429_TOO_MANY_REQUESTS, f"{exc}: retry when one is built", BUILD_RETRY_S) from exc
     if manifest is None:
         raise try_later(status.HTTP_503_SERVICE_UNAVAILABLE, "compiling the inference program", BUILD_RETRY_S)
-    jobstate.add_inference_program(session, model_id, key, manifest)  # its files are granted to devices
+    programs.add_inference_program(session, model_id, key, manifest)  # its files are granted to devices
     parsed = InferenceManifest.model_validate(manifest).for_device()
 
     def ref(file: ProgramFile) -> FileRef:

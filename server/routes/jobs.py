@@ -8,11 +8,21 @@ from pathlib import Path
 from fastapi import HTTPException, Query, status
 from sqlalchemy.orm import Session
 
-from server import jobstate, privacy, queries, quotas, registry
-from server.deps import AccountantDep, CurrentUser, ObjectId, QueueDep, SessionDep, SettingsDep, UserOrAdmin
+from server import privacy, queries, quotas, registry
+from server.deps import (
+    AccountantDep,
+    CurrentUser,
+    JobSpecsDep,
+    ObjectId,
+    QueueDep,
+    SessionDep,
+    SettingsDep,
+    UserOrAdmin,
+)
 from server.model_lookup import registered_model, with_model_prompt
 from server.responses import errors, field_error
 from server.router import Router
+from server.state import jobs
 from server.tables import Device, Model, User
 from server.views import caller_job, job_public
 from shared.model_files import has_chat_template
@@ -105,7 +115,7 @@ def submit(
             resolved = privacy.resolve(session, accountant, user, settings, body.privacy, body.steps, body.batch_size)
             spec["privacy"] = resolved.model_dump(mode="json")
             charge = privacy.charge(user, settings, spec)
-        job = jobstate.submit(
+        job = jobs.submit(
             session,
             charge,
             user_id=user.id,
@@ -130,12 +140,13 @@ def submit(
 def list_jobs(
     user: UserOrAdmin,
     session: SessionDep,
+    specs: JobSpecsDep,
     skip: int = Query(0, ge=0, le=MAX_DB_INT),
     limit: int = Query(100, ge=1, le=1000),
 ) -> JobsPublic:
     """The user's jobs; for the admin, the cohorts' federated jobs."""
     rows, count = queries.jobs_of(session, None if user is None else user.id, skip, limit)
-    return JobsPublic(data=[job_public(session, *row) for row in rows], count=count)
+    return JobsPublic(data=[job_public(session, *row, specs=specs) for row in rows], count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=errors(401, 403, 404, 422))
@@ -152,7 +163,7 @@ def show(job_id: ObjectId, user: UserOrAdmin, session: SessionDep) -> JobPublic:
 def cancel(job_id: ObjectId, user: UserOrAdmin, session: SessionDep, queue: QueueDep) -> JobPublic:
     """Cancel a job that has not ended; its device stops at its next heartbeat."""
     job = caller_job(session, user, job_id)
-    if not jobstate.cancel(session, job):
+    if not jobs.cancel(session, job):
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {job.status}")
     queue.cancel(job_id)  # a running export stops now instead of finishing for nothing
     return job_public(session, job)

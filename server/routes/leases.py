@@ -1,11 +1,11 @@
 """Devices take work: ``POST /v1/leases`` hands out the next ready job, heartbeats keep the lease alive.
 
 With no job of its own user ready, an eligible device (``eligible`` not false) starts the next session of a standing
-job of its user (``jobstate.lease_session``: a job of its own, leased as any), or else may get a part in a
-federated round of a cohort its user is in (``server.federation.lease_round``): the lease then carries ``round``,
-and its work is ``part-{round client id}`` in the work exchange (``routes/work.py``). Either way the lease names its
-files by content: the device downloads each from ``GET /v1/blobs/{sha256}`` (``routes/blobs.py``), which grants
-them while the device holds the work.
+job of its user (``state.sessions.lease_session``: a job of its own, leased as any; either is one transition,
+``state.leases.lease``), or else may get a part in a federated round of a cohort its user is in
+(``server.federation.lease_round``): the lease then carries ``round``, and its work is ``part-{round client id}`` in
+the work exchange (``routes/work.py``). Either way the lease names its files by content: the device downloads each
+from ``GET /v1/blobs/{sha256}`` (``routes/blobs.py``), which grants them while the device holds the work.
 
 An idle device is told when to ask again (204 with ``Retry-After``, its tenant's fair share of the server's check-in
 rate) and refused (429) when it asks sooner (``server.pace``). A lease lasts ``lease_s`` seconds from the last
@@ -22,12 +22,13 @@ from typing import Any
 from fastapi import Response, status
 from sqlalchemy.orm import Session
 
-from server import accounts, federation, jobstate, metrics
+from server import federation, metrics
 from server.deps import DeviceId, PaceDep, ProgramManifestsDep, SessionDep, SettingsDep, StoreDep, revoked
 from server.grants import blob_ref, device_manifest
 from server.lru import LRUCache
 from server.responses import errors, try_later
 from server.router import Router
+from server.state import jobs, leases
 from server.store import ArtifactStore
 from server.tables import Adapter, Job, Round, RoundClient
 from shared.manifest import ProgramFile, ProgramManifest
@@ -67,7 +68,7 @@ def _lease(
         init,
         job_id=job.id,
         attempt=job.attempts,
-        spec=jobstate.device_spec(job),
+        spec=jobs.device_spec(job),
         expires_at=job.lease_expires_at,
         heartbeat_s=heartbeat_s,
     )
@@ -127,24 +128,15 @@ def lease(
     early = pace.too_soon(device.id)
     if early is not None:  # before anything is read or written for it
         raise try_later(status.HTTP_429_TOO_MANY_REQUESTS, f"asked sooner than told: retry after {early} s", early)
-    reported = (None, None, None) if body is None else (body.backend, body.memory_mb, body.cpu)
-    asking, revoked_at = accounts.as_reported(session, device, *reported)  # replaces what it reported before
-    if revoked_at is not None:
+    leased = leases.lease(session, device, body, settings.lease_s, settings.max_attempts)
+    if leased.revoked:
         raise revoked(device.id)
-    accounts.record_seen(session, device)
-    jobstate.expire_leases(session, settings.max_attempts, device.user_id)  # committed with the lease
-    job = jobstate.lease_next(session, asking, settings.lease_s)
-    if job is not None:
+    if leased.job is not None:
         metrics.LEASES.labels("job").inc()
-        manifest = device_manifest(session, manifests, job.program_id)
-        return _lease(session, store, manifest, job, settings.heartbeat_s)
-    if body is None or body.eligible is not False:  # sessions and round work only for devices whose policy holds
-        job = jobstate.lease_session(session, asking, settings.lease_s, settings.max_attempts)
-        if job is not None:
-            metrics.LEASES.labels("job").inc()
-            manifest = device_manifest(session, manifests, job.program_id)
-            return _lease(session, store, manifest, job, settings.heartbeat_s)
-        client = federation.lease_round(session, store, asking, settings.lease_s, settings)
+        manifest = device_manifest(session, manifests, leased.job.program_id)
+        return _lease(session, store, manifest, leased.job, settings.heartbeat_s)
+    if leased.eligible:  # round work, its own transitions: B_0 is published before a round 0 opens
+        client = federation.lease_round(session, store, leased.device, settings.lease_s, settings)
         if client is not None:
             metrics.LEASES.labels("round").inc()
             return _round_lease(session, store, manifests, client, settings.heartbeat_s)

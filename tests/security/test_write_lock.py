@@ -113,7 +113,7 @@ def test_a_dashboard_page_draws_its_charts_outside_any_transaction(client, tmp_p
 
 def test_an_upload_is_received_and_verified_outside_any_transaction(client, tmp_path, monkeypatch):
     """The result route reads the job, then receives the body and replays the log (seconds, in a worker) before
-    its one write, ``jobstate.accept_result``: no lock is held while it waits."""
+    its one write, ``state.leases.accept_result``: no lock is held while it waits."""
     work = leased_job(client, tmp_path / "model", steps=4)
     verifying = _probe(monkeypatch, results, "run_verification", client)
     r = upload(client, work["phone"], work["job"]["id"], b_flat_bytes(work["b"]), work["log"])

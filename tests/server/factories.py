@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import save, save_file
 from sqlalchemy.orm import Session, sessionmaker
 
-from server import jobstate
 from server.compile_queue import export_inference, export_merged
 from server.settings import Settings
+from server.state import jobs
 from server.store import ArtifactStore
 from shared.files import atomic_write_bytes as write_atomic
 from shared.files import sha256_file
@@ -57,7 +57,7 @@ FAKE_PROGRAM_MB = 500  # the memory estimate of every fake program
 
 
 class FakeCompileQueue:
-    """Compiles synchronously into small fake files, through the real job transitions (``server.jobstate``).
+    """Compiles synchronously into small fake files, through the real job transitions (``server.state``).
 
     ``hold = True`` leaves submitted jobs queued until ``run_pending()``; ``fail_with`` makes compiles fail. The
     LoRA layout of a fake program is the model's own (its linear layers), so a real model's adapters are real too.
@@ -108,14 +108,14 @@ class FakeCompileQueue:
 
     def _compile(self, job_id: int) -> None:
         with self.sessions() as session:
-            work = jobstate.start_compiling(session, job_id)
+            work = jobs.start_compiling(session, job_id)
         if work is None:
             return
         with self.sessions() as session:
             if self.fail_with is not None:
-                jobstate.fail(session, job_id, self.fail_with, ("compiling",))
+                jobs.fail(session, job_id, self.fail_with, ("compiling",))
             else:
-                jobstate.finish_compiling(session, job_id, self._build(work.spec, work.model_sha256, work.model_dir))
+                jobs.finish_compiling(session, job_id, self._build(work.spec, work.model_sha256, work.model_dir))
 
     def _build(self, spec: dict[str, Any], model_sha: str, model_dir: str) -> dict[str, Any]:
         """Files and a manifest shaped like ``shared.program.export_program``'s, its LoRA layout the model's."""

@@ -98,8 +98,8 @@ def test_an_export_that_cannot_fit_fails_its_job_naming_the_need(settings, tmp_p
 
 def test_a_duplicate_task_leaves_a_compiling_job_alone_and_a_redelivery_takes_it_over(client, queue, tmp_path):
     """What makes the Celery task idempotent (``compile_job``): only a redelivered task resumes a compiling job."""
-    from server import jobstate
     from server.compile_queue import compile_job
+    from server.state import jobs
 
     register_model(client, make_fake_model(tmp_path / "model"))
     user = create_user(client)
@@ -113,7 +113,7 @@ def test_a_duplicate_task_leaves_a_compiling_job_alone_and_a_redelivery_takes_it
         return queue._build(work.spec, work.model_sha256, work.model_dir)
 
     with sessions() as session:
-        assert jobstate.start_compiling(session, job_id) is not None  # a worker took it ...
+        assert jobs.start_compiling(session, job_id) is not None  # a worker took it ...
     compile_job(sessions, job_id, export)  # ... and a duplicate delivery arrives
     assert exports == [] and client.get(f"/v1/jobs/{job_id}", headers=user).json()["status"] == "compiling"
     compile_job(sessions, job_id, export, resume=True)  # the worker died: the broker redelivers

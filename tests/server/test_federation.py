@@ -383,7 +383,8 @@ def test_a_close_given_up_on_cannot_publish_or_fail_the_round(client: TestClient
     caller rolls back what it would have published), its abort leaves the job alone; the new attempt finishes."""
     from datetime import timedelta
 
-    from server import jobstate, registry
+    from server import registry
+    from server.state import closes
     from server.tables import Round
 
     join(client, world, "a", "b")
@@ -391,20 +392,20 @@ def test_a_close_given_up_on_cannot_publish_or_fail_the_round(client: TestClient
     lease(client, world, "a")
     with client.app.state.sessionmaker() as session:
         round_ = session.scalars(select(Round).where(Round.job_id == job["id"])).one()
-        old = jobstate.begin_close(session, round_.id)
-        assert old is not None and jobstate.begin_close(session, round_.id) is None  # one closer at a time
-        assert jobstate.reopen_stale_closes(session, timedelta(0)) == 1
-        new = jobstate.begin_close(session, round_.id)
+        old = closes.begin_close(session, round_.id)
+        assert old is not None and closes.begin_close(session, round_.id) is None  # one closer at a time
+        assert closes.reopen_stale_closes(session, timedelta(0)) == 1
+        new = closes.begin_close(session, round_.id)
         assert new is not None and new != old
         files = registry.StoredFiles(round_.b_sha256, round_.b_sha256, "0" * 64, "0" * 64, 0)
-        with pytest.raises(jobstate.CloseTakenOver):
-            jobstate.finish_close(session, round_, old, files, {"mean_loss": None, "aggregate_s": 0.0}, [])
+        with pytest.raises(closes.CloseTakenOver):
+            closes.finish_close(session, round_, old, files, {"mean_loss": None, "aggregate_s": 0.0}, [])
         published = client.get("/v1/adapters", headers=world["users"]["a"]).json()["count"]
         assert published == 0, "the old closer published nothing"
-        jobstate.abort_close(session, round_, old, "the old closer's error")
+        closes.abort_close(session, round_, old, "the old closer's error")
         assert rounds(client, job["id"])[0]["status"] == "closing"
         assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "running"
-        jobstate.retry_close(session, round_, new)  # the new attempt may give the round back
+        closes.retry_close(session, round_, new)  # the new attempt may give the round back
     assert rounds(client, job["id"])[0]["status"] == "open"
 
 

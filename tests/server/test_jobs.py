@@ -161,6 +161,16 @@ def test_list_is_newest_first_and_paginated(client, user):
     assert page["count"] == 3 and [j["id"] for j in page["data"]] == ids[::-1][:2]
 
 
+def test_a_list_parses_each_job_spec_once_per_process(client, user):
+    """A job's spec never changes: a list shown again reuses what the first showing parsed (the app's ``job_specs``)."""
+    job = submit_job(client, user)
+    shown = client.get("/v1/jobs", headers=user).json()["data"][0]
+    parsed = client.app.state.job_specs.get(job["id"])
+    assert parsed is not None and parsed.model_dump(mode="json") == shown["spec"] == job["spec"]
+    assert client.get("/v1/jobs", headers=user).json()["data"][0]["spec"] == job["spec"]
+    assert client.app.state.job_specs.get(job["id"]) is parsed
+
+
 def test_the_schedule_and_quantization_of_a_job_spec_are_part_of_its_program() -> None:
     """``parallel`` and ``quantize`` travel from the job spec into the program config, hence its key: two jobs
     differing only there share no program; a spec stored before the fields existed gets the defaults."""

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from server import jobstate
 from server.db import begin_write
+from server.state import leases
 from server.tables import Job, utcnow
 from tests.server.factories import (
     FAKE_PROGRAM_MB,
@@ -167,7 +167,7 @@ def test_sweeper_function_releases_without_a_lease_request(client, user):
     client.post("/v1/leases", headers=phone["headers"])
     _expire(client, job["id"])
     with client.app.state.sessionmaker() as session:
-        jobstate.sweep_leases(session, max_attempts=3)
+        leases.sweep_leases(session, max_attempts=3)
     assert client.get(f"/v1/jobs/{job['id']}", headers=user).json()["status"] == "ready"
 
 

@@ -17,8 +17,10 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from server import jobstate
 from server.accounts import SeenMemo
+from server.state import closes, jobs, leases
+from server.state.rounds import RoundPart, take_round_part
+from server.state.sessions import lease_session
 from server.tables import Device, DeviceIdentity, Job, LeasingDevice, Round, RoundClient
 from shared.schemas import HeartbeatCreate
 from tests.server.factories import (
@@ -63,36 +65,36 @@ def _job_owner(client: TestClient) -> int:
 
 def _lease(sessions, user_id: int, device_id: int) -> int | None:
     with sessions() as session:
-        leased = jobstate.lease_next(session, LeasingDevice(device_id, user_id, "executorch", None), 60)
+        leased = leases.lease_next(session, LeasingDevice(device_id, user_id, "executorch", None), 60)
         session.commit()
         return None if leased is None else leased.id
 
 
 def _succeed(sessions, job_id: int, device_id: int) -> bool:
     with sessions() as session:
-        moved = jobstate.succeed(session, session.get_one(Job, job_id), session.get_one(Device, device_id), 3)
+        moved = leases.succeed(session, session.get_one(Job, job_id), session.get_one(Device, device_id), 3)
         session.commit()
         return moved
 
 
 def _cancel(sessions, job_id: int) -> bool:
     with sessions() as session:
-        return jobstate.cancel(session, session.get_one(Job, job_id))
+        return jobs.cancel(session, session.get_one(Job, job_id))
 
 
 def _beat(engine, job_id: int, device_id: int) -> bool:
     device = DeviceIdentity(device_id, user_id=0)  # the heartbeat reads the device's id alone
-    return jobstate.heartbeat(engine, job_id, device, 60, HeartbeatCreate(step=1), SeenMemo()) is not None
+    return leases.heartbeat(engine, job_id, device, 60, HeartbeatCreate(step=1), SeenMemo()) is not None
 
 
 def _revoke(sessions, device_id: int) -> bool:
     with sessions() as session:
-        return jobstate.revoke_device(session, device_id)
+        return leases.revoke_device(session, device_id)
 
 
 def _begin_close(sessions, round_id: int) -> Any:
     with sessions() as session:
-        return jobstate.begin_close(session, round_id)
+        return closes.begin_close(session, round_id)
 
 
 def test_two_devices_leasing_one_job_get_it_once(client: TestClient, tmp_path: Path):
@@ -158,17 +160,17 @@ def test_two_closers_of_one_round_close_it_once(client: TestClient, tmp_path: Pa
             row = session.get_one(Round, round_id)
             stamp = next(s for s in stamps if s is not None)
             assert row.status == "closing" and row.closing_at == stamp
-            jobstate.abort_close(session, row, stamp, "test: ended by hand")  # the winner's stamp ends it
+            closes.abort_close(session, row, stamp, "test: ended by hand")  # the winner's stamp ends it
         assert client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["status"] == "failed"
 
 
 def _take_part(sessions, job_id: int, user_id: int, device_id: int) -> int | None:
     with sessions() as session:
         job = session.get_one(Job, job_id)
-        part = jobstate.RoundPart(clients=2, timeout_s=600.0, lease_s=60, seed=lambda index, slot: slot)
+        part = RoundPart(clients=2, timeout_s=600.0, lease_s=60, seed=lambda index, slot: slot)
         first_b = "0" * 64 if job.status == "ready" else None  # B_0's address (the transition stores no file)
         device = LeasingDevice(device_id, user_id, "executorch", None)
-        client = jobstate.take_round_part(session, job, device, part, first_b)
+        client = take_round_part(session, job, device, part, first_b)
         return None if client is None else client.id
 
 
@@ -199,7 +201,8 @@ def test_two_devices_of_one_user_racing_for_a_round_part_take_it_once(client: Te
 
 def _lease_session(sessions, user_id: int, device_id: int) -> int | None:
     with sessions() as session:
-        leased = jobstate.lease_session(session, LeasingDevice(device_id, user_id, "executorch", None), 60, 3)
+        leased = lease_session(session, LeasingDevice(device_id, user_id, "executorch", None), 60, 3)
+        session.commit()
         return None if leased is None else leased.id
 
 
