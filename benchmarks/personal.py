@@ -242,7 +242,8 @@ def calibrate(bench: Bench, person: Person, args) -> dict:
 def nights(bench: Bench, p: Person, b: np.ndarray, loss: float, args) -> list[dict]:
     """A standing personal job over ``args.nights`` nights: each night's session starts from the promoted adapter
     (at first ``b``, of held-out loss ``loss``), trains ``night_steps`` on the text the device holds that day, and
-    is promoted if its held-out loss is below the one it started from (the server's rule, ``jobstate.promotes``)."""
+    is promoted if its held-out loss is below the one it started from (the server's rule,
+    ``server.state.sessions.promotes``)."""
     out = []
     for k, rows in enumerate(p.days):
         b_k, _ = bench.zo(b, rows, p.seed + 1_000_000 * (k + 1), args.night_steps)
