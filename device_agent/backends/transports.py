@@ -22,10 +22,7 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
-from functools import cache
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -34,6 +31,7 @@ from shared.cpuinfo import parse_cpuinfo, this_cpu
 from shared.errors import MobizoError
 from shared.files import make_dirs, publish_once
 from shared.memory import free_memory_mb, meminfo_available_mb
+from shared.processes import dies_with_this_process
 from shared.schemas import CpuReport
 
 PHONE_ROOT = "/data/local/tmp/mobizo"
@@ -113,9 +111,8 @@ class LocalHost(ThisMachine):
 
     def start(self, command: str, stdout: int | IO, stderr: int | IO) -> subprocess.Popen:
         # exec: the runner itself is the child, so the parent-death signal reaches it
-        return subprocess.Popen(
-            ["sh", "-c", f"exec {command}"], stdout=stdout, stderr=stderr, text=True, preexec_fn=_die_with_parent()
-        )
+        argv, die = ["sh", "-c", f"exec {command}"], dies_with_this_process()
+        return subprocess.Popen(argv, stdout=stdout, stderr=stderr, text=True, preexec_fn=die)
 
     def exists(self, path: str) -> bool:
         return os.path.lexists(path)
@@ -149,18 +146,6 @@ def _link(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-@cache
-def _die_with_parent():
-    """A ``preexec_fn`` that has Linux send the child SIGHUP when the agent's process dies (PR_SET_PDEATHSIG, kept
-    across exec); None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
-    return lambda: prctl(1, signal.SIGHUP)  # PR_SET_PDEATHSIG
 
 
 class Phone:

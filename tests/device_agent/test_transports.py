@@ -59,16 +59,19 @@ def test_local_host_runs_shell_commands_and_copies_files(tmp_path: Path) -> None
     assert host.pull(remote, tmp_path / "back").read_bytes() == b"1"
 
 
-def test_a_killed_agent_takes_its_local_runner_with_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("under_nohup", [False, True], ids=["plain", "nohup"])
+def test_a_killed_agent_takes_its_local_runner_with_it(tmp_path: Path, under_nohup: bool) -> None:
     """As a phone's runner is hung up when adb's connection drops, a runner this machine started dies with the
-    agent's process, even one killed with SIGKILL."""
+    agent's process, even one killed with SIGKILL, and even an agent started under ``nohup`` (SIGHUP ignored, which
+    its children inherit)."""
     pid_file = tmp_path / "pid"
     started = f"sh -c 'echo $$ > {pid_file}; exec sleep 60'"
+    ignore_hup = "import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN); " if under_nohup else ""
     agent = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import subprocess, time; from device_agent.backends.transports import LocalHost; "
+            f"{ignore_hup}import subprocess, time; from device_agent.backends.transports import LocalHost; "
             f"LocalHost({str(tmp_path)!r}).start({started!r}, subprocess.PIPE, None); time.sleep(60)",
         ],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
