@@ -123,6 +123,13 @@ class DiagnosedStep:
                     "grad_norm": float(full.norm()),
                 }
             )
+            row = self.rows[-1]
+            print(
+                f"{self.mode}: step {row['step']}: cos(estimate, ∇) {row['cos_estimate']:.4f}, "
+                f"finite differences {row['fd_relative_error']:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
         return ZerothOrderOut(losses, g)
 
 
