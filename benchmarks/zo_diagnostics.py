@@ -147,6 +147,7 @@ def run_mode(args: argparse.Namespace, files: dict[str, Path], mode: str) -> dic
             eval_every=args.eval_every,
             seed=args.seed,
             device="cpu",
+            **({"lr": args.lr} if args.lr is not None else {}),
         )
     )
     run = _prepare(config, validate(config))
@@ -195,6 +196,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=100, help="test accuracy every this many steps")
     p.add_argument("--modes", default="zo,exact,oracle")
     p.add_argument("--rho", type=float, default=0.1, help="the oracle's tilt toward the true gradient")
+    p.add_argument("--lr", type=float, help="the peak learning rate (default: the job's for the task)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-train", type=int, default=1000)
     p.add_argument("--n-val", type=int, default=500)
@@ -208,6 +210,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"argument --modes: unknown {', '.join(unknown)} (choose from {', '.join(MODES)})")
     if args.steps < 1 or args.every < 1 or args.eval_every < 1:
         p.error("argument --steps: --steps, --every and --eval-every must be at least 1")
+    if args.lr is not None and not args.lr > 0:
+        p.error("argument --lr: must be positive")
     if not 0 <= args.rho < 1:
         p.error("argument --rho: must be in [0, 1)")
     args.modes = modes
