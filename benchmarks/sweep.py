@@ -26,12 +26,15 @@ continues them from their checkpoints), and the table holds the runs that finish
     python -m benchmarks.sweep --model DIR --data-dir DATA --variants defaults,earlier-defaults --seeds 0 --out runs/sw
     python -m benchmarks.sweep --model DIR --data-dir DATA --runner program --variants defaults,calibrated \
         --eval-every 100 --threads 2 --out runs/sweep-program
+    python -m benchmarks.sweep --model DIR --data-dir DATA --variants defaults,fo-lora-lr-1.6e-1 --steps 20000 \
+        --equal-forwards --eval-every 1000 --device cuda --workers 6 --out runs/sweep-night   # a night's horizon
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import statistics
 import sys
@@ -101,6 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
     add("--seeds", default="0,1,2", help="comma-separated run seeds")
     add("--steps", type=int, default=200, help="steps of a variant that names none")
+    add(
+        "--equal-forwards",
+        action="store_true",
+        help="a first-order variant that names no steps takes 2/3 of --steps: the forward passes of the zeroth-order "
+        "runs (a MobiZO step is two forwards of its batch, a first-order step about three)",
+    )
     add("--eval-every", type=int, default=50, metavar="K", help="test accuracy (and checkpoint) every K steps")
     add("--n-train", type=int, default=1000)
     add("--n-val", type=int, default=500, help="held back from the training pool (as the accuracy benchmark's)")
@@ -128,6 +137,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def equal_forward_steps(zo_steps: int) -> int:
+    """First-order steps that cost the forward passes of ``zo_steps`` MobiZO steps: a MobiZO step runs 2q copies of
+    E = batch/q rows each (two forwards of its batch), a first-order step a forward and a backward of the batch
+    (about three forwards)."""
+    return math.ceil(2 * zo_steps / 3)
+
+
+def variant_settings(job: dict[str, Any]) -> dict[str, Any]:
+    """The ``mobizo train`` settings of a run: the variant's over a job's defaults, its steps ``job["steps"]`` where it
+    names none (a first-order variant's at the same forward passes where ``job["equal_forwards"]``)."""
+    settings = {**BASE, **VARIANTS[job["variant"]]}
+    first_order = settings.get("method") == "fo-lora" and job.get("equal_forwards", False)
+    settings.setdefault("steps", equal_forward_steps(job["steps"]) if first_order else job["steps"])
+    return settings
+
+
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """Train one (variant, seed) and return its result line; in a worker process or in this one."""
     import torch
@@ -135,8 +160,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     from shared.train import TrainConfig, train, with_defaults
 
     torch.set_num_threads(job["threads"])
-    settings = {**BASE, **VARIANTS[job["variant"]]}
-    settings.setdefault("steps", job["steps"])
+    settings = variant_settings(job)
     program = job["runner"] == "program"
     config = TrainConfig(
         model=job["model"],
@@ -299,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "task": args.task,
         "files": {k: str(v) for k, v in files.items()},
         "steps": args.steps,
+        "equal_forwards": args.equal_forwards,
         "eval_every": args.eval_every,
         "seq_len": args.seq_len,
         "device": args.device,

@@ -96,3 +96,17 @@ def test_the_device_seconds_table_reads_each_run_at_the_budget() -> None:
     assert [at_budget(r, 4.0) for r in results] == [0.7, 0.6] and at_budget(results[0], 2.9) == 0.5
     row = budget_table(results, ["v", "absent"], 4.0).splitlines()[-1].split()
     assert row == ["v", "1.500", "4", "0.650", "+15.0", "0.700", "0.750", "2"]
+
+
+def test_a_first_order_variant_at_equal_forwards_takes_two_thirds_of_the_steps() -> None:
+    """``--equal-forwards``: a first-order variant that names no steps costs the zeroth-order runs' forward passes (a
+    MobiZO step two forwards of its batch, a first-order step three); a zeroth-order variant and one that names its
+    steps are left as they are."""
+    from benchmarks.sweep import equal_forward_steps, variant_settings
+
+    job = {"steps": 20_000, "equal_forwards": True}
+    assert equal_forward_steps(20_000) == 13_334 and equal_forward_steps(3) == 2
+    assert variant_settings(job | {"variant": "fo-lora-lr-1.6e-1"})["steps"] == 13_334
+    assert variant_settings(job | {"variant": "defaults"})["steps"] == 20_000
+    assert variant_settings(job | {"variant": "long-lr-2e-2"})["steps"] == 2000
+    assert variant_settings(job | {"variant": "fo-lora-lr-1.6e-1", "equal_forwards": False})["steps"] == 20_000
