@@ -49,6 +49,7 @@ import torch
 
 from benchmarks.federation import Setup, local_log
 from benchmarks.personal_data import CORPUS, MIN_CHARS, User, split
+from benchmarks.sweep import equal_forward_steps
 from device_agent.batches import Shape, fit_width
 from device_agent.evaluation import evaluate_program
 from device_agent.local_data import step_batches
@@ -401,13 +402,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local-steps", type=int, default=5, help="a user's steps in a round")
     p.add_argument("--global-lr", type=float, default=1.0)
     p.add_argument("--fo-lr", type=float, default=FO.lr, help="(e)'s learning rate")
-    p.add_argument("--fo-steps", type=int, help="(e)'s steps (default: --steps / 3, the same forward passes)")
+    p.add_argument(
+        "--fo-steps",
+        type=int,
+        help="(e)'s steps (default: 2/3 of --steps, the same forward passes: a MobiZO step is two forwards of its "
+        "batch, a first-order step about three)",
+    )
     p.add_argument("--nights", type=int, default=3, help="(f): the standing job's nights, the text revealed by day")
     p.add_argument("--night-steps", type=int, help="(f): a night's steps (default: --steps / --nights, rounded up)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, help="write personal.json and personal.md here")
     args = p.parse_args(argv)
-    args.fo_steps = args.fo_steps or math.ceil(args.steps / 3)
+    args.fo_steps = args.fo_steps or equal_forward_steps(args.steps)
     args.night_steps = args.night_steps or math.ceil(args.steps / max(args.nights, 1))
     for name in ("steps", "batch_size", "seq_len", "q", "rank", "threads"):
         if getattr(args, name) < 1:

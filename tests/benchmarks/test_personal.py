@@ -26,7 +26,7 @@ def test_every_column_is_measured_for_every_user(tiny_model_dir: Path, tmp_path:
         loss = row["loss"]
         assert all(loss[k] != loss["a"] for k in "bcde")  # each adapter moved the held-out loss
         assert loss["d"] != loss["c"]  # (d) started from the population, (c) from the base
-        assert row["steps"] == {"c": 2, "d": 2, "e": 1, "f": 3}  # first-order: a third of the steps (3 forwards)
+        assert row["steps"] == {"c": 2, "d": 2, "e": 2, "f": 3}  # first-order: 2/3 of the steps, rounded up
         served = [loss["b"]] + [night["served"] for night in row["nights"]]
         for before, night, after in zip(served[:-1], row["nights"], served[1:], strict=True):
             assert after == (night["loss"] if night["loss"] < before else before)  # promoted only when it improves
@@ -34,7 +34,7 @@ def test_every_column_is_measured_for_every_user(tiny_model_dir: Path, tmp_path:
         assert loss["f"] == served[-1]
     columns, step_s = result["columns"], result["step_s"]
     assert step_s["zo"] > 0 and step_s["fo"] > 0
-    assert columns["a"]["device_s_per_user"] == 0 and columns["e"]["device_s_per_user"] == step_s["fo"]
+    assert columns["a"]["device_s_per_user"] == 0 and columns["e"]["device_s_per_user"] == 2 * step_s["fo"]
     assert columns["b"]["steps_per_user"] == 2 / 3  # one round of 2 users × 1 local step, over 3 users
     assert result["config"]["answer_len"] == 34  # the tiny tokenizer's longest line of the sample
     medians = {k: c["loss"]["median"] for k, c in columns.items()}
