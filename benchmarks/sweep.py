@@ -18,7 +18,8 @@ seconds, at the last step and at each seed's best. ``OUT/last-step.png`` draws t
 
 Runs go ``--workers`` at a time, each a process (``--threads`` torch threads each; on a GPU several processes keep
 it busier than one). A run's result is a file of ``OUT/results/``, written when it finishes; runs checkpoint
-every ``--eval-every`` steps, so the same command, started again, skips the finished runs and continues the others.
+every ``--eval-every`` steps (or ``--checkpoint-every``), so the same command, started again, skips the finished
+runs and continues the others.
 ``--deadline S`` stops once a run finishes past S seconds: the runs still going are stopped (the same command
 continues them from their checkpoints), and the table holds the runs that finished.
 
@@ -111,6 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "runs (a MobiZO step is two forwards of its batch, a first-order step about three)",
     )
     add("--eval-every", type=int, default=50, metavar="K", help="test accuracy (and checkpoint) every K steps")
+    add("--checkpoint-every", type=int, metavar="K", help="checkpoint every K steps (default: --eval-every)")
     add("--n-train", type=int, default=1000)
     add("--n-val", type=int, default=500, help="held back from the training pool (as the accuracy benchmark's)")
     add("--n-test", type=int, default=1000)
@@ -170,7 +172,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         out=Path(job["out"]),
         seed=job["seed"],
         eval_every=job["eval_every"],
-        checkpoint_every=job["eval_every"],
+        checkpoint_every=job.get("checkpoint_every") or job["eval_every"],
         seq_len=job["seq_len"] or (defaults.SEQ_LEN if program else None),
         device=job["device"],
         **settings,
@@ -325,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "equal_forwards": args.equal_forwards,
         "eval_every": args.eval_every,
+        "checkpoint_every": args.checkpoint_every,
         "seq_len": args.seq_len,
         "device": args.device,
         "threads": args.threads,
