@@ -66,6 +66,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "q-8-lr-4e-2": {"q": 8, "lr": 4e-2},
     "q-16-lr-8e-2": {"q": 16, "lr": 8e-2},
     "curvature": {"probe_weights": "curvature"},  # 1.5-SPSA's probe weights: a clean path per query, 1.5x the paths
+    # a night's peak lr: the 2,800-step run's sum of squared lrs (the directions' random walk) spread over 20,000 steps,
+    # 2e-2 x sqrt(2,800 / 20,000) (docs/benchmarks/sweep.md, "A night")
+    "lr-7.5e-3": {"lr": 7.5e-3},
     # the reference: first-order LoRA-FA on the same coordinates and prompt (with --runner program, ExecuTorch's own
     # training runtime: shared.fo_program)
     "fo-lora-lr-1.6e-1": {"method": "fo-lora", "lr": 1.6e-1, "rank": 4, "lr_schedule": "cosine"},
