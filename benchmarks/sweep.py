@@ -114,7 +114,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a first-order variant that names no steps takes 2/3 of --steps: the forward passes of the zeroth-order "
         "runs (a MobiZO step is two forwards of its batch, a first-order step about three)",
     )
-    add("--eval-every", type=int, default=50, metavar="K", help="test accuracy (and checkpoint, unless --checkpoint-every) every K steps")
+    add(
+        "--eval-every",
+        type=int,
+        default=50,
+        metavar="K",
+        help="test accuracy (and checkpoint, unless --checkpoint-every) every K steps",
+    )
     add("--checkpoint-every", type=int, metavar="K", help="checkpoint every K steps (default: --eval-every)")
     add("--n-train", type=int, default=1000)
     add("--n-val", type=int, default=500, help="held back from the training pool (as the accuracy benchmark's)")
